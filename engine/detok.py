@@ -1,0 +1,30 @@
+"""Incremental detokenization that never splits a multi-byte character."""
+from __future__ import annotations
+
+
+class Detokenizer:
+    """Feed token ids one at a time; get back the text each one adds.
+
+    Decoding a short window (not the whole reply) keeps it O(1) per token; a window whose text ends in
+    U+FFFD is an incomplete UTF-8 sequence, so its text is held back until the next token completes it.
+    """
+
+    def __init__(self, tokenizer, skip_special_tokens: bool = True) -> None:
+        self.tok = tokenizer
+        self.skip = skip_special_tokens
+        self.ids: list[int] = []
+        self.prefix = 0  # window start
+        self.read = 0  # ids[:read] have been emitted as text
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tok.decode(ids, skip_special_tokens=self.skip, clean_up_tokenization_spaces=False)
+
+    def push(self, token: int) -> str:
+        self.ids.append(token)
+        before = self._decode(self.ids[self.prefix : self.read])
+        after = self._decode(self.ids[self.prefix :])
+        if len(after) > len(before) and not after.endswith("\ufffd"):
+            delta = after[len(before) :]
+            self.prefix, self.read = self.read, len(self.ids)
+            return delta
+        return ""

@@ -1,0 +1,141 @@
+"""Drafters behind one interface: propose up to K tokens (and their q) after the committed ids.
+
+ModelDrafter runs a small model over its own paged cache, prefilled lazily on first use.
+NGramDrafter looks up the latest earlier occurrence of the text's suffix (prompt lookup) and proposes
+what followed; its proposal is a point mass, so q(t) = 1 and rejection sampling stays exact.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from .config import SamplingParams
+from .kv_cache import KVPool
+from .model import Transformer
+from .sampling import probs_from_logits, sample
+from .speculative import point_mass
+
+PREFILL_CHUNK = 512  # long prompts go through in chunks to bound the attention mask's memory
+
+
+@dataclass(frozen=True)
+class Proposal:
+    tokens: torch.Tensor  # (n,), n <= K; n == 0 means "nothing to propose: decode plainly"
+    q: torch.Tensor  # (n, V)
+
+
+class Drafter(Protocol):
+    name: str
+
+    def propose(self, ids: list[int], k: int, params: SamplingParams, gen: torch.Generator | None) -> Proposal: ...
+
+    def rollback(self, ids: list[int]) -> None:
+        """The committed ids after a round: forget anything past them."""
+
+    def reset(self) -> None: ...
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+def forward_chunked(model: Transformer, pool: KVPool, seq: int, ids: list[int], device) -> torch.Tensor:
+    """Append ids to seq's cache and return the last position's logits (V,)."""
+    logits = None
+    for s in range(0, len(ids), PREFILL_CHUNK):
+        chunk = ids[s : s + PREFILL_CHUNK]
+        start, end = pool.manager.append(seq, len(chunk))
+        x = torch.tensor(chunk, dtype=torch.long, device=device)
+        logits = model(x, start, pool.view(seq, start, end), last_only=True)
+    assert logits is not None
+    return logits[0]
+
+
+class ModelDrafter:
+    name = "model"
+
+    def __init__(self, model: Transformer, pool: KVPool, vocab: int, device: torch.device) -> None:
+        self.model, self.pool, self.vocab, self.device = model, pool, vocab, device
+        self.seq = 0
+        pool.manager.allocate(self.seq)
+        self.cached: list[int] = []  # ids whose KV is in the draft cache
+
+    def _sync(self, ids: list[int]) -> None:
+        keep = min(common_prefix(self.cached, ids), len(ids) - 1)
+        self.pool.manager.truncate_to(self.seq, keep)
+        del self.cached[keep:]
+
+    def propose(self, ids: list[int], k: int, params: SamplingParams, gen: torch.Generator | None) -> Proposal:
+        self._sync(ids)  # lazy prefill: the first round feeds the whole prompt here
+        context = torch.tensor(ids, dtype=torch.long, device=self.device)
+        feed = ids[len(self.cached) :]
+        tokens: list[int] = []
+        qs: list[torch.Tensor] = []
+        for i in range(k):
+            logits = forward_chunked(self.model, self.pool, self.seq, feed, self.device)  # (V,)
+            self.cached.extend(feed)
+            ctx = torch.cat([context, torch.tensor(tokens, dtype=torch.long, device=self.device)]) if tokens else context
+            q = probs_from_logits(logits[: self.vocab], params, ctx)  # (V,)
+            t = sample(q, gen)
+            tokens.append(t)
+            qs.append(q)
+            feed = [t]
+        return Proposal(torch.tensor(tokens, dtype=torch.long, device=self.device), torch.stack(qs))
+
+    def rollback(self, ids: list[int]) -> None:
+        self._sync(ids)
+
+    def reset(self) -> None:
+        self.pool.manager.truncate_to(self.seq, 0)
+        self.cached.clear()
+
+
+class NGramDrafter:
+    """Prompt lookup over prompt + generated ids, longest context first (n_max down to n_min)."""
+
+    name = "ngram"
+
+    def __init__(self, vocab: int, device: torch.device, n_min: int = 1, n_max: int = 4) -> None:
+        self.vocab, self.device = vocab, device
+        self.n_min, self.n_max = n_min, n_max
+        self.ids: list[int] = []  # the ids indexed so far
+        self.table: dict[tuple[int, ...], int] = {}  # n-gram -> index of the token that followed it last
+
+    def configure(self, n_min: int, n_max: int) -> None:
+        if (n_min, n_max) != (self.n_min, self.n_max):
+            self.n_min, self.n_max = n_min, n_max
+            self.reset()
+
+    def _index(self, ids: list[int]) -> None:
+        if common_prefix(self.ids, ids) < len(self.ids):  # history changed (a new conversation): rebuild
+            self.reset()
+        # Index every n-gram whose follower is known; the suffix itself is never its own match.
+        for j in range(max(len(self.ids), 1), len(ids)):
+            for n in range(self.n_min, self.n_max + 1):
+                if j - n >= 0:
+                    self.table[tuple(ids[j - n : j])] = j
+        self.ids = list(ids)
+
+    def propose(self, ids: list[int], k: int, params: SamplingParams, gen: torch.Generator | None) -> Proposal:
+        self._index(ids)
+        tokens: list[int] = []
+        for n in range(min(self.n_max, len(ids)), self.n_min - 1, -1):
+            j = self.table.get(tuple(ids[-n:]))
+            if j is not None:
+                tokens = ids[j : j + k]
+                break
+        t = torch.tensor(tokens, dtype=torch.long, device=self.device)
+        return Proposal(t, point_mass(t, self.vocab))
+
+    def rollback(self, ids: list[int]) -> None:
+        """The table holds committed ids only, so there is nothing to undo."""
+
+    def reset(self) -> None:
+        self.ids = []
+        self.table.clear()

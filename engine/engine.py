@@ -1,0 +1,291 @@
+"""The engine loop: a target, an optional draft, chat state with prefix reuse, and generate()."""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+
+import torch
+
+from .adaptive import AdaptiveK
+from .config import CacheConfig, SamplingParams, SpecParams
+from .detok import Detokenizer
+from .drafters import Drafter, ModelDrafter, NGramDrafter, Proposal, common_prefix, forward_chunked
+from .events import CommittedToken, DraftToken, Origin, RoundEvent, Summary
+from .kv_cache import BlockManager, KVPool
+from .model import Transformer
+from .speculative import Verdict, accept_reject
+from .sampling import probs_for_positions, sample
+from .stops import StopChecker
+
+Progress = Callable[[str, float], None]
+
+
+class Controls:
+    """Values the GUI thread may change while a request runs; read at the start of every round.
+
+    Each attribute is replaced whole (never mutated in place), so a round sees a consistent value.
+    """
+
+    def __init__(self, sampling: SamplingParams, spec: SpecParams) -> None:
+        self.sampling = sampling
+        self.spec = spec
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+def pick_device(device: str | None = None) -> tuple[torch.device, torch.dtype]:
+    """CUDA in bf16 when there is a GPU, else the CPU in fp32; `device` overrides."""
+    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    return dev, (torch.bfloat16 if dev.type == "cuda" else torch.float32)
+
+
+class Engine:
+    def __init__(
+        self, target: Transformer, tokenizer, draft: Transformer | None = None, *,
+        cache: CacheConfig | None = None, target_name: str = "target", draft_name: str | None = None,
+        eos_ids: set[int] | None = None,
+    ) -> None:
+        self.target, self.tokenizer, self.draft = target, tokenizer, draft
+        self.target_name, self.draft_name = target_name, draft_name
+        p = next(target.parameters())
+        self.device, self.dtype = p.device, p.dtype
+        self.vocab = target.cfg.vocab_size
+        if draft is not None and draft.cfg.vocab_size != self.vocab:
+            raise ValueError(
+                f"vocabulary mismatch: draft has {draft.cfg.vocab_size} tokens, target has {self.vocab}"
+            )
+        self.cache_cfg = cache or CacheConfig(max_seq_len=min(target.cfg.max_position_embeddings, 4096))
+        self.max_seq_len = self.cache_cfg.max_seq_len
+        self.eos_ids = set(eos_ids if eos_ids is not None else target.cfg.eos_token_ids)
+        if getattr(tokenizer, "eos_token_id", None) is not None:
+            self.eos_ids.add(tokenizer.eos_token_id)
+        self.target_pool = self._pool(target)
+        self.target_pool.manager.allocate(0)
+        self.ids: list[int] = []  # the conversation so far; the target cache holds ids[:cache length]
+        self.model_drafter = (
+            ModelDrafter(draft, self._pool(draft), self.vocab, self.device) if draft is not None else None
+        )
+        self.ngram_drafter = NGramDrafter(self.vocab, self.device)
+
+    def _pool(self, model: Transformer) -> KVPool:
+        c = self.cache_cfg
+        m = BlockManager(c.blocks, c.block_size, c.max_seq_len)
+        return KVPool(model.cfg.num_layers, model.cfg.num_kv_heads, model.cfg.head_dim, m, self.dtype, self.device)
+
+    @property
+    def dtype_name(self) -> str:
+        return str(self.dtype).removeprefix("torch.")
+
+    @classmethod
+    def load(
+        cls, target: str, draft: str | None = None, *, device: str | None = None, progress: Progress | None = None,
+        cache: CacheConfig | None = None, draft_int8: bool | None = None,
+    ) -> Engine:
+        from .loading import load_engine
+
+        return load_engine(cls, target, draft, device=device, progress=progress, cache=cache, draft_int8=draft_int8)
+
+    # -- chat ---------------------------------------------------------------------------------------
+
+    def encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
+        """Apply the target's chat template with the generation prompt."""
+        if getattr(self.tokenizer, "chat_template", None):
+            out = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+            return list(out["input_ids"] if isinstance(out, dict) or hasattr(out, "keys") else out)
+        text = "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant: "
+        return self.tokenizer.encode(text)
+
+    def reset(self) -> None:
+        """Forget the cached conversation (both caches)."""
+        self.target_pool.manager.truncate_to(0, 0)
+        self.ids = []
+        if self.model_drafter:
+            self.model_drafter.reset()
+        self.ngram_drafter.reset()
+
+    def _drafter(self, spec: SpecParams) -> Drafter | None:
+        if spec.drafter == "model":
+            if self.model_drafter is None:
+                raise ValueError("the draft-model drafter needs a draft model; load one or choose the n-gram drafter")
+            return self.model_drafter
+        self.ngram_drafter.configure(spec.ngram_min, spec.ngram_max)
+        return self.ngram_drafter
+
+    def _check_prompt(self, prompt: list[int], params: SamplingParams) -> None:
+        if not prompt:
+            raise ValueError("the prompt is empty")
+        bad = [t for t in prompt if not 0 <= t < self.vocab]
+        if bad:
+            raise ValueError(f"prompt token id {bad[0]} is outside the vocabulary (0..{self.vocab - 1})")
+        if len(prompt) >= self.max_seq_len:
+            raise ValueError(
+                f"the prompt has {len(prompt)} tokens but the context holds {self.max_seq_len}; "
+                "start a new chat or shorten the message"
+            )
+
+    def _prefill(self, prompt: list[int]) -> int:
+        """Bring the target cache to prompt[:-1], reusing the longest cached prefix. Returns tokens reused."""
+        m = self.target_pool.manager
+        reused = min(common_prefix(self.ids[: m.length(0)], prompt), len(prompt) - 1)
+        m.truncate_to(0, reused)
+        self.ids = list(prompt)
+        feed = prompt[reused:-1]
+        if feed:
+            forward_chunked(self.target, self.target_pool, 0, feed, self.device)
+        return reused
+
+    # -- generation ---------------------------------------------------------------------------------
+
+    def generate(
+        self, prompt_ids: list[int], sampling: SamplingParams, spec: SpecParams, controls: Controls | None = None,
+    ) -> Iterator[RoundEvent | Summary]:
+        """Rounds of draft -> verify -> accept/reject, one RoundEvent each, then a Summary.
+
+        Invariant between rounds: the target cache holds ids[:-1]; the last committed token g is fed
+        with the next round's verify pass [g, t1..tK]. Closing the iterator between rounds leaves
+        both caches consistent.
+        """
+        self._check_prompt(prompt_ids, sampling)
+        self._drafter(spec) if spec.enabled else None  # fail fast on a drafter that cannot run
+        controls = controls or Controls(sampling, spec)
+        gen = torch.Generator(self.device)
+        gen.manual_seed(sampling.seed if sampling.seed is not None else int(torch.seed() % 2**63))
+        max_new = sampling.max_new_tokens
+
+        t0 = time.perf_counter()
+        reused = self._prefill(prompt_ids)
+        prompt_len = len(prompt_ids)
+        forwards = 1 if prompt_len - 1 > reused else 0
+        detok = Detokenizer(self.tokenizer)
+        stops = StopChecker(sampling.stop)
+        adaptive = AdaptiveK()
+        text: list[str] = []
+        pos_drafted: list[int] = []
+        pos_accepted: list[int] = []
+        drafted_total = accepted_total = rounds = 0
+        draft_ms_total = verify_ms_total = 0.0
+        ttft = None
+        stop_reason: str | None = None
+
+        try:
+            while stop_reason is None:
+                if controls.cancelled:
+                    stop_reason = "cancelled"
+                    break
+                # Per-round controls; the seed and the length budget belong to the request.
+                params = replace(controls.sampling, seed=sampling.seed, max_new_tokens=max_new, stop=sampling.stop)
+                spec = controls.spec
+                generated = len(self.ids) - prompt_len
+                # Sequence-length guard: verify writes K+1 positions after ids[:-1].
+                k = adaptive.choose(spec) if spec.adaptive else spec.k
+                k = min(k, self.max_seq_len - len(self.ids), max_new - generated - 1)
+                drafter = self._drafter(spec) if spec.enabled and k >= 1 else None
+
+                t_round = time.perf_counter()
+                proposal = drafter.propose(self.ids, k, params, gen) if drafter else None
+                t_drafted = time.perf_counter()
+                drafted = proposal.tokens if proposal is not None else torch.empty(0, dtype=torch.long)
+                verdict_tokens, committed_origin, verdict = self._verify(drafted, proposal, params, gen)
+                forwards += 1
+                t_verified = time.perf_counter()
+                rounds += 1
+
+                n_acc = verdict.accepted
+                new = verdict_tokens
+                # Stops: EOS, stop strings and the length budget; anything after a stop is discarded.
+                committed: list[CommittedToken] = []
+                delta_parts: list[str] = []
+                for i, tok in enumerate(new):
+                    piece = detok.push(tok)
+                    piece, hit = stops.feed(piece)
+                    self.ids.append(tok)
+                    origin = committed_origin[i]
+                    if tok in self.eos_ids:
+                        stop_reason = "eos"
+                    elif hit:
+                        stop_reason = "stop"
+                    elif len(self.ids) - prompt_len >= max_new or len(self.ids) >= self.max_seq_len:
+                        stop_reason = "length"
+                    if stop_reason and stop_reason != "stop":
+                        piece += stops.flush()  # text held back as a possible stop-string start
+                    q = verdict.q_drafted[i] if i < n_acc else None
+                    p = verdict.p_drafted[i] if i < n_acc else verdict.p_next
+                    committed.append(CommittedToken(tok, piece, origin, i, p, q))
+                    delta_parts.append(piece)
+                    if stop_reason:
+                        break
+                # Rollback: both caches keep only committed ids (all but the last token).
+                self.target_pool.manager.truncate_to(0, len(self.ids) - 1)
+                if drafter is not None:
+                    drafter.rollback(self.ids)
+                if ttft is None:
+                    ttft = t_verified - t0
+
+                draft_tokens = tuple(
+                    DraftToken(t, self._piece(t), verdict.q_drafted[i], verdict.p_drafted[i], i < n_acc)
+                    for i, t in enumerate(drafted.tolist())
+                )
+                for i, d in enumerate(draft_tokens):
+                    if i >= len(pos_drafted):
+                        pos_drafted.append(0)
+                        pos_accepted.append(0)
+                    pos_drafted[i] += 1
+                    pos_accepted[i] += d.accepted
+                drafted_total += len(draft_tokens)
+                accepted_total += n_acc
+                if spec.adaptive and draft_tokens:
+                    adaptive.observe(len(draft_tokens), n_acc, (t_drafted - t_round) / len(draft_tokens), t_verified - t_drafted)
+                d_ms, v_ms = (t_drafted - t_round) * 1e3, (t_verified - t_drafted) * 1e3
+                draft_ms_total += d_ms
+                verify_ms_total += v_ms
+                delta = "".join(delta_parts)
+                text.append(delta)
+                yield RoundEvent(
+                    round=rounds, mode="speculative" if drafter else "plain",
+                    drafter=drafter.name if drafter else None, k=k if drafter else 0,
+                    temperature=params.temperature, drafted=draft_tokens, committed=tuple(committed),
+                    text_delta=delta, draft_ms=d_ms, verify_ms=v_ms, elapsed_s=time.perf_counter() - t0,
+                    new_tokens=len(self.ids) - prompt_len, stop_reason=stop_reason,
+                )
+        finally:
+            # Whatever happened (cancel, an exception, the consumer closing us), leave the caches consistent.
+            self.target_pool.manager.truncate_to(0, min(self.target_pool.manager.length(0), len(self.ids) - 1))
+            if self.model_drafter:
+                self.model_drafter.rollback(self.ids)
+
+        total = time.perf_counter() - t0
+        new_ids = self.ids[prompt_len:]
+        yield Summary(
+            new_tokens=len(new_ids), rounds=rounds, target_forwards=forwards, drafted=drafted_total,
+            accepted=accepted_total, acceptance_rate=accepted_total / drafted_total if drafted_total else 0.0,
+            mean_tokens_per_round=len(new_ids) / rounds if rounds else 0.0,
+            per_position_acceptance=tuple(a / d for a, d in zip(pos_accepted, pos_drafted)),
+            tokens_per_s=len(new_ids) / total if total > 0 else 0.0, ttft_s=ttft if ttft is not None else total,
+            total_s=total, prompt_tokens=prompt_len, reused_prefix_tokens=reused,
+            draft_ms=draft_ms_total, verify_ms=verify_ms_total, stop_reason=stop_reason or "cancelled",
+            text="".join(text) + (stops.flush() if stop_reason == "cancelled" else ""), token_ids=tuple(new_ids),
+        )
+
+    def _verify(self, drafted: torch.Tensor, proposal: Proposal | None, params: SamplingParams, gen):
+        """Feed [g, t1..tK] to the target in one pass and apply the accept/reject rule."""
+        m = self.target_pool.manager
+        g = self.ids[-1]
+        feed = torch.cat([torch.tensor([g], dtype=torch.long, device=self.device), drafted.to(self.device)])
+        start, end = m.append(0, len(feed))
+        logits = self.target(feed, start, self.target_pool.view(0, start, end))  # (K+1, V)
+        context = torch.tensor(self.ids, dtype=torch.long, device=self.device)
+        p = probs_for_positions(logits[:, : self.vocab], params, context, drafted)  # (K+1, V)
+        if len(drafted) == 0:  # a plain decode step
+            tok = sample(p[0], gen)
+            return [tok], [Origin.PLAIN], Verdict(0, tok, (), (), float(p[0, tok]))
+        assert proposal is not None
+        v = accept_reject(drafted, proposal.q, p, gen)
+        tokens = drafted[: v.accepted].tolist() + [v.next_token]
+        origins = [Origin.ACCEPTED] * v.accepted + [Origin.BONUS if v.bonus else Origin.CORRECTED]
+        return tokens, origins, v
+
+    def _piece(self, token: int) -> str:
+        return self.tokenizer.decode([token], skip_special_tokens=False, clean_up_tokenization_spaces=False)

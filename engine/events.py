@@ -1,0 +1,93 @@
+"""What `Engine.generate` yields: one RoundEvent per round, then one Summary."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+
+class Origin(str, Enum):
+    """How a committed token was made."""
+
+    ACCEPTED = "accepted"  # a draft token the target kept
+    CORRECTED = "corrected"  # the target's resample after a rejection
+    BONUS = "bonus"  # sampled from the target after all K drafts passed
+    PLAIN = "plain"  # plain target decode (speculation off, or no draft available)
+
+
+@dataclass(frozen=True)
+class DraftToken:
+    """One drafted token and its verdict. p and q are after the sampling transforms."""
+
+    token_id: int
+    text: str
+    q: float  # draft probability q(t); 1.0 for the n-gram drafter's point mass
+    p: float  # target probability p(t)
+    accepted: bool
+
+    @property
+    def accept_prob(self) -> float:
+        """min(1, p/q): the chance this token passes verification."""
+        return min(1.0, self.p / self.q) if self.q > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class CommittedToken:
+    """A token that became part of the reply. `text` is its share of the incremental detokenization
+    (it may be "" when the token ends mid-character; the next token then carries the whole character)."""
+
+    token_id: int
+    text: str
+    origin: Origin
+    index: int  # position within the round, 0-based
+    p: float  # target probability of this token
+    q: float | None = None  # draft probability when it was a draft token
+
+
+@dataclass(frozen=True)
+class RoundEvent:
+    round: int  # 1-based round number within the request
+    mode: str  # "speculative" or "plain"
+    drafter: str | None  # "model", "ngram", or None in plain mode
+    k: int  # K in force this round (the drafter may propose fewer)
+    temperature: float
+    drafted: tuple[DraftToken, ...]  # in order; verification stops at the first rejected one
+    committed: tuple[CommittedToken, ...]  # accepted drafts, then the correction or bonus token
+    text_delta: str  # text added to the reply this round
+    draft_ms: float
+    verify_ms: float
+    elapsed_s: float  # since the request started
+    new_tokens: int  # committed so far in this request, this round included
+    stop_reason: str | None = None  # set on the last round: "eos", "stop", "length", "cancelled"
+
+    @property
+    def accepted(self) -> int:
+        return sum(d.accepted for d in self.drafted)
+
+    @property
+    def correction(self) -> CommittedToken | None:
+        last = self.committed[-1] if self.committed else None
+        return last if last is not None and last.origin in (Origin.CORRECTED, Origin.BONUS, Origin.PLAIN) else None
+
+
+@dataclass(frozen=True)
+class Summary:
+    """The whole request at a glance."""
+
+    new_tokens: int
+    rounds: int
+    target_forwards: int
+    drafted: int
+    accepted: int
+    acceptance_rate: float  # accepted / drafted (0 when nothing was drafted)
+    mean_tokens_per_round: float
+    per_position_acceptance: tuple[float, ...]  # P(draft position i accepted | it was drafted)
+    tokens_per_s: float  # decode rate: new tokens / time from first token to last
+    ttft_s: float  # time to first token (includes the prefill)
+    total_s: float
+    prompt_tokens: int
+    reused_prefix_tokens: int  # prompt tokens whose KV came from the previous turn
+    draft_ms: float  # summed draft time
+    verify_ms: float  # summed verify / plain-decode time
+    stop_reason: str
+    text: str
+    token_ids: tuple[int, ...] = field(default=())

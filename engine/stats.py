@@ -1,0 +1,249 @@
+"""Session statistics: RoundEvent / Summary -> rows -> CSV, plus the speedup arithmetic the charts show.
+
+Pure Python: no Qt, no torch. The GUI records every round of every reply here and exports it on demand;
+`docs/csv_columns.md` documents the columns.
+"""
+from __future__ import annotations
+
+import csv
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from engine.events import RoundEvent, Summary
+
+ROUND_COLUMNS: tuple[str, ...] = (
+    "chat", "message", "kind", "round", "mode", "drafter", "k", "temperature", "drafted", "accepted",
+    "committed", "final_origin", "final_token_id", "final_token", "draft_ms", "verify_ms", "tokens_per_s",
+    "elapsed_s", "stop_reason",
+)
+SUMMARY_COLUMNS: tuple[str, ...] = (
+    "chat", "message", "kind", "prompt", "mode", "drafter", "k_mean", "temperature", "prompt_tokens",
+    "reused_prefix_tokens", "new_tokens", "rounds", "target_forwards", "drafted", "accepted", "acceptance_rate",
+    "mean_tokens_per_round", "per_position_acceptance", "tokens_per_s", "ttft_s", "total_s", "draft_ms",
+    "verify_ms", "stop_reason",
+)
+
+
+def round_tokens_per_s(event: RoundEvent) -> float:
+    """Committed tokens over this round's own draft + verify time (0 when the round took no time)."""
+    ms = event.draft_ms + event.verify_ms
+    return len(event.committed) * 1000.0 / ms if ms > 0 else 0.0
+
+
+def theoretical_speedup(alpha: float, k: float, c: float) -> float:
+    """Leviathan et al.'s walltime improvement (1 - a^(K+1)) / ((1 - a)(1 + K c)).
+
+    alpha: acceptance rate, k: tokens drafted per round, c: cost of one draft step relative to one
+    target step. At alpha = 1 the expected tokens per round is K + 1 (the limit of the fraction)."""
+    if k <= 0:
+        return 1.0
+    alpha = min(max(alpha, 0.0), 1.0)
+    expected = k + 1.0 if alpha >= 1.0 else (1.0 - alpha ** (k + 1.0)) / (1.0 - alpha)
+    return expected / (1.0 + k * max(c, 0.0))
+
+
+@dataclass
+class SpeedTotals:
+    """Running sums over rounds, split by mode; enough for alpha, c and both speedups."""
+
+    spec_rounds: int = 0
+    draft_rounds: int = 0  # speculative rounds that drafted anything
+    drafted: int = 0
+    accepted: int = 0
+    spec_committed: int = 0
+    draft_ms: float = 0.0
+    spec_verify_ms: float = 0.0
+    plain_committed: int = 0
+    plain_ms: float = 0.0
+
+    def add(self, event: RoundEvent) -> None:
+        if event.mode == "speculative":
+            self.spec_rounds += 1
+            self.draft_rounds += bool(event.drafted)
+            self.drafted += len(event.drafted)
+            self.accepted += event.accepted
+            self.spec_committed += len(event.committed)
+            self.draft_ms += event.draft_ms
+            self.spec_verify_ms += event.verify_ms
+        elif event.mode == "plain":
+            self.plain_committed += len(event.committed)
+            self.plain_ms += event.verify_ms + event.draft_ms
+
+    @property
+    def alpha(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def mean_k(self) -> float:
+        """Tokens actually drafted per speculative round (the n-gram drafter may propose fewer than K)."""
+        return self.drafted / self.draft_rounds if self.draft_rounds else 0.0
+
+    @property
+    def plain_ms_per_token(self) -> float | None:
+        return self.plain_ms / self.plain_committed if self.plain_committed else None
+
+    def cost_ratio(self, plain_ms_per_token: float | None = None) -> float:
+        """c = mean draft ms per drafted token / mean plain-decode ms per token when a plain rate is
+        known; otherwise / mean verify ms per round (one verify pass stands in for one target step)."""
+        if not self.drafted:
+            return 0.0
+        per_draft = self.draft_ms / self.drafted
+        ref = plain_ms_per_token or self.plain_ms_per_token
+        if not ref:
+            ref = self.spec_verify_ms / self.spec_rounds if self.spec_verify_ms > 0 else 0.0
+        return per_draft / ref if ref > 0 else 0.0
+
+    def measured_speedup(self, plain_ms_per_token: float | None = None) -> float | None:
+        """Speculative tokens/s over plain tokens/s. Without a plain rate, the same estimate with the mean
+        verify time standing in for a plain step. None before any speculative round."""
+        spent = self.draft_ms + self.spec_verify_ms
+        if not self.spec_rounds or spent <= 0:
+            return None
+        ref = plain_ms_per_token or self.plain_ms_per_token
+        if not ref:
+            ref = self.spec_verify_ms / self.spec_rounds
+        return self.spec_committed * ref / spent
+
+    def theoretical_speedup(self, plain_ms_per_token: float | None = None) -> float | None:
+        if not self.draft_rounds:
+            return None
+        return theoretical_speedup(self.alpha, self.mean_k, self.cost_ratio(plain_ms_per_token))
+
+
+@dataclass
+class MessageRecord:
+    """One assistant reply: its rounds and, once finished, its Summary."""
+
+    chat: int
+    message: int
+    kind: str  # "chat", "compare-plain", "compare-speculative"
+    prompt: str
+    rounds: list[RoundEvent] = field(default_factory=list)
+    summary: Summary | None = None
+
+
+def round_row(record: MessageRecord, event: RoundEvent) -> dict[str, object]:
+    final = event.correction
+    return {
+        "chat": record.chat,
+        "message": record.message,
+        "kind": record.kind,
+        "round": event.round,
+        "mode": event.mode,
+        "drafter": event.drafter or "",
+        "k": event.k,
+        "temperature": event.temperature,
+        "drafted": len(event.drafted),
+        "accepted": event.accepted,
+        "committed": len(event.committed),
+        "final_origin": final.origin.value if final else "",
+        "final_token_id": final.token_id if final else "",
+        "final_token": final.text if final else "",
+        "draft_ms": round(event.draft_ms, 3),
+        "verify_ms": round(event.verify_ms, 3),
+        "tokens_per_s": round(round_tokens_per_s(event), 2),
+        "elapsed_s": round(event.elapsed_s, 4),
+        "stop_reason": event.stop_reason or "",
+    }
+
+
+def _joined(values: Iterable[object]) -> str:
+    distinct: list[str] = []
+    for v in values:
+        s = str(v)
+        if s not in distinct:
+            distinct.append(s)
+    return "+".join(distinct)
+
+
+def summary_row(record: MessageRecord) -> dict[str, object]:
+    s, rounds = record.summary, record.rounds
+    row: dict[str, object] = {
+        "chat": record.chat,
+        "message": record.message,
+        "kind": record.kind,
+        "prompt": record.prompt,
+        "mode": _joined(r.mode for r in rounds),
+        "drafter": _joined(r.drafter for r in rounds if r.drafter),
+        "k_mean": round(sum(r.k for r in rounds) / len(rounds), 3) if rounds else "",
+        "temperature": _joined(r.temperature for r in rounds),
+    }
+    if s is None:  # the reply never finished (an engine error): what the rounds tell
+        row.update(new_tokens=sum(len(r.committed) for r in rounds), rounds=len(rounds),
+                   drafted=sum(len(r.drafted) for r in rounds), accepted=sum(r.accepted for r in rounds),
+                   stop_reason="error")
+        return {c: row.get(c, "") for c in SUMMARY_COLUMNS}
+    row.update(
+        prompt_tokens=s.prompt_tokens,
+        reused_prefix_tokens=s.reused_prefix_tokens,
+        new_tokens=s.new_tokens,
+        rounds=s.rounds,
+        target_forwards=s.target_forwards,
+        drafted=s.drafted,
+        accepted=s.accepted,
+        acceptance_rate=round(s.acceptance_rate, 4),
+        mean_tokens_per_round=round(s.mean_tokens_per_round, 4),
+        per_position_acceptance=";".join(f"{a:.3f}" for a in s.per_position_acceptance),
+        tokens_per_s=round(s.tokens_per_s, 2),
+        ttft_s=round(s.ttft_s, 4),
+        total_s=round(s.total_s, 4),
+        draft_ms=round(s.draft_ms, 3),
+        verify_ms=round(s.verify_ms, 3),
+        stop_reason=s.stop_reason,
+    )
+    return row
+
+
+def summary_path(path: str | Path) -> Path:
+    """`stats.csv` -> `stats_summary.csv`, beside it."""
+    p = Path(path)
+    return p.with_name(f"{p.stem}_summary{p.suffix or '.csv'}")
+
+
+class SessionStats:
+    """Every reply of the app session, in order. `chat` counts conversations (New chat starts the next),
+    `message` counts replies across the whole session."""
+
+    def __init__(self) -> None:
+        self.records: list[MessageRecord] = []
+        self.chat = 1
+
+    def new_chat(self) -> None:
+        if any(r.chat == self.chat for r in self.records):
+            self.chat += 1
+
+    def begin(self, prompt: str, kind: str = "chat") -> MessageRecord:
+        record = MessageRecord(self.chat, len(self.records) + 1, kind, prompt)
+        self.records.append(record)
+        return record
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def round_rows(self) -> list[dict[str, object]]:
+        return [round_row(rec, ev) for rec in self.records for ev in rec.rounds]
+
+    def summary_rows(self) -> list[dict[str, object]]:
+        return [summary_row(rec) for rec in self.records]
+
+    def totals(self) -> SpeedTotals:
+        t = SpeedTotals()
+        for rec in self.records:
+            for ev in rec.rounds:
+                t.add(ev)
+        return t
+
+    def write_csv(self, path: str | Path) -> tuple[Path, Path]:
+        """Rounds to `path`, per-message summaries to `<name>_summary.csv`. Raises OSError."""
+        main, side = Path(path), summary_path(path)
+        _write(main, ROUND_COLUMNS, self.round_rows())
+        _write(side, SUMMARY_COLUMNS, self.summary_rows())
+        return main, side
+
+
+def _write(path: Path, columns: tuple[str, ...], rows: list[dict[str, object]]) -> None:
+    with path.open("w", newline="", encoding="utf-8") as f:
+        w = csv.DictWriter(f, fieldnames=columns)
+        w.writeheader()
+        w.writerows(rows)
