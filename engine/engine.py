@@ -50,6 +50,7 @@ class Engine:
     ) -> None:
         self.target, self.tokenizer, self.draft = target, tokenizer, draft
         self.target_name, self.draft_name = target_name, draft_name
+        self.load_seconds = 0.0
         p = next(target.parameters())
         self.device, self.dtype = p.device, p.dtype
         self.vocab = target.cfg.vocab_size
@@ -252,7 +253,7 @@ class Engine:
                 )
         finally:
             # Whatever happened (cancel, an exception, the consumer closing us), leave the caches consistent.
-            self.target_pool.manager.truncate_to(0, min(self.target_pool.manager.length(0), len(self.ids) - 1))
+            self.target_pool.manager.truncate_to(0, max(0, min(self.target_pool.manager.length(0), len(self.ids) - 1)))
             if self.model_drafter:
                 self.model_drafter.rollback(self.ids)
 

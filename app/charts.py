@@ -1,0 +1,293 @@
+"""Live pyqtgraph panels over a per-round buffer.
+
+`ChartBuffer` is plain Python: `feed()` appends one RoundEvent's numbers (called from the GUI thread as
+events arrive). `ChartsPanel.flush()` redraws from the buffer and is called by the window's repaint timer;
+it does nothing when nothing changed, so drawing cost is bounded by the timer rate, not the token rate.
+
+Speedup, measured vs theoretical (Leviathan et al.): theory = (1 - a^(K+1)) / ((1 - a)(1 + K c)), with a the
+measured acceptance rate, K the mean number of tokens drafted per drafting round, and
+c = (mean draft ms per drafted token) / (mean plain-decode ms per token) once the session has a plain rate
+(any round with speculation off, e.g. from Run > Compare), else / (mean verify ms per round). The measured
+figure is speculative tokens/s over plain tokens/s with the same fallback. See engine.stats.SpeedTotals.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pyqtgraph as pg
+from PySide6.QtCore import QEvent, Qt
+from PySide6.QtGui import QColor, QPalette
+from PySide6.QtWidgets import QVBoxLayout, QWidget
+
+from app.theme import SERIES, mix
+from engine.events import RoundEvent
+from engine.stats import SpeedTotals, round_tokens_per_s
+
+ROLLING_WINDOW = 8
+NAN = float("nan")
+
+
+def rolling_mean(values: np.ndarray, window: int = ROLLING_WINDOW) -> np.ndarray:
+    """Trailing mean over up to `window` values (fewer at the start)."""
+    if len(values) == 0:
+        return values
+    c = np.cumsum(np.insert(values.astype(float), 0, 0.0))
+    n = np.arange(1, len(values) + 1)
+    lo = np.maximum(n - window, 0)
+    return (c[n] - c[lo]) / (n - lo)
+
+
+class ChartBuffer:
+    """Per-round series for the current conversation, plus a session plain-decode reference."""
+
+    def __init__(self) -> None:
+        self.plain_reference_ms: float | None = None  # plain ms per token, from anywhere in the session
+        self.clear()
+
+    def clear(self) -> None:
+        self.x: list[int] = []
+        self.acceptance: list[float] = []  # NaN for rounds that drafted nothing
+        self.tokens_per_s: list[float] = []
+        self.k: list[float] = []  # NaN in plain mode
+        self.measured: list[float] = []
+        self.theoretical: list[float] = []
+        self.accepted_len: list[int] = []  # histogram counts, index = accepted drafts in a round
+        self.pos_drafted: list[int] = []
+        self.pos_accepted: list[int] = []
+        self.message_starts: list[int] = []
+        self.totals = SpeedTotals()
+        self.version = 0
+
+    def start_message(self) -> None:
+        self.message_starts.append(len(self.x) + 1)
+        self.version += 1
+
+    def set_plain_reference(self, ms_per_token: float | None) -> None:
+        if ms_per_token and ms_per_token > 0 and ms_per_token != self.plain_reference_ms:
+            self.plain_reference_ms = ms_per_token
+            self.version += 1
+
+    @property
+    def plain_ms(self) -> float | None:
+        return self.plain_reference_ms or self.totals.plain_ms_per_token
+
+    def feed(self, ev: RoundEvent) -> None:
+        self.x.append(len(self.x) + 1)
+        self.totals.add(ev)
+        drafted = len(ev.drafted)
+        self.acceptance.append(ev.accepted / drafted if drafted else NAN)
+        self.tokens_per_s.append(round_tokens_per_s(ev))
+        self.k.append(float(ev.k) if ev.mode == "speculative" else NAN)
+        if drafted:
+            while len(self.accepted_len) <= max(ev.accepted, ev.k):
+                self.accepted_len.append(0)
+            self.accepted_len[ev.accepted] += 1
+            while len(self.pos_drafted) < drafted:
+                self.pos_drafted.append(0)
+                self.pos_accepted.append(0)
+            for i, d in enumerate(ev.drafted):
+                self.pos_drafted[i] += 1
+                self.pos_accepted[i] += d.accepted
+        ref = self.plain_ms
+        m, t = self.totals.measured_speedup(ref), self.totals.theoretical_speedup(ref)
+        self.measured.append(NAN if m is None else m)
+        self.theoretical.append(NAN if t is None else t)
+        self.version += 1
+
+    def position_rates(self) -> list[float]:
+        return [a / d if d else 0.0 for a, d in zip(self.pos_accepted, self.pos_drafted)]
+
+
+class ChartsPanel(QWidget):
+    """Six small plots in one GraphicsLayoutWidget (one scene, one repaint)."""
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        pg.setConfigOptions(antialias=True)
+        self.buffer = ChartBuffer()
+        self._drawn = -1
+        self.repaints = 0
+        self.view = pg.GraphicsLayoutWidget(self)
+        self.view.ci.setContentsMargins(4, 4, 4, 4)
+        self.view.ci.setSpacing(6)
+        lay = QVBoxLayout(self)
+        lay.setContentsMargins(0, 0, 0, 0)
+        lay.addWidget(self.view)
+
+        self.plots: dict[str, pg.PlotItem] = {}
+        for name, row, col in (("acceptance", 0, 0), ("tokens", 0, 1), ("histogram", 1, 0),
+                               ("position", 1, 1), ("speedup", 2, 0), ("k", 2, 1)):
+            p = self.view.addPlot(row=row, col=col)
+            p.setMenuEnabled(False)
+            p.setMouseEnabled(x=False, y=False)
+            p.hideButtons()
+            p.showGrid(x=True, y=True, alpha=0.18)
+            self.plots[name] = p
+        self.plots["acceptance"].setYRange(0, 1.05, padding=0)
+        self.plots["position"].setYRange(0, 1.05, padding=0)
+        for name in ("acceptance", "tokens", "speedup", "k"):
+            self.plots[name].setLabel("bottom", "round")
+        self.plots["histogram"].setLabel("bottom", "accepted drafts")
+        self.plots["position"].setLabel("bottom", "draft position")
+
+        def pen(key: str, width: float = 2.0, style=Qt.PenStyle.SolidLine) -> object:
+            return pg.mkPen(SERIES[key], width=width, style=style)
+
+        acc = self.plots["acceptance"]
+        self.curves: dict[str, pg.PlotDataItem] = {
+            "acceptance": acc.plot(pen=None, symbol="o", symbolSize=4, symbolPen=None,
+                                   symbolBrush=pg.mkBrush(SERIES["acceptance"])),
+            "acceptance_mean": acc.plot(pen=pen("rolling")),
+            "tokens": self.plots["tokens"].plot(pen=pen("tokens", 1.0)),
+            "tokens_mean": self.plots["tokens"].plot(pen=pen("rolling")),
+            "measured": self.plots["speedup"].plot(pen=pen("measured"), connect="finite"),
+            "theoretical": self.plots["speedup"].plot(pen=pen("theoretical", 2.0, Qt.PenStyle.DashLine),
+                                                      connect="finite"),
+            "k": self.plots["k"].plot(pen=pen("k"), stepMode="left", connect="finite"),
+        }
+        self.bars = {
+            "histogram": pg.BarGraphItem(x=[], height=[], width=0.8, brush=SERIES["histogram"], pen=None),
+            "position": pg.BarGraphItem(x=[], height=[], width=0.8, brush=SERIES["position"], pen=None),
+        }
+        self.plots["histogram"].addItem(self.bars["histogram"])
+        self.plots["position"].addItem(self.bars["position"])
+        self.plain_line = pg.InfiniteLine(angle=0, movable=False,
+                                          pen=pg.mkPen(SERIES["plain"], width=1.5, style=Qt.PenStyle.DashLine),
+                                          label="plain {value:.1f} tok/s",
+                                          labelOpts={"position": 0.12, "color": SERIES["plain"],
+                                                     "anchors": [(0, 1), (0, 1)]})
+        self.plain_line.setVisible(False)
+        self.plots["tokens"].addItem(self.plain_line)
+        self._markers: list[tuple[pg.PlotItem, pg.InfiniteLine]] = []
+        self._restyle()
+        self._draw()
+
+    # ---- data in ---------------------------------------------------------------------------------------------
+    def feed(self, ev: RoundEvent) -> None:
+        self.buffer.feed(ev)
+
+    def start_message(self) -> None:
+        self.buffer.start_message()
+
+    def set_plain_reference(self, ms_per_token: float | None) -> None:
+        self.buffer.set_plain_reference(ms_per_token)
+
+    def clear(self) -> None:
+        self.buffer.clear()
+        self.flush()
+
+    # ---- repaint ---------------------------------------------------------------------------------------------
+    def flush(self) -> bool:
+        """Redraw if the buffer changed since the last draw. Returns whether it drew."""
+        if self.buffer.version == self._drawn:
+            return False
+        self._draw()
+        return True
+
+    def _draw(self) -> None:
+        b = self.buffer
+        self._drawn = b.version
+        self.repaints += 1
+        x = np.asarray(b.x, dtype=float)
+        acc = np.asarray(b.acceptance, dtype=float)
+        finite = np.isfinite(acc)
+        self.curves["acceptance"].setData(x[finite], acc[finite])
+        self.curves["acceptance_mean"].setData(x[finite], rolling_mean(acc[finite]))
+        tps = np.asarray(b.tokens_per_s, dtype=float)
+        self.curves["tokens"].setData(x, tps)
+        self.curves["tokens_mean"].setData(x, rolling_mean(tps))
+        self.curves["measured"].setData(x, np.asarray(b.measured, dtype=float))
+        self.curves["theoretical"].setData(x, np.asarray(b.theoretical, dtype=float))
+        ks = np.asarray(b.k, dtype=float)
+        self.curves["k"].setData(x, ks)
+        top = np.nanmax(ks) if np.isfinite(ks).any() else 4.0
+        self.plots["k"].setYRange(0, top + 1, padding=0)
+        hist = np.asarray(b.accepted_len, dtype=float)
+        self.bars["histogram"].setOpts(x=np.arange(len(hist)), height=hist, width=0.8)
+        rates = np.asarray(b.position_rates(), dtype=float)
+        self.bars["position"].setOpts(x=np.arange(1, len(rates) + 1), height=rates, width=0.8)
+        self.plots["histogram"].setXRange(-0.6, max(len(hist), 2) - 0.4, padding=0)
+        self.plots["position"].setXRange(0.4, max(len(rates), 2) + 0.6, padding=0)
+
+        plain = b.plain_ms
+        self.plain_line.setVisible(plain is not None)
+        if plain:
+            self.plain_line.setValue(1000.0 / plain)
+        self._sync_markers()
+        self._titles()
+
+    def _sync_markers(self) -> None:
+        want = [s for s in self.buffer.message_starts if s > 1]
+        if len(self._markers) == len(want) * 4:
+            return
+        for plot, line in self._markers:
+            plot.removeItem(line)
+        self._markers.clear()
+        colour = mix(self.palette().color(QPalette.ColorRole.Base), self.palette().color(QPalette.ColorRole.Text), 0.3)
+        for s in want:
+            for name in ("acceptance", "tokens", "speedup", "k"):
+                line = pg.InfiniteLine(pos=s - 0.5, angle=90, pen=pg.mkPen(colour, width=1, style=Qt.PenStyle.DotLine))
+                self.plots[name].addItem(line)
+                self._markers.append((self.plots[name], line))
+
+    def _titles(self) -> None:
+        b, t = self.buffer, self.buffer.totals
+
+        def span(key: str, text: str) -> str:
+            return f"<span style='color:{SERIES[key]}'>{text}</span>"
+
+        def last(values: list[float]) -> float | None:
+            for v in reversed(values):
+                if not math.isnan(v):
+                    return v
+            return None
+
+        size, colour = "9pt", self._title_colour
+        plots = self.plots
+        alpha = f" \u00b7 \u03b1 {t.alpha:.0%}" if t.drafted else ""
+        plots["acceptance"].setTitle(f"Acceptance \u00b7 {span('rolling', 'rolling mean')}{alpha}",
+                                     size=size, color=colour)
+        rate = last(b.tokens_per_s)
+        now = f" \u00b7 {rate:.1f}" if rate is not None else ""
+        plain = f" \u00b7 {span('plain', f'plain {1000.0 / b.plain_ms:.1f}')}" if b.plain_ms else ""
+        plots["tokens"].setTitle(f"Tokens/s{now}{plain}", size=size, color=colour)
+        plots["histogram"].setTitle("Accepted drafts per round", size=size, color=colour)
+        plots["position"].setTitle("Acceptance by position", size=size, color=colour)
+        m, th = last(b.measured), last(b.theoretical)
+        ref = b.plain_ms
+        est = "" if ref else "~"
+        ms = f" {est}{m:.2f}\u00d7" if m is not None else ""
+        ts = f" {th:.2f}\u00d7" if th is not None else ""
+        plots["speedup"].setTitle(f"Speedup \u00b7 {span('measured', 'measured' + ms)} \u00b7 "
+                                  f"{span('theoretical', 'theory' + ts)}", size=size, color=colour)
+        inputs = (f"round \u00b7 \u03b1 {t.alpha:.2f}, K {t.mean_k:.1f}, c {t.cost_ratio(ref):.2f}"
+                  if t.draft_rounds else "round")
+        plots["speedup"].setLabel("bottom", inputs)
+        k = last(b.k)
+        plots["k"].setTitle("K per round" + (f" \u00b7 now {k:.0f}" if k is not None else ""), size=size,
+                            color=colour)
+        for p in plots.values():  # a long title must not widen the grid past the pane
+            p.titleLabel.setMinimumWidth(40)
+
+    # ---- look ------------------------------------------------------------------------------------------------
+    def changeEvent(self, event: QEvent) -> None:
+        super().changeEvent(event)
+        if event.type() == QEvent.Type.PaletteChange:
+            self._restyle()
+
+    def _restyle(self) -> None:
+        pal = self.palette()
+        base, text = pal.color(QPalette.ColorRole.Base), pal.color(QPalette.ColorRole.Text)
+        self.view.setBackground(base)
+        axis_pen = pg.mkPen(mix(base, text, 0.55))
+        for p in self.plots.values():
+            for side in ("left", "bottom"):
+                ax = p.getAxis(side)
+                ax.setPen(axis_pen)
+                ax.setTextPen(pg.mkPen(mix(base, text, 0.8)))
+        self._title_colour = QColor(text).name()
+        for plot, line in self._markers:
+            plot.removeItem(line)
+        self._markers.clear()
+        self._drawn = -1

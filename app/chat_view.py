@@ -1,0 +1,464 @@
+"""The conversation, painted token by token by how each token was made.
+
+`ChatView` keeps a small model of the conversation (user texts; each reply as its list of RoundEvents)
+and renders it into a read-only QTextDocument. Rounds arrive through `feed()` (cheap: a list append) and
+are painted by `flush()`, which the window calls from its repaint timer, so the engine's rate never
+drives the paint rate. Hiding rejected drafts or a palette change re-renders the whole model.
+"""
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass, field
+
+from PySide6.QtCore import QEvent, QMimeData, QPoint, Qt
+from PySide6.QtGui import (
+    QColor,
+    QFont,
+    QFontDatabase,
+    QTextBlockFormat,
+    QTextCharFormat,
+    QTextCursor,
+    QTextFormat,
+    QTextFrameFormat,
+)
+from PySide6.QtWidgets import QHBoxLayout, QLabel, QTextEdit, QToolTip, QWidget
+
+from app.theme import ORIGIN_HELP, ORIGIN_LABEL, TokenColours, token_colours
+from engine.events import Origin, RoundEvent
+
+TOKEN_PROP = int(QTextFormat.Property.UserProperty) + 1  # int: index into ChatView.infos
+REJECTED_PROP = int(QTextFormat.Property.UserProperty) + 2  # bool: left out of copies
+
+REJECTED = "rejected"  # the first draft the target turned down
+DISCARDED = "discarded"  # drafts after it: never verified, dropped with it
+
+
+@dataclass(frozen=True)
+class TokenInfo:
+    """What a painted token was; `kind` is an Origin value, REJECTED or DISCARDED."""
+
+    kind: str
+    round: int
+    position: int  # within the round, 0-based
+    token_id: int
+    text: str
+    p: float | None
+    q: float | None
+
+    @property
+    def accept_prob(self) -> float | None:
+        if self.p is None or self.q is None:
+            return None
+        return min(1.0, self.p / self.q) if self.q > 0 else 0.0
+
+
+def visible(text: str) -> str:
+    """Whitespace made visible, for tooltips and struck-through drafts."""
+    return text.replace(" ", "\u2423").replace("\n", "\u21b5").replace("\t", "\u21e5") or "\u2205"
+
+
+def token_tooltip(info: TokenInfo) -> str:
+    """Rich-text tooltip: what the token is, where it sits, and its probabilities."""
+    if info.kind in (REJECTED, DISCARDED):
+        title = "Rejected draft" if info.kind == REJECTED else "Discarded draft"
+        note = ("the target turned it down (u \u2265 min(1, p/q))" if info.kind == REJECTED
+                else "never verified: an earlier draft in this round was rejected")
+    else:
+        origin = Origin(info.kind)
+        title, note = ORIGIN_LABEL[origin], ORIGIN_HELP[origin]
+
+    def num(v: float | None) -> str:
+        return "\u2014" if v is None else f"{v:.4f}"
+
+    rows = [
+        ("round", str(info.round)),
+        ("position in round", str(info.position + 1)),
+        ("q(t) draft", num(info.q)),
+        ("p(t) target", num(info.p)),
+        ("min(1, p/q)", num(info.accept_prob)),
+        ("token", f"{info.token_id} \u00ab{html.escape(visible(info.text))}\u00bb"),
+    ]
+    body = "".join(f"<tr><td>{k}</td><td align='right'><tt>{v}</tt></td></tr>" for k, v in rows)
+    return f"<b>{title}</b><br><i>{html.escape(note)}</i><table cellspacing='0' cellpadding='1'>{body}</table>"
+
+
+class FenceTracker:
+    """Follows ``` fences through streamed text. `feed` splits text into ("text", segment, mono),
+    ("newline",) and ("open",) / ("close",) steps; mono is True inside a fence (and for backticks)."""
+
+    def __init__(self) -> None:
+        self.in_code = False
+        self._ticks = 0
+
+    def feed(self, text: str) -> list[tuple]:
+        out: list[tuple] = []
+        buf: list[str] = []
+        mono = self.in_code
+
+        def flush() -> None:
+            if buf:
+                out.append(("text", "".join(buf), mono))
+                buf.clear()
+
+        for ch in text:
+            if ch == "\n":
+                flush()
+                out.append(("newline",))
+                self._ticks = 0
+                continue
+            want = self.in_code or ch == "`"
+            if want != mono:
+                flush()
+                mono = want
+            buf.append(ch)
+            if ch == "`":
+                self._ticks += 1
+                if self._ticks == 3:
+                    self._ticks = 0
+                    self.in_code = not self.in_code
+                    flush()
+                    out.append(("open",) if self.in_code else ("close",))
+            else:
+                self._ticks = 0
+        flush()
+        return out
+
+
+@dataclass
+class _Turn:
+    role: str  # "user" or "assistant"
+    text: str = ""  # the user's message
+    title: str | None = None  # header line; None: no header
+    rounds: list[RoundEvent] = field(default_factory=list)
+    rendered: int = 0  # rounds painted so far
+    footer: str | None = None
+    footer_rendered: bool = False
+    fence: FenceTracker = field(default_factory=FenceTracker)
+
+
+class ChatView(QTextEdit):
+    """Read-only, selectable transcript. Copying leaves struck-through drafts out."""
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setReadOnly(True)
+        self.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse
+                                     | Qt.TextInteractionFlag.TextSelectableByKeyboard)
+        self.setUndoRedoEnabled(False)
+        self.setPlaceholderText("Ask something. Each token of the reply is coloured by how it was made.")
+        self.document().setDocumentMargin(14)
+        body = self.font()
+        body.setPointSizeF(body.pointSizeF() * 1.12)
+        self.document().setDefaultFont(body)
+        self.turns: list[_Turn] = []
+        self.infos: list[TokenInfo] = []
+        self._show_rejected = True
+        self._mono = QFontDatabase.systemFont(QFontDatabase.SystemFont.FixedFont)
+        self._colours = token_colours(self.palette())
+        self._formats: dict[tuple[str, bool], QTextCharFormat] = {}
+        self._build_formats()
+
+    # ---- model -------------------------------------------------------------------------------------------
+    def add_user(self, text: str) -> None:
+        self.flush()
+        turn = _Turn("user", text=text, title="You")
+        self.turns.append(turn)
+        self._render_turn(turn)
+
+    def begin_assistant(self, title: str | None = "Assistant") -> None:
+        self.flush()
+        turn = _Turn("assistant", title=title)
+        self.turns.append(turn)
+        self._render_turn(turn)
+
+    def feed(self, event: RoundEvent) -> None:
+        """Queue a round of the current reply; painted at the next flush()."""
+        self._current().rounds.append(event)
+
+    def finish(self, footer: str) -> None:
+        """End the current reply with a muted meta line (painted at the next flush())."""
+        self._current().footer = footer
+
+    def clear_chat(self) -> None:
+        self.turns.clear()
+        self._rebuild()
+
+    @property
+    def pending(self) -> bool:
+        t = self.turns[-1] if self.turns else None
+        return t is not None and (t.rendered < len(t.rounds) or (t.footer is not None and not t.footer_rendered))
+
+    def flush(self) -> int:
+        """Paint queued rounds; returns how many."""
+        if not self.pending:
+            return 0
+        bar = self.verticalScrollBar()
+        at_bottom = bar.value() >= bar.maximum() - 8
+        turn = self.turns[-1]
+        n = len(turn.rounds) - turn.rendered
+        cursor = self._end_cursor()
+        cursor.beginEditBlock()
+        self._render_rounds(cursor, turn)
+        self._render_footer(cursor, turn)
+        cursor.endEditBlock()
+        if at_bottom:
+            bar.setValue(bar.maximum())
+        return n
+
+    def reply_text(self, index: int = -1) -> str:
+        """The committed text of an assistant turn (rejected drafts excluded)."""
+        replies = [t for t in self.turns if t.role == "assistant"]
+        return "".join(ev.text_delta for ev in replies[index].rounds) if replies else ""
+
+    # ---- options -------------------------------------------------------------------------------------------
+    @property
+    def show_rejected(self) -> bool:
+        return self._show_rejected
+
+    def set_show_rejected(self, show: bool) -> None:
+        if show != self._show_rejected:
+            self._show_rejected = show
+            self._rebuild()
+
+    def changeEvent(self, event: QEvent) -> None:
+        super().changeEvent(event)
+        if event.type() == QEvent.Type.PaletteChange:
+            self._colours = token_colours(self.palette())
+            self._build_formats()
+            self._rebuild()
+
+    # ---- hover + copy --------------------------------------------------------------------------------------
+    def token_info_at_position(self, pos: int) -> TokenInfo | None:
+        """The token painted at document position `pos`, if any."""
+        if pos < 0:
+            return None
+        cursor = QTextCursor(self.document())
+        cursor.setPosition(pos)
+        if cursor.atBlockEnd():
+            return None
+        cursor.movePosition(QTextCursor.MoveOperation.NextCharacter)  # charFormat() is the char before
+        fmt = cursor.charFormat()
+        if not fmt.hasProperty(TOKEN_PROP):
+            return None
+        key = fmt.intProperty(TOKEN_PROP)
+        return self.infos[key] if 0 <= key < len(self.infos) else None
+
+    def token_info_at(self, point: QPoint) -> TokenInfo | None:
+        """The token under a viewport point, if any."""
+        doc_point = point + QPoint(self.horizontalScrollBar().value(), self.verticalScrollBar().value())
+        pos = self.document().documentLayout().hitTest(doc_point, Qt.HitTestAccuracy.ExactHit)
+        return self.token_info_at_position(pos)
+
+    def viewportEvent(self, event: QEvent) -> bool:
+        if event.type() == QEvent.Type.ToolTip:
+            info = self.token_info_at(event.pos())
+            if info is None:
+                QToolTip.hideText()
+            else:
+                QToolTip.showText(event.globalPos(), token_tooltip(info), self.viewport())
+            return True
+        return super().viewportEvent(event)
+
+    def createMimeDataFromSelection(self) -> QMimeData:
+        cursor = self.textCursor()
+        start, end = cursor.selectionStart(), cursor.selectionEnd()
+        parts: list[str] = []
+        block = self.document().findBlock(start)
+        first = True
+        while block.isValid() and block.position() <= end:
+            if not first:
+                parts.append("\n")
+            first = False
+            it = block.begin()
+            while not it.atEnd():
+                frag = it.fragment()
+                lo, hi = max(frag.position(), start), min(frag.position() + frag.length(), end)
+                if lo < hi and not frag.charFormat().boolProperty(REJECTED_PROP):
+                    parts.append(frag.text()[lo - frag.position():hi - frag.position()])
+                it += 1
+            block = block.next()
+        mime = QMimeData()
+        mime.setText("".join(parts))
+        return mime
+
+    # ---- painting ------------------------------------------------------------------------------------------
+    def _current(self) -> _Turn:
+        if not self.turns or self.turns[-1].role != "assistant":
+            raise RuntimeError("no reply in progress: call begin_assistant() first")
+        return self.turns[-1]
+
+    def _end_cursor(self) -> QTextCursor:
+        cursor = QTextCursor(self.document())
+        cursor.movePosition(QTextCursor.MoveOperation.End)
+        return cursor
+
+    def _build_formats(self) -> None:
+        c: TokenColours = self._colours
+        self._formats.clear()
+        for mono in (False, True):
+            for origin in Origin:
+                f = QTextCharFormat()
+                f.setBackground(c.tint[origin])
+                f.setForeground(c.text)
+                self._formats[(origin.value, mono)] = f
+            for kind, colour in ((REJECTED, c.rejected), (DISCARDED, QColor(c.muted))):
+                f = QTextCharFormat()
+                f.setForeground(colour)
+                f.setFontStrikeOut(True)
+                f.setProperty(REJECTED_PROP, True)
+                self._formats[(kind, mono)] = f
+            plain = QTextCharFormat()
+            plain.setForeground(c.text)
+            self._formats[("text", mono)] = plain
+            if mono:
+                for f in (v for (k, m), v in self._formats.items() if m):
+                    f.setFontFamilies([self._mono.family()])
+                    f.setFontFixedPitch(True)
+        self._body_block = QTextBlockFormat()
+        self._body_block.setLineHeight(125, QTextBlockFormat.LineHeightTypes.ProportionalHeight.value)
+        self._code_block = QTextBlockFormat(self._body_block)
+        self._code_block.setBackground(c.code_bg)
+        self._code_block.setLeftMargin(8)
+        self._code_block.setLineHeight(115, QTextBlockFormat.LineHeightTypes.ProportionalHeight.value)
+        self._header_block = QTextBlockFormat()
+        self._header_block.setTopMargin(14)
+        self._header_block.setBottomMargin(4)
+        self._header_char = QTextCharFormat()
+        self._header_char.setFontWeight(QFont.Weight.DemiBold)
+        self._header_char.setForeground(c.muted)
+        self._footer_block = QTextBlockFormat()
+        self._footer_block.setTopMargin(6)
+        self._footer_char = QTextCharFormat()
+        self._footer_char.setForeground(c.muted)
+        self._footer_char.setFontPointSize(max(7.0, self.font().pointSizeF() * 0.85))
+        self._user_frame = QTextFrameFormat()
+        self._user_frame.setBackground(c.user_bg)
+        self._user_frame.setPadding(10)
+        self._user_frame.setBorder(0)
+        self._user_frame.setTopMargin(2)
+
+    def _rebuild(self) -> None:
+        self.document().clear()
+        self.infos.clear()
+        cursor = self._end_cursor()
+        cursor.beginEditBlock()
+        for turn in self.turns:
+            turn.rendered, turn.footer_rendered, turn.fence = 0, False, FenceTracker()
+            self._render_turn(turn, cursor)
+            self._render_rounds(cursor, turn)
+            self._render_footer(cursor, turn)
+        cursor.endEditBlock()
+
+    def _new_block(self, cursor: QTextCursor, block: QTextBlockFormat, char: QTextCharFormat) -> None:
+        """Start a block at the end, reusing an empty last block (the document's first, or the one Qt
+        keeps after a frame)."""
+        if cursor.block().length() <= 1:
+            cursor.setBlockFormat(block)
+            cursor.setBlockCharFormat(char)
+        else:
+            cursor.insertBlock(block, char)
+
+    def _render_turn(self, turn: _Turn, cursor: QTextCursor | None = None) -> None:
+        cursor = cursor or self._end_cursor()
+        if turn.title is not None:
+            self._new_block(cursor, self._header_block, self._header_char)
+            cursor.insertText(turn.title, self._header_char)
+        if turn.role == "user":
+            frame = cursor.insertFrame(self._user_frame)
+            inner = frame.firstCursorPosition()
+            inner.setBlockFormat(self._body_block)
+            for i, line in enumerate(turn.text.split("\n")):
+                if i:
+                    inner.insertBlock(self._body_block)
+                inner.insertText(line, self._formats[("text", False)])
+            cursor.movePosition(QTextCursor.MoveOperation.End)
+        else:
+            self._new_block(cursor, self._body_block, self._formats[("text", False)])
+
+    def _render_footer(self, cursor: QTextCursor, turn: _Turn) -> None:
+        if turn.footer is None or turn.footer_rendered:
+            return
+        turn.footer_rendered = True
+        cursor.insertBlock(self._footer_block, self._footer_char)
+        cursor.insertText(turn.footer, self._footer_char)
+
+    def _render_rounds(self, cursor: QTextCursor, turn: _Turn) -> None:
+        for ev in turn.rounds[turn.rendered:]:
+            self._render_round(cursor, turn, ev)
+        turn.rendered = len(turn.rounds)
+
+    def _render_round(self, cursor: QTextCursor, turn: _Turn, ev: RoundEvent) -> None:
+        accepted = [c for c in ev.committed if c.origin == Origin.ACCEPTED]
+        final = [c for c in ev.committed if c.origin != Origin.ACCEPTED]
+        for tok in accepted:
+            self._insert(cursor, turn, tok.text, TokenInfo(tok.origin.value, ev.round, tok.index, tok.token_id,
+                                                           tok.text, tok.p, tok.q))
+        if self._show_rejected:
+            for i, d in enumerate(ev.drafted):
+                if not d.accepted:
+                    kind = REJECTED if i == ev.accepted else DISCARDED
+                    self._insert(cursor, turn, d.text, TokenInfo(kind, ev.round, i, d.token_id, d.text, d.p, d.q))
+        for tok in final:
+            self._insert(cursor, turn, tok.text, TokenInfo(tok.origin.value, ev.round, tok.index, tok.token_id,
+                                                           tok.text, tok.p, tok.q))
+
+    def _token_format(self, kind: str, mono: bool, key: int) -> QTextCharFormat:
+        fmt = QTextCharFormat(self._formats[(kind, mono)])
+        fmt.setProperty(TOKEN_PROP, key)
+        return fmt
+
+    def _insert(self, cursor: QTextCursor, turn: _Turn, text: str, info: TokenInfo) -> None:
+        if not text:
+            return
+        key = len(self.infos)
+        self.infos.append(info)
+        if info.kind in (REJECTED, DISCARDED):  # drafts never change the fence state or break lines
+            cursor.insertText(visible(text) if text.strip() == "" else text.replace("\n", "\u21b5"),
+                              self._token_format(info.kind, turn.fence.in_code, key))
+            return
+        for step in turn.fence.feed(text):
+            if step[0] == "text":
+                cursor.insertText(step[1], self._token_format(info.kind, step[2], key))
+            elif step[0] == "newline":
+                cursor.insertBlock(self._code_block if turn.fence.in_code else self._body_block)
+            elif step[0] == "open":
+                cursor.setBlockFormat(self._code_block)
+
+
+class OriginLegend(QWidget):
+    """Swatches for the four origins and the struck-through drafts, in the current palette."""
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        lay = QHBoxLayout(self)
+        lay.setContentsMargins(2, 0, 2, 0)
+        lay.setSpacing(10)
+        self.labels: dict[str, QLabel] = {}
+        for key in [o.value for o in Origin] + [REJECTED]:
+            label = QLabel(self)
+            label.setTextFormat(Qt.TextFormat.RichText)
+            if key == REJECTED:
+                label.setToolTip("A draft the target rejected (struck through); View \u203a Show rejected drafts")
+            else:
+                label.setToolTip(ORIGIN_HELP[Origin(key)].capitalize())
+            lay.addWidget(label)
+            self.labels[key] = label
+        lay.addStretch(1)
+        self._paint()
+
+    def changeEvent(self, event: QEvent) -> None:
+        super().changeEvent(event)
+        if event.type() == QEvent.Type.PaletteChange:
+            self._paint()
+
+    def _paint(self) -> None:
+        c = token_colours(self.palette())
+        for key, label in self.labels.items():
+            if key == REJECTED:
+                style = f"color:{c.rejected.name()}; text-decoration:line-through;"
+                name = "Rejected draft"
+            else:
+                origin = Origin(key)
+                style = f"background-color:{c.tint[origin].name()}; color:{c.text.name()};"
+                name = ORIGIN_LABEL[origin]
+            label.setText(f"<span style='{style}'>&nbsp;{name}&nbsp;</span>")

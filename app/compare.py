@@ -1,0 +1,215 @@
+"""A/B: replay one prompt with speculation off, then on, with the same seed and sampling settings.
+
+Under greedy decoding the two replies must be identical token for token (speculative decoding is lossless);
+at temperature > 0 they share a distribution, not necessarily a sample.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from PySide6.QtCore import Qt, QTimer, Signal
+from PySide6.QtWidgets import (
+    QDialog,
+    QDialogButtonBox,
+    QGridLayout,
+    QLabel,
+    QPushButton,
+    QVBoxLayout,
+    QWidget,
+)
+
+from app.chat_view import ChatView
+from app.theme import OKABE_ITO
+from engine.config import SamplingParams, SpecParams
+from engine.events import RoundEvent, Summary
+from engine.stats import MessageRecord, SessionStats
+
+
+@dataclass
+class Side:
+    title: str
+    kind: str  # the stats record kind
+    spec: SpecParams
+    view: ChatView
+    stats_label: QLabel
+    request_id: int | None = None
+    record: MessageRecord | None = None
+    summary: Summary | None = None
+    error: str | None = None
+    done: bool = False
+    rounds: list[RoundEvent] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    plain_tps: float
+    spec_tps: float
+    speedup: float
+    identical: bool
+    greedy: bool
+
+    @property
+    def text(self) -> str:
+        same = "identical" if self.identical else "different"
+        return (f"Plain {self.plain_tps:.1f} tok/s \u00b7 speculative {self.spec_tps:.1f} tok/s \u00b7 "
+                f"speedup {self.speedup:.2f}\u00d7 \u00b7 outputs {same}")
+
+    @property
+    def note(self) -> str:
+        if self.greedy:
+            return ("Greedy decoding: identical outputs are guaranteed, as expected." if self.identical else
+                    "Greedy decoding, yet the outputs differ: this should not happen. Please report it.")
+        return ("Sampling at temperature > 0: speculative sampling keeps the target's distribution, so the "
+                "two replies may differ even with the same seed.")
+
+    @property
+    def ok(self) -> bool:
+        return self.identical or not self.greedy
+
+
+def compare(plain: Summary, spec: Summary, greedy: bool) -> Verdict:
+    same = plain.token_ids == spec.token_ids if plain.token_ids or spec.token_ids else plain.text == spec.text
+    speedup = spec.tokens_per_s / plain.tokens_per_s if plain.tokens_per_s > 0 else 0.0
+    return Verdict(plain.tokens_per_s, spec.tokens_per_s, speedup, same, greedy)
+
+
+class CompareDialog(QDialog):
+    completed = Signal(object)  # Verdict, or None when a side failed or was cancelled
+
+    def __init__(self, host, stats: SessionStats, messages: list[dict[str, str]], sampling: SamplingParams,
+                 spec: SpecParams, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setWindowTitle("Compare: speculation off vs on")
+        self.resize(1100, 640)
+        self.host, self.stats = host, stats
+        self.messages, self.sampling = messages, sampling
+        self.prompt = next((m["content"] for m in reversed(messages) if m["role"] == "user"), "")
+        self.verdict: Verdict | None = None
+
+        drafter = "draft model" if spec.drafter == "model" else "n-gram"
+        k = "adaptive K" if spec.adaptive else f"K={spec.k}"
+        grid = QGridLayout()
+        self.sides: list[Side] = []
+        for col, (title, kind, sp) in enumerate((
+            ("Speculation off (plain decoding)", "compare-plain", spec.with_(enabled=False)),
+            (f"Speculation on ({drafter}, {k})", "compare-speculative", spec.with_(enabled=True)),
+        )):
+            head = QLabel(f"<b>{title}</b>")
+            view = ChatView()
+            view.setPlaceholderText("Waiting\u2026")
+            stats_label = QLabel("\u2014")
+            stats_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+            grid.addWidget(head, 0, col)
+            grid.addWidget(view, 1, col)
+            grid.addWidget(stats_label, 2, col)
+            self.sides.append(Side(title, kind, sp, view, stats_label))
+        grid.setRowStretch(1, 1)
+
+        seed = "random" if sampling.seed is None else str(sampling.seed)
+        temp = "greedy" if sampling.greedy else f"temperature {sampling.temperature:g}, top-p {sampling.top_p:g}"
+        self.settings_label = QLabel(f"Same prompt, same settings: {temp}, seed {seed}, "
+                                     f"max {sampling.max_new_tokens} new tokens.")
+        self.settings_label.setWordWrap(True)
+        self.verdict_label = QLabel("Running plain decoding first\u2026")
+        self.verdict_label.setWordWrap(True)
+        self.verdict_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        font = self.verdict_label.font()
+        font.setPointSizeF(font.pointSizeF() * 1.1)
+        self.verdict_label.setFont(font)
+
+        buttons = QDialogButtonBox()
+        self.stop_button = QPushButton("Stop")
+        self.stop_button.clicked.connect(self.stop)
+        buttons.addButton(self.stop_button, QDialogButtonBox.ButtonRole.ActionRole)
+        close = buttons.addButton(QDialogButtonBox.StandardButton.Close)
+        close.clicked.connect(self.close)
+
+        lay = QVBoxLayout(self)
+        lay.addWidget(self.settings_label)
+        lay.addLayout(grid, 1)
+        lay.addWidget(self.verdict_label)
+        lay.addWidget(buttons)
+
+        w = host.worker
+        w.roundReady.connect(self._on_round)
+        w.summaryReady.connect(self._on_summary)
+        w.errored.connect(self._on_error)
+        w.finished.connect(self._on_finished)
+        self._timer = QTimer(self)
+        self._timer.setInterval(50)
+        self._timer.timeout.connect(self._flush)
+
+    def start(self) -> None:
+        for side in self.sides:
+            side.view.begin_assistant(title=None)
+            side.record = self.stats.begin(self.prompt, side.kind)
+            side.request_id = self.host.generate(self.messages, self.sampling, side.spec, tag=side.kind).id
+        self._timer.start()
+
+    def stop(self) -> None:
+        for side in self.sides:
+            req = self.host.pending.get(side.request_id)
+            if req is not None:
+                req.cancel()
+
+    def closeEvent(self, event) -> None:  # noqa: N802 - Qt naming
+        self.stop()
+        super().closeEvent(event)
+
+    @property
+    def running(self) -> bool:
+        return any(not s.done for s in self.sides)
+
+    def _side(self, rid: int) -> Side | None:
+        return next((s for s in self.sides if s.request_id == rid), None)
+
+    def _on_round(self, rid: int, ev: RoundEvent) -> None:
+        side = self._side(rid)
+        if side is not None:
+            side.view.feed(ev)
+            side.record.rounds.append(ev)
+            if side is self.sides[1] and len(side.record.rounds) == 1:
+                self.verdict_label.setText("Now with speculation\u2026")
+
+    def _on_summary(self, rid: int, s: Summary) -> None:
+        side = self._side(rid)
+        if side is not None:
+            side.summary = s
+            side.record.summary = s
+            side.view.finish(f"{s.new_tokens} tokens, {s.rounds} rounds, stop: {s.stop_reason}")
+            acc = f" \u00b7 acceptance {s.acceptance_rate:.0%}" if s.drafted else ""
+            side.stats_label.setText(f"{s.tokens_per_s:.1f} tok/s \u00b7 {s.new_tokens} tokens \u00b7 "
+                                     f"{s.mean_tokens_per_round:.2f} tokens/round{acc}")
+
+    def _on_error(self, rid: int, message: str) -> None:
+        side = self._side(rid)
+        if side is not None:
+            side.error = message
+            side.stats_label.setText(f"Failed: {message}")
+
+    def _on_finished(self, rid: int) -> None:
+        side = self._side(rid)
+        if side is None:
+            return
+        side.done = True
+        if self.running:
+            return
+        self._flush()
+        self._timer.stop()
+        self.stop_button.setEnabled(False)
+        a, b = (s.summary for s in self.sides)
+        if a is None or b is None or "cancelled" in (a.stop_reason, b.stop_reason):
+            errors = [f"{s.title}: {s.error}" for s in self.sides if s.error]
+            self.verdict_label.setText("Comparison incomplete. " + (" ".join(errors) or "It was stopped."))
+            self.completed.emit(None)
+            return
+        self.verdict = compare(a, b, self.sampling.greedy)
+        colour = OKABE_ITO["bluish_green"] if self.verdict.ok else OKABE_ITO["vermillion"]
+        mark = "\u2714" if self.verdict.identical else ("\u2716" if self.verdict.greedy else "\u2260")
+        self.verdict_label.setText(f"<span style='color:{colour}'>{mark}</span> <b>{self.verdict.text}</b><br>"
+                                   f"<small>{self.verdict.note}</small>")
+        self.completed.emit(self.verdict)
+
+    def _flush(self) -> None:
+        for side in self.sides:
+            side.view.flush()

@@ -1,0 +1,304 @@
+"""The right-hand control panel: model picker, speculation and sampling settings, system prompt.
+
+Everything here produces plain values (SamplingParams, SpecParams, paths); the window pushes them into the
+running request's Controls on every `changed` signal, so they take effect at the engine's next round.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from PySide6.QtCore import QSettings, Qt, Signal
+from PySide6.QtWidgets import (
+    QCheckBox,
+    QComboBox,
+    QFormLayout,
+    QGroupBox,
+    QHBoxLayout,
+    QLabel,
+    QPlainTextEdit,
+    QPushButton,
+    QSizePolicy,
+    QSlider,
+    QSpinBox,
+    QToolButton,
+    QVBoxLayout,
+    QWidget,
+)
+
+from engine.config import SamplingParams, SpecParams
+
+K_MIN, K_MAX = 1, 16
+SEED_RANDOM = -1
+
+
+def _slider(lo: int, hi: int, value: int, page: int) -> QSlider:
+    s = QSlider(Qt.Orientation.Horizontal)
+    s.setRange(lo, hi)
+    s.setValue(value)
+    s.setPageStep(page)
+    s.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
+    return s
+
+
+def _with_value(slider: QSlider, label: QLabel) -> QWidget:
+    w = QWidget()
+    lay = QHBoxLayout(w)
+    lay.setContentsMargins(0, 0, 0, 0)
+    lay.addWidget(slider, 1)
+    label.setMinimumWidth(64)
+    label.setAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
+    lay.addWidget(label)
+    return w
+
+
+def describe_model(m: Any) -> str:
+    size = f"{m.params_b:.2f}B" if getattr(m, "params_b", None) else "?"
+    return f"{m.name}  \u00b7 {size} {m.arch}"
+
+
+class ControlsPanel(QWidget):
+    changed = Signal()  # a live setting changed: the window forwards it to the running request
+    loadRequested = Signal(object, object)  # target path (None: the embedded pair), draft path or None
+    rescanRequested = Signal()
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self._models: list[Any] = []
+        self.saved_pair: tuple[str | None, str | None] = (None, None)  # the picker's choice last session
+        outer = QVBoxLayout(self)
+        outer.setContentsMargins(6, 6, 6, 6)
+        outer.setSpacing(8)
+
+        # Model
+        box = QGroupBox("Model")
+        form = QFormLayout(box)
+        self.target_combo = QComboBox()
+        self.target_combo.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
+        self.target_combo.setMinimumContentsLength(18)
+        self.draft_combo = QComboBox()
+        self.draft_combo.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
+        self.draft_combo.setMinimumContentsLength(18)
+        self.load_button = QPushButton("Load")
+        self.load_button.setToolTip("Load the chosen pair in the background")
+        self.rescan_button = QToolButton()
+        self.rescan_button.setText("Rescan")
+        self.rescan_button.setToolTip("Look for local models again (Hugging Face cache, GGUF files)")
+        buttons = QHBoxLayout()
+        buttons.addWidget(self.rescan_button)
+        buttons.addStretch(1)
+        buttons.addWidget(self.load_button)
+        self.loaded_label = QLabel("No model loaded")
+        self.loaded_label.setWordWrap(True)
+        self.loaded_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        form.addRow("Target", self.target_combo)
+        form.addRow("Draft", self.draft_combo)
+        form.addRow(buttons)
+        form.addRow(self.loaded_label)
+        outer.addWidget(box)
+
+        # Speculation
+        box = QGroupBox("Speculation")
+        form = QFormLayout(box)
+        self.spec_toggle = QCheckBox("Speculative decoding")
+        self.spec_toggle.setChecked(True)
+        self.spec_toggle.setToolTip("Off: plain decoding, one target step per token")
+        self.drafter_combo = QComboBox()
+        self.drafter_combo.addItem("Draft model", "model")
+        self.drafter_combo.addItem("N-gram (prompt lookup)", "ngram")
+        self.k_slider = _slider(K_MIN, K_MAX, 4, 2)
+        self.k_slider.setToolTip("Tokens drafted per round")
+        self.k_label = QLabel()
+        self.adaptive_check = QCheckBox("Adaptive K")
+        self.adaptive_check.setToolTip("Let the engine pick K each round from recent acceptance (the slider is "
+                                       "where it starts)")
+        form.addRow(self.spec_toggle)
+        form.addRow("Drafter", self.drafter_combo)
+        form.addRow("K", _with_value(self.k_slider, self.k_label))
+        form.addRow(self.adaptive_check)
+        outer.addWidget(box)
+
+        # Sampling
+        box = QGroupBox("Sampling")
+        form = QFormLayout(box)
+        self.temp_slider = _slider(0, 200, 0, 10)
+        self.temp_slider.setToolTip("0 is greedy: the reply is then identical with and without speculation")
+        self.temp_label = QLabel()
+        self.top_p_slider = _slider(5, 100, 100, 5)
+        self.top_p_label = QLabel()
+        self.top_k_spin = QSpinBox()
+        self.top_k_spin.setRange(0, 1000)
+        self.top_k_spin.setSpecialValueText("off")
+        self.max_tokens_spin = QSpinBox()
+        self.max_tokens_spin.setRange(1, 8192)
+        self.max_tokens_spin.setValue(256)
+        self.max_tokens_spin.setSingleStep(32)
+        self.max_tokens_spin.setToolTip("Fixed when a reply starts")
+        self.seed_spin = QSpinBox()
+        self.seed_spin.setRange(SEED_RANDOM, 2**31 - 1)
+        self.seed_spin.setValue(SEED_RANDOM)
+        self.seed_spin.setSpecialValueText("random")
+        self.seed_spin.setToolTip("Fixed when a reply starts; 'random' draws a new seed each time")
+        form.addRow("Temperature", _with_value(self.temp_slider, self.temp_label))
+        form.addRow("Top-p", _with_value(self.top_p_slider, self.top_p_label))
+        form.addRow("Top-k", self.top_k_spin)
+        form.addRow("Max new tokens", self.max_tokens_spin)
+        form.addRow("Seed", self.seed_spin)
+        outer.addWidget(box)
+
+        # System prompt
+        box = QGroupBox("System prompt")
+        lay = QVBoxLayout(box)
+        self.system_edit = QPlainTextEdit()
+        self.system_edit.setPlaceholderText("Optional; used from the next message on")
+        self.system_edit.setMaximumHeight(72)
+        self.system_edit.setTabChangesFocus(True)
+        lay.addWidget(self.system_edit)
+        outer.addWidget(box)
+        outer.addStretch(1)
+
+        for sig in (self.k_slider.valueChanged, self.temp_slider.valueChanged, self.top_p_slider.valueChanged,
+                    self.top_k_spin.valueChanged, self.spec_toggle.toggled, self.adaptive_check.toggled,
+                    self.drafter_combo.currentIndexChanged):
+            sig.connect(self._on_live_change)
+        self.target_combo.currentIndexChanged.connect(self._refill_drafts)
+        self.load_button.clicked.connect(self._request_load)
+        self.rescan_button.clicked.connect(self.rescanRequested)
+        self.set_local_models([])
+        self._update_labels()
+
+    # ---- values --------------------------------------------------------------------------------------------
+    def sampling_params(self) -> SamplingParams:
+        seed = self.seed_spin.value()
+        return SamplingParams(
+            temperature=self.temp_slider.value() / 100.0,
+            top_p=self.top_p_slider.value() / 100.0,
+            top_k=self.top_k_spin.value(),
+            max_new_tokens=self.max_tokens_spin.value(),
+            seed=None if seed == SEED_RANDOM else seed,
+        )
+
+    def spec_params(self) -> SpecParams:
+        return SpecParams(
+            enabled=self.spec_toggle.isChecked(),
+            k=self.k_slider.value(),
+            drafter=self.drafter_combo.currentData(),
+            adaptive=self.adaptive_check.isChecked(),
+            k_max=K_MAX,
+        )
+
+    def system_prompt(self) -> str:
+        return self.system_edit.toPlainText().strip()
+
+    def _on_live_change(self, *_: object) -> None:
+        self._update_labels()
+        self.changed.emit()
+
+    def _update_labels(self) -> None:
+        self.k_label.setText(str(self.k_slider.value()))
+        t = self.temp_slider.value() / 100.0
+        self.temp_label.setText("0 (greedy)" if t == 0 else f"{t:.2f}")
+        self.top_p_label.setText(f"{self.top_p_slider.value() / 100.0:.2f}")
+        spec = self.spec_toggle.isChecked()
+        self.drafter_combo.setEnabled(spec)
+        self.k_slider.setEnabled(spec)
+        self.adaptive_check.setEnabled(spec)
+
+    # ---- models --------------------------------------------------------------------------------------------
+    def set_local_models(self, models: Sequence[Any]) -> None:
+        """Fill the picker: the embedded pair first, then local models (objects with name, path, arch,
+        vocab_size, params_b)."""
+        keep = self.target_combo.currentData()
+        self._models = list(models)
+        self.target_combo.blockSignals(True)
+        self.target_combo.clear()
+        self.target_combo.addItem("Embedded pair (default)", None)
+        for m in self._models:
+            self.target_combo.addItem(describe_model(m), str(m.path))
+            self.target_combo.setItemData(self.target_combo.count() - 1, str(m.path), Qt.ItemDataRole.ToolTipRole)
+        i = self.target_combo.findData(keep)
+        self.target_combo.setCurrentIndex(max(i, 0))
+        self.target_combo.blockSignals(False)
+        self._refill_drafts()
+
+    def _refill_drafts(self, *_: object) -> None:
+        keep = self.draft_combo.currentData()
+        target = self.target_combo.currentData()
+        self.draft_combo.clear()
+        if target is None:
+            self.draft_combo.addItem("Embedded draft", None)
+            self.draft_combo.setEnabled(False)
+            return
+        self.draft_combo.setEnabled(True)
+        self.draft_combo.addItem("None (n-gram drafter only)", None)
+        tm = next((m for m in self._models if str(m.path) == target), None)
+        for m in self._models:
+            if str(m.path) != target and (tm is None or m.vocab_size == tm.vocab_size):
+                self.draft_combo.addItem(describe_model(m), str(m.path))
+        self.draft_combo.setCurrentIndex(max(self.draft_combo.findData(keep), 0))
+
+    def _request_load(self) -> None:
+        self.loadRequested.emit(self.target_combo.currentData(), self.draft_combo.currentData())
+
+    def set_loading(self, loading: bool) -> None:
+        self.load_button.setEnabled(not loading)
+        self.rescan_button.setEnabled(not loading)
+
+    def set_loaded(self, target: str, draft: str | None, device: str, dtype: str) -> None:
+        pair = f"<b>{target}</b>" + (f" + draft <b>{draft}</b>" if draft else " (no draft model)")
+        self.loaded_label.setText(f"{pair}<br>{device} \u00b7 {dtype}")
+        item = self.drafter_combo.model().item(0)
+        item.setEnabled(draft is not None)
+        if draft is None and self.drafter_combo.currentData() == "model":
+            self.drafter_combo.setCurrentIndex(1)
+
+    # ---- persistence ---------------------------------------------------------------------------------------
+    def save_settings(self, s: QSettings) -> None:
+        s.beginGroup("controls")
+        s.setValue("k", self.k_slider.value())
+        s.setValue("temperature", self.temp_slider.value())
+        s.setValue("top_p", self.top_p_slider.value())
+        s.setValue("top_k", self.top_k_spin.value())
+        s.setValue("max_new_tokens", self.max_tokens_spin.value())
+        s.setValue("seed", self.seed_spin.value())
+        s.setValue("speculative", self.spec_toggle.isChecked())
+        s.setValue("drafter", self.drafter_combo.currentData())
+        s.setValue("adaptive", self.adaptive_check.isChecked())
+        s.setValue("system_prompt", self.system_edit.toPlainText())
+        s.setValue("target", self.target_combo.currentData() or "")
+        s.setValue("draft", self.draft_combo.currentData() or "")
+        s.endGroup()
+
+    def load_settings(self, s: QSettings) -> None:
+        s.beginGroup("controls")
+        try:
+            self.k_slider.setValue(int(s.value("k", self.k_slider.value())))
+            self.temp_slider.setValue(int(s.value("temperature", self.temp_slider.value())))
+            self.top_p_slider.setValue(int(s.value("top_p", self.top_p_slider.value())))
+            self.top_k_spin.setValue(int(s.value("top_k", self.top_k_spin.value())))
+            self.max_tokens_spin.setValue(int(s.value("max_new_tokens", self.max_tokens_spin.value())))
+            self.seed_spin.setValue(int(s.value("seed", self.seed_spin.value())))
+            self.spec_toggle.setChecked(_bool(s.value("speculative", True)))
+            i = self.drafter_combo.findData(s.value("drafter", "model"))
+            self.drafter_combo.setCurrentIndex(max(i, 0))
+            self.adaptive_check.setChecked(_bool(s.value("adaptive", False)))
+            self.system_edit.setPlainText(str(s.value("system_prompt", "")))
+            self.saved_pair = (str(s.value("target", "")) or None, str(s.value("draft", "")) or None)
+        except (TypeError, ValueError):
+            pass  # a hand-edited or stale settings file: keep the defaults
+        finally:
+            s.endGroup()
+        self._update_labels()
+
+    def select_pair(self, target: str | None, draft: str | None) -> None:
+        """Point the picker at a pair (when it is listed)."""
+        i = self.target_combo.findData(target)
+        if i >= 0:
+            self.target_combo.setCurrentIndex(i)
+            j = self.draft_combo.findData(draft)
+            if j >= 0:
+                self.draft_combo.setCurrentIndex(j)
+
+
+def _bool(v: object) -> bool:
+    return v in (True, "true", "True", "1", 1)

@@ -1,0 +1,78 @@
+"""Entry point (`speclens`, or `python -m app.main`): the window shows at once, models load behind it."""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="speclens", description="Chat over a speculative-decoding engine and "
+                                 "watch every token: accepted drafts, corrections, bonus tokens.")
+    ap.add_argument("--target", help="target model: a folder, a .gguf file or a cached Hugging Face repo id "
+                    "(default: the embedded pair)")
+    ap.add_argument("--draft", help="draft model for --target (default: none; the n-gram drafter still works)")
+    ap.add_argument("--device", help="cpu or cuda (default: cuda when available)")
+    ap.add_argument("--settings", metavar="INI", help="keep settings in this INI file instead of the user's")
+    ap.add_argument("--smoke-test", action="store_true",
+                    help="open the window (offscreen when there is no display), start the event loop, quit; "
+                    "loads no model")
+    args = ap.parse_args(argv)
+    if args.draft and not args.target:
+        ap.error("--draft needs --target")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    if args.smoke_test and not os.environ.get("DISPLAY") and not os.environ.get("WAYLAND_DISPLAY"):
+        os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+
+    from PySide6.QtCore import QSettings, QTimer
+    from PySide6.QtWidgets import QApplication
+
+    from app import __version__
+    from app.resources import app_icon
+    from app.window import MainWindow
+    from app.worker import EngineHost
+
+    app = QApplication.instance() or QApplication(sys.argv[:1])
+    app.setApplicationName("SpecLens")
+    app.setOrganizationName("SpecLens")
+    app.setApplicationVersion(__version__)
+    app.setDesktopFileName("speclens")
+    app.setStyle("Fusion")
+    app.setWindowIcon(app_icon())
+
+    settings = QSettings(args.settings, QSettings.Format.IniFormat) if args.settings else QSettings()
+    host = EngineHost()
+    window = MainWindow(host, settings)
+    window.show()
+
+    result = {"code": 0}
+    if args.smoke_test:
+        def check() -> None:
+            ok = window.isVisible() and window.chat.isVisible() and window.charts.isVisible()
+            print(f"smoke-test {'ok' if ok else 'FAILED'}: window {window.width()}x{window.height()}, "
+                  f"platform {app.platformName()}", flush=True)
+            result["code"] = 0 if ok else 1
+            window.close()
+            app.quit()
+
+        QTimer.singleShot(0, check)
+    else:
+        QTimer.singleShot(0, host.scan_models)
+        QTimer.singleShot(0, lambda: window.load_models(args.target, args.draft, args.device))
+
+    code = app.exec() or result["code"]
+    if not host.shutdown():  # a load that cannot be interrupted is still running: do not wait on it
+        logging.getLogger("speclens").warning("engine thread still busy at exit; leaving without waiting")
+        sys.stdout.flush()
+        os._exit(code)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

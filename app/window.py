@@ -1,0 +1,507 @@
+"""The main window: chat on the left, live charts and controls on the right.
+
+Events reach the window as queued signals from the worker thread; the slots only append to buffers (chat
+view, charts, session stats). A 20 Hz QTimer in the GUI thread repaints from those buffers, so the engine's
+rate never sets the paint rate and the worker never touches a widget.
+"""
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+from PySide6.QtCore import QByteArray, QSettings, Qt, QTimer
+from PySide6.QtGui import QAction, QActionGroup, QCloseEvent, QGuiApplication, QKeySequence
+from PySide6.QtWidgets import (
+    QFileDialog,
+    QHBoxLayout,
+    QLabel,
+    QMainWindow,
+    QMessageBox,
+    QProgressDialog,
+    QPushButton,
+    QScrollArea,
+    QSplitter,
+    QToolBar,
+    QVBoxLayout,
+    QWidget,
+)
+
+from app import __version__
+from app.charts import ChartsPanel
+from app.chat_view import ChatView, OriginLegend
+from app.compare import CompareDialog
+from app.controls import ControlsPanel
+from app.prompt_edit import PromptEdit
+from app.resources import app_icon
+from app.theme import THEMES, apply_theme
+from app.worker import EngineHost, EngineInfo, Request
+from engine.events import RoundEvent, Summary
+from engine.stats import MessageRecord, SessionStats
+
+FRAME_MS = 50  # repaint timer period: 20 Hz
+
+
+def reply_footer(s: Summary) -> str:
+    parts = [f"{s.new_tokens} tokens in {s.rounds} rounds", f"{s.tokens_per_s:.1f} tok/s",
+             f"{s.mean_tokens_per_round:.2f} tokens/round"]
+    if s.drafted:
+        parts.append(f"acceptance {s.acceptance_rate:.0%}")
+    parts.append(f"reused {s.reused_prefix_tokens} of {s.prompt_tokens} prompt tokens")
+    if s.stop_reason not in ("eos", "stop"):
+        parts.append({"cancelled": "stopped", "length": "hit the token limit"}.get(s.stop_reason, s.stop_reason))
+    return "  \u00b7  ".join(parts)
+
+
+class MainWindow(QMainWindow):
+    def __init__(self, host: EngineHost, settings: QSettings | None = None) -> None:
+        super().__init__()
+        self.host = host
+        self.settings = settings if settings is not None else QSettings()
+        self.stats = SessionStats()
+        self.conversation: list[dict[str, str]] = []
+        self.active: Request | None = None  # the chat request running now
+        self.record: MessageRecord | None = None
+        self.last_round: RoundEvent | None = None
+        self.last_request: tuple[list[dict[str, str]], object, object] | None = None  # for Compare
+        self.compare_dialog: CompareDialog | None = None
+        self.load_dialog: QProgressDialog | None = None
+        self.theme = "system"
+        self._status_dirty = False
+        self.frame_timer = QTimer(self)
+        self.frame_timer.setInterval(FRAME_MS)
+        self.frame_timer.timeout.connect(self.repaint_frame)
+
+        self.setWindowTitle("SpecLens")
+        self.setWindowIcon(app_icon())
+        self.resize(1480, 900)
+        self._build_ui()
+        self._build_actions()
+        self._connect()
+        self._restore()
+        self._update_actions()
+
+    # ---- layout --------------------------------------------------------------------------------------------
+    def _build_ui(self) -> None:
+        self.chat = ChatView()
+        self.legend = OriginLegend()
+        self.input = PromptEdit()
+        self.send_button = QPushButton("Send")
+        self.send_button.setDefault(True)
+        self.send_button.setToolTip("Send (Enter)")
+        self.stop_button = QPushButton("Stop")
+        self.stop_button.setToolTip("Stop after the current round (Esc)")
+        buttons = QVBoxLayout()
+        buttons.addWidget(self.send_button)
+        buttons.addWidget(self.stop_button)
+        buttons.addStretch(1)
+        row = QHBoxLayout()
+        row.addWidget(self.input, 1)
+        row.addLayout(buttons)
+        left = QWidget()
+        lay = QVBoxLayout(left)
+        lay.setContentsMargins(8, 6, 4, 8)
+        lay.addWidget(self.legend)
+        lay.addWidget(self.chat, 1)
+        lay.addLayout(row)
+
+        self.charts = ChartsPanel()
+        self.charts.setMinimumWidth(360)
+        self.controls = ControlsPanel()
+        scroll = QScrollArea()
+        scroll.setWidget(self.controls)
+        scroll.setWidgetResizable(True)
+        scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        scroll.setMinimumWidth(290)
+        scroll.setFrameShape(QScrollArea.Shape.NoFrame)
+
+        self.splitter = QSplitter(Qt.Orientation.Horizontal)
+        self.splitter.addWidget(left)
+        self.splitter.addWidget(self.charts)
+        self.splitter.addWidget(scroll)
+        self.splitter.setStretchFactor(0, 5)
+        self.splitter.setStretchFactor(1, 5)
+        self.splitter.setStretchFactor(2, 0)
+        self.splitter.setChildrenCollapsible(False)
+        self.splitter.setSizes([620, 560, 300])
+        self.setCentralWidget(self.splitter)
+
+        bar = self.statusBar()
+        self.round_label = QLabel("Idle")
+        self.reuse_label = QLabel("")
+        self.model_label = QLabel("No model loaded")
+        for w in (self.round_label, self.reuse_label, self.model_label):
+            w.setContentsMargins(8, 0, 8, 0)
+            bar.addPermanentWidget(w)
+
+    def _build_actions(self) -> None:
+        def act(text: str, slot, shortcut=None, tip: str = "", checkable: bool = False) -> QAction:
+            a = QAction(text, self)
+            if shortcut is not None:
+                a.setShortcut(QKeySequence(shortcut))
+            a.setStatusTip(tip or text)
+            a.setToolTip(tip or text)
+            a.setCheckable(checkable)
+            (a.toggled if checkable else a.triggered).connect(slot)
+            self.addAction(a)
+            return a
+
+        self.new_action = act("&New chat", self.new_chat, QKeySequence.StandardKey.New,
+                              "Clear the conversation and the engine's cached prefix")
+        self.open_action = act("&Open model folder\u2026", self.open_model_folder, QKeySequence.StandardKey.Open,
+                               "Load a model folder (config.json + safetensors) or a .gguf as the target")
+        self.export_action = act("&Export session stats\u2026", lambda: self.export_stats(), "Ctrl+E",
+                                 "Write every round of this session to CSV (plus <name>_summary.csv)")
+        self.quit_action = act("&Quit", self.close, QKeySequence.StandardKey.Quit)
+        self.send_action = act("&Send", self.send, "Ctrl+Return", "Send the message")
+        self.stop_action = act("S&top", self.stop, "Esc", "Stop after the current round")
+        self.compare_action = act("&Compare off vs on\u2026", self.compare, "Ctrl+R",
+                                  "Replay the last prompt with speculation off, then on, with the same seed")
+        self.rejected_action = act("Show &rejected drafts", self.chat.set_show_rejected, "Ctrl+Shift+R",
+                                   "Show the drafts the target turned down, struck through", checkable=True)
+        self.rejected_action.setChecked(True)
+        self.focus_action = act("Focus message box", lambda: self.input.setFocus(), "Ctrl+L")
+        self.about_action = act("&About SpecLens", self.about)
+
+        menus = self.menuBar()
+        m = menus.addMenu("&File")
+        m.addActions([self.new_action, self.open_action])
+        m.addSeparator()
+        m.addAction(self.export_action)
+        m.addSeparator()
+        m.addAction(self.quit_action)
+        m = menus.addMenu("&Run")
+        m.addActions([self.send_action, self.stop_action])
+        m.addSeparator()
+        m.addAction(self.compare_action)
+        m = menus.addMenu("&View")
+        m.addAction(self.rejected_action)
+        themes = m.addMenu("&Theme")
+        self.theme_group = QActionGroup(self)
+        self.theme_actions: dict[str, QAction] = {}
+        for key, label in zip(THEMES, ("Follow &system", "&Light", "&Dark")):
+            a = QAction(label, self, checkable=True)
+            a.triggered.connect(lambda _=False, k=key: self.set_theme(k))
+            self.theme_group.addAction(a)
+            themes.addAction(a)
+            self.theme_actions[key] = a
+        m.addSeparator()
+        m.addAction(self.focus_action)
+        m = menus.addMenu("&Help")
+        m.addAction(self.about_action)
+
+        tb = QToolBar("Main")
+        tb.setObjectName("main-toolbar")
+        tb.setMovable(False)
+        tb.setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonTextOnly)
+        tb.addActions([self.new_action, self.stop_action, self.compare_action, self.export_action])
+        tb.addSeparator()
+        tb.addAction(self.rejected_action)
+        self.addToolBar(tb)
+
+    def _connect(self) -> None:
+        self.input.submitted.connect(self.send)
+        self.send_button.clicked.connect(self.send)
+        self.stop_button.clicked.connect(self.stop)
+        self.controls.changed.connect(self.push_controls)
+        self.controls.loadRequested.connect(lambda t, d: self.load_models(t, d))
+        self.controls.rescanRequested.connect(self.host.scan_models)
+        w = self.host.worker
+        w.roundReady.connect(self._on_round)
+        w.summaryReady.connect(self._on_summary)
+        w.errored.connect(self._on_error)
+        w.finished.connect(self._on_finished)
+        w.loadProgress.connect(self._on_load_progress)
+        w.loaded.connect(self._on_loaded)
+        w.loadFailed.connect(self._on_load_failed)
+        w.loadCancelled.connect(self._on_load_cancelled)
+        w.modelsListed.connect(self._on_models)
+        QGuiApplication.styleHints().colorSchemeChanged.connect(self._on_color_scheme)
+        if self.host.info is not None:
+            self._on_loaded(self.host.info)
+
+    # ---- chat ----------------------------------------------------------------------------------------------
+    def messages_for(self, text: str) -> list[dict[str, str]]:
+        system = self.controls.system_prompt()
+        head = [{"role": "system", "content": system}] if system else []
+        return head + self.conversation + [{"role": "user", "content": text}]
+
+    def send(self) -> None:
+        text = self.input.toPlainText().strip()
+        if not text:
+            return
+        if not self.host.ready:
+            self.statusBar().showMessage("The model is still loading; your message is kept.", 4000)
+            return
+        if self.host.busy:
+            return
+        messages = self.messages_for(text)
+        sampling, spec = self.controls.sampling_params(), self.controls.spec_params()
+        self.conversation.append({"role": "user", "content": text})
+        self.chat.add_user(text)
+        self.chat.begin_assistant(self.host.info.target_name if self.host.info else "Assistant")
+        self.charts.start_message()
+        self.record = self.stats.begin(text, "chat")
+        self.last_round = None
+        self.active = self.host.generate(messages, sampling, spec, tag="chat")
+        self.last_request = (messages, sampling, spec)
+        self.input.clear()
+        self.frame_timer.start()
+        self._update_actions()
+        self._status_dirty = True
+
+    def push_controls(self) -> None:
+        """Live settings reach the running reply at its next round."""
+        if self.active is None:
+            return
+        sampling = self.controls.sampling_params()
+        self.active.controls.sampling = sampling
+        self.active.controls.spec = self.controls.spec_params()
+
+    def stop(self) -> None:
+        if self.host.busy:
+            self.host.cancel_all()
+            self.statusBar().showMessage("Stopping after this round\u2026", 2000)
+
+    def new_chat(self) -> None:
+        self.host.cancel_all()
+        self.active, self.record, self.last_round = None, None, None
+        self.conversation.clear()
+        self.last_request = None
+        self.chat.clear_chat()
+        self.charts.clear()
+        self.stats.new_chat()
+        self.host.reset()
+        self.reuse_label.setText("")
+        self.round_label.setText("Idle")
+        self._update_actions()
+        self.input.setFocus()
+
+    def _on_round(self, rid: int, ev: RoundEvent) -> None:
+        if self.active is None or rid != self.active.id:
+            return
+        self.chat.feed(ev)
+        self.charts.feed(ev)
+        self.record.rounds.append(ev)
+        self.last_round = ev
+        self._status_dirty = True
+
+    def _on_summary(self, rid: int, s: Summary) -> None:
+        if self.active is None or rid != self.active.id:
+            return
+        self.record.summary = s
+        self.chat.finish(reply_footer(s))
+        self.conversation.append({"role": "assistant", "content": s.text})
+        self.charts.set_plain_reference(self.stats.totals().plain_ms_per_token)
+        self.reuse_label.setText(f"reused {s.reused_prefix_tokens} prompt tokens")
+        self.reuse_label.setToolTip(f"{s.reused_prefix_tokens} of this turn's {s.prompt_tokens} prompt tokens "
+                                    "came from the previous turn's KV cache")
+
+    def _on_error(self, rid: int, message: str) -> None:
+        if self.active is None or rid != self.active.id:
+            return
+        partial = "".join(ev.text_delta for ev in self.record.rounds)
+        if partial:
+            self.conversation.append({"role": "assistant", "content": partial})
+        else:  # nothing came back: drop the turn from the context, keep it on screen
+            self.conversation.pop()
+        self.chat.finish(f"failed: {message}")
+        self.show_error("Generation failed", message)
+
+    def _on_finished(self, rid: int) -> None:
+        if self.active is not None and rid == self.active.id:
+            self.active = None
+            self._status_dirty = True
+            self.repaint_frame()
+        self._update_actions()
+
+    def repaint_frame(self) -> None:
+        """One frame: paint what the buffers gathered since the last one."""
+        self.chat.flush()
+        self.charts.flush()
+        if self._status_dirty:
+            self._status_dirty = False
+            self._update_status()
+        if self.active is None and not self.chat.pending:
+            self.frame_timer.stop()
+
+    def _update_status(self) -> None:
+        ev, s = self.last_round, self.record.summary if self.record else None
+        if ev is None:
+            self.round_label.setText("Generating\u2026" if self.active else "Idle")
+            return
+        rounds = self.record.rounds
+        drafted = sum(len(r.drafted) for r in rounds)
+        acc = f"{sum(r.accepted for r in rounds) / drafted:.0%}" if drafted else "\u2014"
+        tps = s.tokens_per_s if s is not None else (ev.new_tokens / ev.elapsed_s if ev.elapsed_s > 0 else 0.0)
+        k = f"K {ev.k}" if ev.mode == "speculative" else "plain"
+        state = "Generating" if self.active else "Done"
+        self.round_label.setText(f"{state} \u00b7 round {ev.round} \u00b7 {k} \u00b7 {tps:.1f} tok/s \u00b7 "
+                                 f"acceptance {acc}")
+
+    def _update_actions(self) -> None:
+        busy, ready = self.host.busy, self.host.ready
+        self.send_button.setEnabled(ready and not busy)
+        self.send_action.setEnabled(ready and not busy)
+        self.stop_button.setEnabled(busy)
+        self.stop_action.setEnabled(busy)
+        self.compare_action.setEnabled(ready and not busy and self.last_request is not None)
+
+    # ---- compare -------------------------------------------------------------------------------------------
+    def compare(self) -> CompareDialog | None:
+        if self.last_request is None or self.host.busy or not self.host.ready:
+            self.statusBar().showMessage("Send a message first; Compare replays the last prompt.", 4000)
+            return None
+        messages, sampling, _ = self.last_request
+        if sampling.seed is None:  # both sides need the same seed
+            sampling = sampling.with_(seed=random.randrange(2**31))
+        if self.compare_dialog is not None:
+            self.compare_dialog.deleteLater()
+        dlg = CompareDialog(self.host, self.stats, messages, sampling, self.controls.spec_params(), self)
+        dlg.completed.connect(self._on_compare_done)
+        self.compare_dialog = dlg
+        dlg.show()
+        dlg.start()
+        self._update_actions()
+        return dlg
+
+    def _on_compare_done(self, _verdict) -> None:
+        self.charts.set_plain_reference(self.stats.totals().plain_ms_per_token)
+        self.charts.flush()
+
+    # ---- models --------------------------------------------------------------------------------------------
+    def load_models(self, target: str | None = None, draft: str | None = None, device: str | None = None) -> None:
+        """Load in the background behind a progress dialog (None: the embedded pair)."""
+        if self.host.loading is not None:
+            return
+        self.host.load(target, draft, device)
+        self.controls.set_loading(True)
+        what = "the embedded model pair" if target is None else Path(target).name
+        dlg = QProgressDialog(f"Loading {what}\u2026", "Cancel", 0, 1000, self)
+        dlg.setWindowTitle("Loading models")
+        dlg.setWindowModality(Qt.WindowModality.WindowModal)
+        dlg.setMinimumDuration(0)
+        dlg.setAutoClose(False)
+        dlg.setAutoReset(False)
+        dlg.setMinimumWidth(420)
+        dlg.canceled.connect(self._cancel_load)
+        dlg.setValue(0)
+        dlg.show()
+        self.load_dialog = dlg
+        self.statusBar().showMessage(f"Loading {what}\u2026")
+
+    def _cancel_load(self) -> None:
+        self.host.cancel_load()
+        self.statusBar().showMessage("Cancelling the load\u2026")
+
+    def _close_load_dialog(self) -> None:
+        self.controls.set_loading(False)
+        if self.load_dialog is not None:
+            self.load_dialog.canceled.disconnect(self._cancel_load)
+            self.load_dialog.close()
+            self.load_dialog.deleteLater()
+            self.load_dialog = None
+
+    def _on_load_progress(self, stage: str, fraction: float) -> None:
+        if self.load_dialog is None:
+            return
+        self.load_dialog.setLabelText(stage)
+        if fraction < 0:
+            self.load_dialog.setRange(0, 0)
+        else:
+            self.load_dialog.setRange(0, 1000)
+            self.load_dialog.setValue(int(min(fraction, 1.0) * 1000))
+
+    def _on_loaded(self, info: EngineInfo) -> None:
+        self._close_load_dialog()
+        self.controls.set_loaded(info.target_name, info.draft_name, info.device, info.dtype_name)
+        pair = info.target_name + (f" + {info.draft_name}" if info.draft_name else "")
+        self.model_label.setText(f"{pair} \u00b7 {info.device} \u00b7 {info.dtype_name}")
+        self.statusBar().showMessage(f"Loaded {pair}", 5000)
+        self._update_actions()
+
+    def _on_load_failed(self, message: str) -> None:
+        self._close_load_dialog()
+        self.statusBar().clearMessage()
+        self.show_error("Could not load the model", message)
+
+    def _on_load_cancelled(self) -> None:
+        self._close_load_dialog()
+        self.statusBar().showMessage("Loading cancelled" + ("; the current model stays loaded."
+                                                            if self.host.ready else "."), 5000)
+
+    def _on_models(self, models: list) -> None:
+        self.controls.set_local_models(models)
+        self.controls.select_pair(*self.controls.saved_pair)
+
+    def open_model_folder(self) -> None:
+        path = QFileDialog.getExistingDirectory(self, "Open a model folder")
+        if path:
+            self.load_models(path, None)
+
+    # ---- export --------------------------------------------------------------------------------------------
+    def export_stats(self, path: str | None = None) -> bool:
+        if path is None:
+            start = str(self.settings.value("export/dir", str(Path.home())))
+            path, _ = QFileDialog.getSaveFileName(self, "Export session stats", str(Path(start) / "speclens-stats.csv"),
+                                                  "CSV files (*.csv)")
+            if not path:
+                return False
+        try:
+            main, side = self.stats.write_csv(path)
+        except OSError as e:
+            self.show_error("Could not export the session stats",
+                            f"{path} could not be written:\n{e.strerror or e}\n\nThe session is kept; "
+                            "try another folder.")
+            return False
+        self.settings.setValue("export/dir", str(Path(path).parent))
+        self.statusBar().showMessage(f"Wrote {main.name} ({len(self.stats.round_rows())} rounds) and {side.name}",
+                                     6000)
+        return True
+
+    # ---- look + persistence --------------------------------------------------------------------------------
+    def set_theme(self, mode: str) -> None:
+        self.theme = mode if mode in THEMES else "system"
+        self.theme_actions[self.theme].setChecked(True)
+        apply_theme(self.theme)
+
+    def _on_color_scheme(self, *_: object) -> None:
+        if self.theme == "system":
+            apply_theme("system")
+
+    def show_error(self, title: str, text: str) -> None:
+        QMessageBox.critical(self, title, text)
+
+    def about(self) -> None:
+        QMessageBox.about(self, "About SpecLens",
+                          f"<h3>SpecLens {__version__}</h3><p>A chat over a lossless speculative-decoding engine: "
+                          "a draft proposes K tokens, the target verifies them in one pass. Each token is "
+                          "coloured by how it was made.</p><p>Colours: Okabe\u2013Ito, safe for colour-vision "
+                          "deficiencies.</p>")
+
+    def _restore(self) -> None:
+        s = self.settings
+        geometry = s.value("window/geometry")
+        if isinstance(geometry, QByteArray) and not geometry.isEmpty():
+            self.restoreGeometry(geometry)
+        state = s.value("window/splitter")
+        if isinstance(state, QByteArray) and not state.isEmpty():
+            self.splitter.restoreState(state)
+        self.rejected_action.setChecked(str(s.value("view/show_rejected", True)).lower() in ("true", "1"))
+        self.controls.load_settings(s)
+        self.set_theme(str(s.value("view/theme", "system")))
+
+    def save_settings(self) -> None:
+        s = self.settings
+        s.setValue("window/geometry", self.saveGeometry())
+        s.setValue("window/splitter", self.splitter.saveState())
+        s.setValue("view/show_rejected", self.rejected_action.isChecked())
+        s.setValue("view/theme", self.theme)
+        self.controls.save_settings(s)
+        s.sync()
+
+    def closeEvent(self, event: QCloseEvent) -> None:
+        self.save_settings()
+        self.host.cancel_all()
+        if self.compare_dialog is not None:
+            self.compare_dialog.close()
+        super().closeEvent(event)

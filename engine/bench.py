@@ -1,0 +1,142 @@
+"""speclens-bench: plain vs speculative decoding on a prompt set, as a table and as JSON."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from .config import SamplingParams, SpecParams
+from .engine import Engine
+from .events import Summary
+
+MODES = ("plain", "draft", "ngram")
+
+
+@dataclass
+class Result:
+    mode: str
+    k: int
+    temperature: float
+    tokens_per_s: float
+    new_tokens: int
+    acceptance_rate: float
+    mean_accepted_length: float  # tokens committed per round (accepted drafts + correction/bonus)
+    seconds: float
+    rounds: int
+    outputs: list[list[int]] = field(default_factory=list)
+
+
+def read_prompts(path: str | Path) -> list[dict]:
+    p = Path(path)
+    if not p.is_file():
+        raise SystemExit(f"speclens-bench: prompts file not found: {p}")
+    prompts = []
+    for n, line in enumerate(p.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            if not isinstance(row.get("messages"), list) or not row["messages"]:
+                raise ValueError("needs a non-empty 'messages' list")
+        except (json.JSONDecodeError, ValueError, AttributeError) as e:
+            raise SystemExit(f"speclens-bench: {p}:{n}: bad prompt line ({e})") from e
+        prompts.append(row)
+    if not prompts:
+        raise SystemExit(f"speclens-bench: {p} holds no prompts")
+    return prompts
+
+
+def run_mode(engine: Engine, prompts: list[list[int]], mode: str, k: int, sampling: SamplingParams) -> Result:
+    spec = SpecParams(enabled=False) if mode == "plain" else SpecParams(k=k, drafter="model" if mode == "draft" else "ngram")
+    outputs, new, rounds, drafted, accepted, seconds = [], 0, 0, 0, 0, 0.0
+    for ids in prompts:
+        engine.reset()  # no cross-prompt prefix reuse: every prompt pays its own prefill
+        t = time.perf_counter()
+        *_, s = engine.generate(ids, sampling, spec)
+        seconds += time.perf_counter() - t
+        assert isinstance(s, Summary)
+        outputs.append(list(s.token_ids))
+        new, rounds, drafted, accepted = new + s.new_tokens, rounds + s.rounds, drafted + s.drafted, accepted + s.accepted
+    return Result(mode, 0 if mode == "plain" else k, sampling.temperature, new / seconds, new,
+                  accepted / drafted if drafted else 0.0, new / rounds if rounds else 0.0, seconds, rounds, outputs)
+
+
+def parse_ks(text: str) -> list[int]:
+    try:
+        ks = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise SystemExit(f"speclens-bench: --k must be an integer or a list like 1,2,4,8 (got {text!r})")
+    if not ks or min(ks) < 1:
+        raise SystemExit(f"speclens-bench: every K must be >= 1 (got {text!r})")
+    return ks
+
+
+def table(results: list[Result]) -> str:
+    base = next((r.tokens_per_s for r in results if r.mode == "plain"), None)
+    lines = [f"{'mode':<7}{'K':>3}{'temp':>6}{'tok/s':>8}{'speedup':>9}{'accept':>8}{'tok/round':>10}{'tokens':>8}"]
+    for r in results:
+        speed = f"{r.tokens_per_s / base:.2f}x" if base else "-"
+        lines.append(f"{r.mode:<7}{r.k:>3}{r.temperature:>6.2f}{r.tokens_per_s:>8.2f}{speed:>9}"
+                     f"{r.acceptance_rate:>8.2f}{r.mean_accepted_length:>10.2f}{r.new_tokens:>8}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="speclens-bench", description=__doc__)
+    ap.add_argument("--target", help="folder, .gguf or HF-cache repo id (default: the embedded pair)")
+    ap.add_argument("--draft", help="folder, .gguf or HF-cache repo id (default: the embedded pair)")
+    ap.add_argument("--prompts", required=True, help="JSONL, one {id, messages} per line")
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--k", default="4", help="K, or a list to sweep: 1,2,4,8")
+    ap.add_argument("--temperature", type=float, default=0.0)
+    ap.add_argument("--top-p", type=float, default=1.0)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--modes", default="plain,draft,ngram")
+    ap.add_argument("--device", default=None)
+    ap.add_argument("--json", dest="json_out", help="write the results here")
+    a = ap.parse_args(argv)
+
+    modes = [m.strip() for m in a.modes.split(",") if m.strip()]
+    unknown = [m for m in modes if m not in MODES]
+    if unknown:
+        raise SystemExit(f"speclens-bench: unknown mode(s) {unknown}; choose from {', '.join(MODES)}")
+    ks = parse_ks(a.k)
+    sampling = SamplingParams(temperature=a.temperature, top_p=a.top_p, max_new_tokens=a.max_new_tokens, seed=a.seed)
+    prompts = read_prompts(a.prompts)
+
+    target, draft = a.target, a.draft
+    if target is None and draft is None:
+        from .provision import default_pair
+
+        t_dir, d_dir = default_pair(progress=lambda s, f: print(f"\r{s}", end="", file=sys.stderr, flush=True))
+        target, draft = str(t_dir), str(d_dir)
+        print(file=sys.stderr)
+    elif target is None:
+        raise SystemExit("speclens-bench: --draft given without --target")
+    if "draft" in modes and draft is None:
+        raise SystemExit("speclens-bench: mode 'draft' needs --draft")
+    engine = Engine.load(target, draft, device=a.device)
+    print(f"loaded in {engine.load_seconds:.1f} s on {engine.device} ({engine.dtype_name})", file=sys.stderr)
+    ids = [engine.encode_chat(p["messages"]) for p in prompts]
+    for _ in engine.generate(ids[0], sampling.with_(max_new_tokens=4), SpecParams(enabled=False)):
+        pass  # warm-up: first-call allocations stay out of the timings
+    engine.reset()
+
+    results: list[Result] = []
+    for mode in modes:
+        for k in ([ks[0]] if mode == "plain" else ks):
+            results.append(run_mode(engine, ids, mode, k, sampling))
+            print(f"  {mode} K={k}: {results[-1].tokens_per_s:.2f} tok/s", file=sys.stderr)
+    print(table(results))
+    if a.json_out:
+        out = {"device": str(engine.device), "target": engine.target_name, "draft": engine.draft_name,
+               "results": [asdict(r) for r in results]}
+        Path(a.json_out).write_text(json.dumps(out, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

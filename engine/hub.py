@@ -1,0 +1,152 @@
+"""Find models on this machine: resolve a spec to a local path, and list what can be loaded.
+
+Nothing here downloads: a repo id must already be in the local Hugging Face cache.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from .weights import ModelLoadError, safetensors_files, safetensors_header
+
+COMPATIBLE = ("llama", "qwen2", "mistral")
+
+
+@dataclass(frozen=True)
+class LocalModel:
+    name: str
+    path: Path
+    source: str  # "embedded", "hf-cache", "folder", "gguf"
+    arch: str
+    vocab_size: int
+    num_layers: int
+    hidden_size: int
+    params_b: float  # approximate, in billions
+
+
+def hf_cache_dir() -> Path:
+    """HF_HUB_CACHE, else $HF_HOME/hub, else ~/.cache/huggingface/hub (as huggingface_hub does)."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"]).expanduser()
+    if os.environ.get("HF_HOME"):
+        return Path(os.environ["HF_HOME"]).expanduser() / "hub"
+    return Path.home() / ".cache" / "huggingface" / "hub"
+
+
+def snapshot(repo_dir: Path) -> Path | None:
+    """The snapshot refs/main points at, else the newest one."""
+    ref = repo_dir / "refs" / "main"
+    if ref.is_file():
+        snap = repo_dir / "snapshots" / ref.read_text().strip()
+        if snap.is_dir():
+            return snap
+    snaps = [p for p in (repo_dir / "snapshots").glob("*") if p.is_dir()]
+    return max(snaps, key=lambda p: p.stat().st_mtime) if snaps else None
+
+
+def _repo_dir(repo_id: str) -> Path:
+    return hf_cache_dir() / ("models--" + repo_id.replace("/", "--"))
+
+
+def _looks_like_repo_id(spec: str) -> bool:
+    parts = spec.split("/")
+    return len(parts) == 2 and all(parts) and not spec.startswith((".", "~")) and "\\" not in spec
+
+
+def resolve(spec: str | Path) -> Path:
+    """A folder, a .gguf file, or a repo id in the local HF cache -> a local path.
+    A folder without config.json that holds exactly one .gguf resolves to that file."""
+    if not str(spec).strip():
+        raise ModelLoadError("empty model path")
+    path = Path(spec).expanduser()
+    if not path.exists():
+        if isinstance(spec, str) and _looks_like_repo_id(spec):
+            repo = _repo_dir(spec)
+            snap = snapshot(repo) if repo.is_dir() else None
+            if snap is None:
+                raise ModelLoadError(f"{spec!r} is not a local path, and no such repo is in the local Hugging Face "
+                                     f"cache (looked for {repo}); SpecLens never downloads models")
+            path = snap
+        else:
+            raise ModelLoadError(f"{path}: no such file or folder")
+    if path.is_file():
+        if path.suffix != ".gguf":
+            raise ModelLoadError(f"{path}: not a .gguf file or a model folder")
+        return path
+    if not (path / "config.json").is_file():
+        ggufs = sorted(path.glob("*.gguf"))
+        if len(ggufs) == 1:
+            return ggufs[0]
+        if len(ggufs) > 1:
+            raise ModelLoadError(f"{path}: holds several .gguf files ({', '.join(g.name for g in ggufs)}); pass one of them")
+    return path
+
+
+def label(spec: str | Path, path: Path) -> str:
+    """A human name: the repo id for HF-cache paths, else the folder name or file stem."""
+    parts = path.parts
+    for i, p in enumerate(parts):
+        if p.startswith("models--") and i + 2 < len(parts) and parts[i + 1] == "snapshots":
+            repo = p.removeprefix("models--").replace("--", "/")
+            return repo if path.suffix != ".gguf" else f"{repo}/{path.name}"
+    return path.stem if path.suffix == ".gguf" else path.name
+
+
+def describe(path: Path, source: str, name: str | None = None) -> LocalModel:
+    """Cheap facts about a model (config and weight headers only; no tensor data is read)."""
+    if path.is_file():  # a .gguf, or the first part of a split one
+        from .gguf_file import GGUFFile
+
+        gf = GGUFFile(path, check_data=False)
+        c = gf.config()
+        n = gf.num_params
+    else:
+        try:
+            cfg = json.loads((path / "config.json").read_text())
+        except (OSError, ValueError) as e:
+            raise ModelLoadError(f"{path}: unreadable config.json: {e}") from e
+        from .config import ModelConfig
+
+        try:
+            c = ModelConfig.from_hf(cfg)
+        except (KeyError, ValueError) as e:
+            raise ModelLoadError(f"{path}: {e}") from e
+        n = sum(math.prod(i["shape"]) for f in safetensors_files(path) for i in safetensors_header(f)[0].values())
+    return LocalModel(name or label(path, path), path, source, c.arch, c.vocab_size, c.num_layers, c.hidden_size,
+                      round(n / 1e9, 3))
+
+
+def list_local_models() -> list[LocalModel]:
+    """The embedded pair (when provisioned or provisionable), then compatible models in the HF cache.
+    A broken or unsupported entry is skipped, never fatal."""
+    from . import provision
+
+    out: list[LocalModel] = []
+    for ps in (provision.TARGET, provision.DRAFT):
+        folder = provision.model_dir(ps)
+        try:
+            if provision.is_valid(folder, ps):
+                m = describe(folder, "embedded", ps.name)
+            else:  # not converted yet: read the GGUF header from the first installed part
+                m = describe(provision.locate_part(ps.packages[0]), "embedded", ps.name)
+            out.append(replace(m, path=folder))
+        except (ModelLoadError, provision.ProvisionError, OSError):
+            continue
+    cache = hf_cache_dir()
+    for repo in sorted(cache.glob("models--*")) if cache.is_dir() else []:
+        snap = snapshot(repo)
+        if snap is None:
+            continue
+        candidates = [(snap, "hf-cache")] if (snap / "config.json").is_file() else []
+        candidates += [(g, "gguf") for g in sorted(snap.glob("*.gguf"))]
+        for path, source in candidates:
+            try:
+                m = describe(path, source)
+            except (ModelLoadError, OSError, KeyError, ValueError):
+                continue
+            if m.arch in COMPATIBLE:
+                out.append(m)
+    return out

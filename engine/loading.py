@@ -1,0 +1,82 @@
+"""Build an Engine from checkpoints: load, check the pair is compatible, place on the device."""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from .config import CacheConfig
+from .model import Transformer
+from .quant import int8_supported, quantize_int8
+from .weights import Checkpoint, ModelLoadError, load_checkpoint
+
+if TYPE_CHECKING:
+    from .engine import Engine
+
+Progress = Callable[[str, float], None]
+
+
+def check_pair(target: Checkpoint, draft: Checkpoint) -> None:
+    """Draft and target must speak the same tokens; the message names the first mismatch."""
+    tt, dt = target.tokenizer, draft.tokenizer
+    if target.config.vocab_size != draft.config.vocab_size:
+        raise ModelLoadError(
+            f"vocabulary mismatch: target {target.name} has {target.config.vocab_size} tokens, "
+            f"draft {draft.name} has {draft.config.vocab_size}"
+        )
+    tv, dv = tt.get_vocab(), dt.get_vocab()
+    if tv != dv:
+        diff = next((t for t in tv if dv.get(t) != tv[t]), None) or next(t for t in dv if t not in tv)
+        raise ModelLoadError(
+            f"vocabulary mismatch between target {target.name} and draft {draft.name}: "
+            f"token {diff!r} is {tv.get(diff)} in the target and {dv.get(diff)} in the draft"
+        )
+    for attr in ("bos_token_id", "eos_token_id", "pad_token_id"):
+        a, b = getattr(tt, attr, None), getattr(dt, attr, None)
+        if a is not None and b is not None and a != b:
+            raise ModelLoadError(f"special-token mismatch: {attr} is {a} in the target and {b} in the draft")
+
+
+def eos_ids(ckpt: Checkpoint) -> set[int]:
+    """EOS from the config and tokenizer, plus chat end-of-turn markers the template uses."""
+    ids = set(ckpt.config.eos_token_ids)
+    tok = ckpt.tokenizer
+    if tok.eos_token_id is not None:
+        ids.add(tok.eos_token_id)
+    vocab = tok.get_vocab()
+    for marker in ("<|im_end|>", "<|eot_id|>", "<|endoftext|>", "<|end_of_text|>"):
+        if marker in vocab:
+            ids.add(vocab[marker])
+    return ids
+
+
+def load_engine(
+    cls: type[Engine], target: str, draft: str | None, *, device: str | None, progress: Progress | None,
+    cache: CacheConfig | None, draft_int8: bool | None,
+) -> Engine:
+    from .engine import pick_device
+
+    report = progress or (lambda stage, frac: None)
+    dev, dtype = pick_device(device)
+    t0 = time.perf_counter()
+    tgt = load_checkpoint(target, lambda s, f: report(f"target: {s}", 0.45 * f))
+    dft = load_checkpoint(draft, lambda s, f: report(f"draft: {s}", 0.45 + 0.25 * f)) if draft else None
+    if dft is not None:
+        check_pair(tgt, dft)
+    max_len = (cache or CacheConfig(max_seq_len=min(tgt.config.max_position_embeddings, 4096))).max_seq_len
+    report("Placing target on " + dev.type, 0.75)
+    target_model = Transformer.from_state_dict(tgt.config, tgt.tensors, dtype, dev, max_len)
+    draft_model = None
+    if dft is not None:
+        report("Placing draft on " + dev.type, 0.9)
+        draft_model = Transformer.from_state_dict(dft.config, dft.tensors, dtype, dev, max_len)
+        # On the CPU the draft runs int8 weight-only matmuls: ~2.5x cheaper per step, output unchanged.
+        if (draft_int8 if draft_int8 is not None else dev.type == "cpu") and int8_supported():
+            draft_model = quantize_int8(draft_model)
+    engine = cls(
+        target_model, tgt.tokenizer, draft_model, cache=cache or CacheConfig(max_seq_len=max_len),
+        target_name=tgt.name, draft_name=dft.name if dft else None, eos_ids=eos_ids(tgt),
+    )
+    engine.load_seconds = time.perf_counter() - t0
+    report("Ready", 1.0)
+    return engine

@@ -1,0 +1,228 @@
+"""Load a checkpoint (HF safetensors folder, .gguf file, or repo id in the local HF cache) into
+(ModelConfig, state dict in Hugging Face tensor names, tokenizer)."""
+from __future__ import annotations
+
+import json
+import math
+import mmap
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from .config import ModelConfig
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+Progress = Callable[[str, float], None]
+
+_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "F64": torch.float64}
+_SIZES = {"F32": 4, "F16": 2, "BF16": 2, "F64": 8}
+
+
+class ModelLoadError(Exception):
+    """A model could not be loaded; the message names the path and the problem."""
+
+
+@dataclass
+class Checkpoint:
+    name: str  # human label: folder name, file stem or repo id
+    path: Path
+    config: ModelConfig
+    tensors: dict[str, torch.Tensor]  # HF names, on CPU
+    tokenizer: PreTrainedTokenizerBase
+
+
+def load_checkpoint(spec: str | Path, progress: Progress | None = None) -> Checkpoint:
+    """Load a model. Safetensors are memory-mapped (no copy), so a converted folder loads in well under a second."""
+    from .hub import label, resolve  # hub imports ModelLoadError from here
+
+    path = resolve(spec)
+    name = label(spec, path)
+    report = progress or (lambda stage, frac: None)
+    if path.suffix == ".gguf":
+        return _load_gguf(path, name, report)
+    config = _read_config(path)
+    shards = safetensors_files(path)
+    tensors: dict[str, torch.Tensor] = {}
+    for i, shard in enumerate(shards):
+        report(f"Loading {name}: {100 * i // len(shards)}%", i / len(shards))
+        tensors.update(read_safetensors(shard))
+    report(f"Loading {name}: 100%", 1.0)
+    tensors = {k: v for k, v in tensors.items() if not k.endswith("rotary_emb.inv_freq")}  # old HF exports
+    check_tensors(config, tensors, path)
+    return Checkpoint(name, path, config, tensors, load_tokenizer(path))
+
+
+def load_tokenizer(spec: str | Path) -> PreTrainedTokenizerBase:
+    """Just the tokenizer (with its chat template when the checkpoint has one)."""
+    from transformers import AutoTokenizer
+
+    from .hub import resolve
+
+    path = resolve(spec)
+    try:
+        if path.suffix == ".gguf":
+            return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+        if not any((path / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
+            raise ModelLoadError(f"{path}: no tokenizer files (tokenizer.json / tokenizer_config.json)")
+        return AutoTokenizer.from_pretrained(str(path))
+    except ModelLoadError:
+        raise
+    except Exception as e:  # transformers raises many kinds (OSError, ValueError, KeyError, ...)
+        raise ModelLoadError(f"{path}: cannot load tokenizer: {e}") from e
+
+
+def _read_config(folder: Path) -> ModelConfig:
+    cfg_path = folder / "config.json"
+    if not cfg_path.is_file():
+        raise ModelLoadError(f"{folder}: no config.json (expected a Hugging Face model folder with config.json "
+                             "and *.safetensors, or a .gguf file)")
+    try:
+        cfg = json.loads(cfg_path.read_text())
+    except (OSError, ValueError) as e:
+        raise ModelLoadError(f"{cfg_path}: unreadable config.json: {e}") from e
+    try:
+        config = ModelConfig.from_hf(cfg)
+    except KeyError as e:
+        raise ModelLoadError(f"{cfg_path}: config.json lacks {e}") from e
+    except ValueError as e:
+        raise ModelLoadError(f"{cfg_path}: {e}") from e
+    gen = folder / "generation_config.json"  # chat models often list their end-of-turn ids only here
+    if gen.is_file():
+        try:
+            eos = json.loads(gen.read_text()).get("eos_token_id")
+        except (OSError, ValueError):
+            eos = None
+        extra = eos if isinstance(eos, list) else [eos] if isinstance(eos, int) else []
+        config = replace(config, eos_token_ids=tuple(dict.fromkeys([*config.eos_token_ids, *extra])))
+    return config
+
+
+def safetensors_files(folder: Path) -> list[Path]:
+    """The weight files of an HF folder: model.safetensors, or the shards its index lists."""
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (OSError, ValueError, KeyError, AttributeError) as e:
+            raise ModelLoadError(f"{index}: invalid shard index: {e}") from e
+        missing = [n for n in names if not (folder / n).is_file()]
+        if missing:
+            raise ModelLoadError(f"{folder}: shard(s) listed in model.safetensors.index.json are missing: {', '.join(missing)}")
+        return [folder / n for n in names]
+    if (folder / "model.safetensors").is_file():
+        return [folder / "model.safetensors"]
+    shards = sorted(folder.glob("model-*-of-*.safetensors"))
+    if shards:
+        return shards
+    hint = " (only PyTorch .bin weights found; SpecLens reads safetensors)" if any(folder.glob("*.bin")) else ""
+    raise ModelLoadError(f"{folder}: no model.safetensors or model-0000x-of-0000y.safetensors{hint}")
+
+
+def safetensors_header(path: Path) -> tuple[dict[str, Any], int]:
+    """(header dict, byte offset where tensor data starts). Checks it against the file size."""
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            head = f.read(8)
+            if len(head) < 8:
+                raise ModelLoadError(f"{path}: truncated safetensors file ({size} bytes)")
+            (n,) = struct.unpack("<Q", head)
+            if n > min(size - 8, 100 << 20):
+                raise ModelLoadError(f"{path}: corrupt safetensors file (header length {n}, file size {size})")
+            header = json.loads(f.read(n))
+    except OSError as e:
+        raise ModelLoadError(f"{path}: cannot read: {e.strerror or e}") from e
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ModelLoadError(f"{path}: corrupt safetensors header: {e}") from e
+    if not isinstance(header, dict):
+        raise ModelLoadError(f"{path}: corrupt safetensors header (not a JSON object)")
+    header.pop("__metadata__", None)
+    for name, info in header.items():
+        try:
+            begin, end = info["data_offsets"]
+            want = math.prod(info["shape"]) * _SIZES[info["dtype"]]
+        except (KeyError, TypeError, ValueError) as e:
+            raise ModelLoadError(f"{path}: tensor {name!r}: unsupported or malformed entry ({e})") from e
+        if end - begin != want:
+            raise ModelLoadError(f"{path}: tensor {name!r}: {end - begin} bytes for shape {info['shape']}")
+        if 8 + n + end > size:
+            raise ModelLoadError(f"{path}: truncated: tensor {name!r} ends at byte {8 + n + end}, file has {size}")
+    return header, 8 + n
+
+
+def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
+    """Tensors backed by a private (copy-on-write) memory map of the file: nothing is read until used."""
+    header, start = safetensors_header(path)
+    if not header:
+        return {}
+    with open(path, "rb") as f:
+        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)  # writable, so torch needs no copy
+    out = {}
+    for name, info in header.items():
+        begin, end = info["data_offsets"]
+        dtype = _DTYPES[info["dtype"]]
+        if end == begin:
+            out[name] = torch.empty(info["shape"], dtype=dtype)
+            continue
+        if (start + begin) % _SIZES[info["dtype"]]:  # unaligned data cannot be viewed in place
+            out[name] = torch.frombuffer(bytearray(mm[start + begin:start + end]), dtype=dtype).reshape(info["shape"])
+            continue
+        t = torch.frombuffer(mm, dtype=dtype, count=(end - begin) // _SIZES[info["dtype"]], offset=start + begin)
+        out[name] = t.reshape(info["shape"])
+    return out
+
+
+def expected_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """HF tensor name -> shape for a config (lm_head only when untied)."""
+    q, kv = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+    out: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (c.vocab_size, c.hidden_size),
+                                       "model.norm.weight": (c.hidden_size,)}
+    if not c.tie_word_embeddings:
+        out["lm_head.weight"] = (c.vocab_size, c.hidden_size)
+    for i in range(c.num_layers):
+        p = f"model.layers.{i}."
+        out |= {p + "input_layernorm.weight": (c.hidden_size,), p + "post_attention_layernorm.weight": (c.hidden_size,),
+                p + "self_attn.q_proj.weight": (q, c.hidden_size), p + "self_attn.k_proj.weight": (kv, c.hidden_size),
+                p + "self_attn.v_proj.weight": (kv, c.hidden_size), p + "self_attn.o_proj.weight": (c.hidden_size, q),
+                p + "mlp.gate_proj.weight": (c.intermediate_size, c.hidden_size),
+                p + "mlp.up_proj.weight": (c.intermediate_size, c.hidden_size),
+                p + "mlp.down_proj.weight": (c.hidden_size, c.intermediate_size)}
+        if c.attention_bias:
+            out |= {p + "self_attn.q_proj.bias": (q,), p + "self_attn.k_proj.bias": (kv,), p + "self_attn.v_proj.bias": (kv,)}
+    return out
+
+
+def check_tensors(config: ModelConfig, tensors: dict[str, torch.Tensor], path: Path) -> None:
+    """Every tensor the config needs is there with the right shape (catches config/weights mismatches early)."""
+    problems = []
+    for name, shape in expected_shapes(config).items():
+        t = tensors.get(name)
+        if t is None:
+            problems.append(f"missing {name}")
+        elif tuple(t.shape) != shape:
+            problems.append(f"{name} has shape {tuple(t.shape)}, config implies {shape}")
+    if problems:
+        more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
+        raise ModelLoadError(f"{path}: weights do not match config.json: {'; '.join(problems[:5])}{more}")
+
+
+def _load_gguf(path: Path, name: str, report: Progress) -> Checkpoint:
+    from .gguf_file import GGUFFile
+
+    gf = GGUFFile(path)
+    config = gf.config()
+    names = [n for n in gf.tensors if gf.hf_name(n) is not None]
+    tensors: dict[str, torch.Tensor] = {}
+    for i, n in enumerate(names):
+        if i % 16 == 0:
+            report(f"Loading {name}: {100 * i // len(names)}%", i / len(names))
+        tensors[gf.hf_name(n)] = torch.from_numpy(gf.read(n))
+    report(f"Loading {name}: 100%", 1.0)
+    check_tensors(config, tensors, path)
+    return Checkpoint(name, path, config, tensors, load_tokenizer(path))

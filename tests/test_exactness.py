@@ -1,0 +1,148 @@
+"""Speculative decoding is lossless: token-identical under greedy, distribution-identical under sampling."""
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+from scipy.stats import chisquare
+
+from engine.config import CacheConfig, SamplingParams, SpecParams
+from engine.engine import Engine
+from engine.events import Summary
+from engine.kv_cache import BlockManager, KVPool
+from engine.model import Transformer
+from engine.sampling import probs_from_logits
+from tests.tiny import ENGINE_CFG, draft_weights, hf_model, model_config, state_dict, tiny_engine, tiny_tokenizer
+
+PROMPTS = [
+    [{"role": "user", "content": "hello there, how are you?"}],
+    [{"role": "user", "content": "def f(x): return x + 1"}],
+    [{"role": "user", "content": "abcabcabcabc"}],
+    [{"role": "system", "content": "be brief"}, {"role": "user", "content": "2+2=?"}],
+    [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello!"}, {"role": "user", "content": "again"}],
+    [{"role": "user", "content": "The quick brown fox jumps over the lazy dog."}],
+]
+
+
+def run(engine: Engine, prompt: list[int], sampling: SamplingParams, spec: SpecParams) -> Summary:
+    *_, summary = engine.generate(prompt, sampling, spec)
+    assert isinstance(summary, Summary)
+    return summary
+
+
+@pytest.fixture(scope="module")
+def engine() -> Engine:
+    return tiny_engine()
+
+
+@pytest.mark.parametrize("drafter", ["model", "ngram"])
+@pytest.mark.parametrize("k", [1, 3, 8])
+def test_greedy_speculative_equals_plain(engine, drafter, k):
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=40)
+    drafted = accepted = 0
+    for messages in PROMPTS:
+        prompt = engine.encode_chat(messages)
+        engine.reset()
+        plain = run(engine, prompt, greedy, SpecParams(enabled=False))
+        engine.reset()
+        spec = run(engine, prompt, greedy, SpecParams(k=k, drafter=drafter))
+        assert spec.token_ids == plain.token_ids
+        assert spec.text == plain.text
+        assert plain.rounds == plain.new_tokens  # plain: one token per target pass
+        drafted, accepted = drafted + spec.drafted, accepted + spec.accepted
+    assert drafted > 0
+    if drafter == "model":  # the noisy-copy draft agrees often: rounds really carried several tokens
+        assert accepted / drafted > 0.3
+
+
+# --- sampling exactness ----------------------------------------------------------------------------
+
+N_DRAWS = 20_000
+
+
+def sharp_pair() -> tuple[Transformer, Transformer, object]:
+    """A one-layer target with a peaked distribution (so two-token joints have few cells) and a noisy draft."""
+    cfg_dict = dict(ENGINE_CFG, num_hidden_layers=1)
+    sd = state_dict(hf_model(cfg_dict, 3))
+    sd["model.embed_tokens.weight"] = sd["model.embed_tokens.weight"] * 2.5  # tied head: sharper logits
+    cfg = model_config(cfg_dict)
+    target = Transformer.from_state_dict(cfg, sd, torch.float32, "cpu", 256)
+    draft = Transformer.from_state_dict(cfg, draft_weights(sd, 0.03, 4), torch.float32, "cpu", 256)
+    return target, draft, tiny_tokenizer()
+
+
+def next_probs(model: Transformer, ids: list[int], params: SamplingParams) -> torch.Tensor:
+    """The model's sampling distribution after ids, from a fresh cache."""
+    pool = KVPool(model.cfg.num_layers, model.cfg.num_kv_heads, model.cfg.head_dim, BlockManager(32, 8, 256),
+                  torch.float32, "cpu")
+    pool.manager.allocate(0)
+    start, end = pool.manager.append(0, len(ids))
+    logits = model(torch.tensor(ids), start, pool.view(0, start, end), last_only=True)[0]
+    return probs_from_logits(logits, params, torch.tensor(ids))
+
+
+def joint_two(model: Transformer, prompt: list[int], params: SamplingParams) -> dict[tuple[int, int], float]:
+    p1 = next_probs(model, prompt, params)
+    out = {}
+    for a in torch.nonzero(p1 > 1e-7).flatten().tolist():
+        p2 = next_probs(model, prompt + [a], params)
+        for b in torch.nonzero(p2 > 1e-7).flatten().tolist():
+            out[(a, b)] = float(p1[a] * p2[b])
+    return out
+
+
+def chi2_pvalue(counts: dict[tuple[int, int], int], expected: dict[tuple[int, int], float], n: int) -> float:
+    """Pearson chi-square over the cells with expected count >= 5, all other cells pooled into one bin."""
+    big = [c for c, pr in expected.items() if pr * n >= 5]
+    obs = [counts.get(c, 0) for c in big]
+    exp = [expected[c] * n for c in big]
+    rest_obs, rest_exp = n - sum(obs), n - sum(exp)
+    if rest_exp >= 5:
+        obs.append(rest_obs)
+        exp.append(rest_exp)
+    else:
+        exp[-1] += rest_exp
+        obs[-1] += rest_obs
+    assert len(big) >= 8, "too few cells for a meaningful test"
+    return float(chisquare(obs, exp).pvalue)
+
+
+@pytest.mark.parametrize("drafter", ["model", "ngram"])
+@pytest.mark.parametrize("temperature,top_p", [(1.0, 1.0), (0.7, 0.9)])
+def test_sampling_distribution_is_exact(drafter, temperature, top_p):
+    target, draft, tok = sharp_pair()
+    engine = Engine(target, tok, draft, cache=CacheConfig(block_size=8, max_seq_len=256))
+    # An earlier assistant turn gives the n-gram drafter something to look up after "assistant:".
+    prompt = engine.encode_chat([{"role": "user", "content": "hi"}, {"role": "assistant", "content": "ok, hi"},
+                                 {"role": "user", "content": "and?"}])
+    params = SamplingParams(temperature=temperature, top_p=top_p, max_new_tokens=3)
+    spec = SpecParams(k=2, drafter=drafter)
+    counts: dict[tuple[int, int], int] = {}
+    first_drafted = first_accepted = 0
+    for seed in range(N_DRAWS):
+        events = list(engine.generate(prompt, params.with_(seed=seed), spec))
+        ids = events[-1].token_ids
+        counts[ids[0], ids[1]] = counts.get((ids[0], ids[1]), 0) + 1
+        first = events[0]
+        if first.drafted:
+            first_drafted += 1
+            first_accepted += first.drafted[0].accepted
+
+    expected = joint_two(target, prompt, params)
+    assert chi2_pvalue(counts, expected, N_DRAWS) > 1e-3
+    # Power check: the same samples are clearly NOT distributed like the draft model's own samples.
+    if drafter == "model":
+        assert chi2_pvalue(counts, joint_two(draft, prompt, params), N_DRAWS) < 1e-6
+
+    # The first draft's acceptance rate matches alpha = sum_x min(p(x), q(x)).
+    p1 = next_probs(target, prompt, params)
+    if drafter == "model":
+        q1 = next_probs(draft, prompt, params)
+    else:
+        q1 = torch.zeros_like(p1)
+        q1[engine.ngram_drafter.propose(prompt, 2, params, None).tokens[0]] = 1.0
+    alpha = float(torch.minimum(p1, q1).sum())
+    assert first_drafted == N_DRAWS
+    assert abs(first_accepted / first_drafted - alpha) < 0.02
+    assert 0.05 < alpha < 0.98  # both outcomes actually occur

@@ -1,0 +1,78 @@
+"""Engine.load from a Hugging Face folder, pair checks, and the speclens-bench contract."""
+import json
+
+import pytest
+import torch
+
+from engine.bench import main as bench_main
+from engine.config import SamplingParams, SpecParams
+from engine.engine import Engine
+from engine.weights import ModelLoadError
+from tests.tiny import ENGINE_CFG, draft_weights, hf_model, save_folder, tiny_tokenizer
+
+
+@pytest.fixture(scope="module")
+def pair_dirs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("pair")
+    target = hf_model(ENGINE_CFG, 0)
+    draft = hf_model(ENGINE_CFG, 0)
+    draft.load_state_dict(draft_weights(dict(target.state_dict()), 0.03, 1))
+    tok = tiny_tokenizer()
+    return save_folder(target, tok, root / "target"), save_folder(draft, tok, root / "draft")
+
+
+def test_load_folder_pair_and_generate(pair_dirs):
+    t, d = pair_dirs
+    eng = Engine.load(str(t), str(d), device="cpu")
+    assert eng.device.type == "cpu" and eng.dtype == torch.float32
+    prompt = eng.encode_chat([{"role": "user", "content": "hello"}])
+    *_, plain = eng.generate(prompt, SamplingParams(max_new_tokens=20), SpecParams(enabled=False))
+    eng.reset()
+    *_, spec = eng.generate(prompt, SamplingParams(max_new_tokens=20), SpecParams(k=4))
+    assert spec.token_ids == plain.token_ids and plain.new_tokens == 20
+    assert spec.drafted > 0
+
+
+def test_vocab_mismatch_is_named(tmp_path, pair_dirs):
+    t, _ = pair_dirs
+    other = dict(ENGINE_CFG, vocab_size=ENGINE_CFG["vocab_size"] + 4)
+    d = save_folder(hf_model(other, 2), tiny_tokenizer(), tmp_path / "bigger")
+    with pytest.raises(ModelLoadError, match="vocabulary mismatch"):
+        Engine.load(str(t), str(d), device="cpu")
+
+
+def test_missing_path_is_clear(tmp_path):
+    with pytest.raises(ModelLoadError, match="nothing-here"):
+        Engine.load(str(tmp_path / "nothing-here"), device="cpu")
+
+
+def test_bench_cli_writes_contract_json(tmp_path, pair_dirs, capsys):
+    t, d = pair_dirs
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("\n".join(json.dumps({"id": f"p{i}", "messages": [{"role": "user", "content": c}]})
+                                 for i, c in enumerate(["hi there", "abcabc", "2+2"])))
+    out = tmp_path / "out.json"
+    rc = bench_main(["--target", str(t), "--draft", str(d), "--prompts", str(prompts), "--max-new-tokens", "12",
+                     "--k", "1,3", "--temperature", "0", "--seed", "1", "--modes", "plain,draft,ngram",
+                     "--json", str(out), "--device", "cpu"])
+    assert rc == 0
+    data = json.loads(out.read_text())
+    assert set(data) == {"device", "target", "draft", "results"}
+    modes = [(r["mode"], r["k"]) for r in data["results"]]
+    assert modes == [("plain", 0), ("draft", 1), ("draft", 3), ("ngram", 1), ("ngram", 3)]
+    plain = data["results"][0]["outputs"]
+    assert len(plain) == 3
+    for r in data["results"]:
+        assert {"mode", "k", "temperature", "tokens_per_s", "new_tokens", "acceptance_rate",
+                "mean_accepted_length", "outputs"} <= set(r)
+        assert r["outputs"] == plain  # greedy: every mode gives the same tokens
+        assert r["tokens_per_s"] > 0
+    assert "tok/s" in capsys.readouterr().out
+
+
+def test_bench_rejects_bad_k(tmp_path, pair_dirs):
+    t, d = pair_dirs
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"id": "a", "messages": [{"role": "user", "content": "x"}]}))
+    with pytest.raises(SystemExit, match="K must be >= 1"):
+        bench_main(["--target", str(t), "--draft", str(d), "--prompts", str(prompts), "--k", "0"])
