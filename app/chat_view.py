@@ -230,7 +230,7 @@ class ChatView(QTextEdit):
     # ---- hover + copy --------------------------------------------------------------------------------------
     def token_info_at_position(self, pos: int) -> TokenInfo | None:
         """The token painted at document position `pos`, if any."""
-        if pos < 0:
+        if not 0 <= pos < self.document().characterCount() - 1:
             return None
         cursor = QTextCursor(self.document())
         cursor.setPosition(pos)

@@ -145,13 +145,13 @@ class MainWindow(QMainWindow):
             self.addAction(a)
             return a
 
-        self.new_action = act("&New chat", self.new_chat, QKeySequence.StandardKey.New,
+        self.new_action = act("&New chat", self.new_chat, "Ctrl+N",
                               "Clear the conversation and the engine's cached prefix")
-        self.open_action = act("&Open model folder\u2026", self.open_model_folder, QKeySequence.StandardKey.Open,
+        self.open_action = act("&Open model folder\u2026", self.open_model_folder, "Ctrl+O",
                                "Load a model folder (config.json + safetensors) or a .gguf as the target")
         self.export_action = act("&Export session stats\u2026", lambda: self.export_stats(), "Ctrl+E",
                                  "Write every round of this session to CSV (plus <name>_summary.csv)")
-        self.quit_action = act("&Quit", self.close, QKeySequence.StandardKey.Quit)
+        self.quit_action = act("&Quit", self.close, "Ctrl+Q")
         self.send_action = act("&Send", self.send, "Ctrl+Return", "Send the message")
         self.stop_action = act("S&top", self.stop, "Esc", "Stop after the current round")
         self.compare_action = act("&Compare off vs on\u2026", self.compare, "Ctrl+R",

@@ -60,9 +60,9 @@ class Engine:
             )
         self.cache_cfg = cache or CacheConfig(max_seq_len=min(target.cfg.max_position_embeddings, 4096))
         self.max_seq_len = self.cache_cfg.max_seq_len
-        self.eos_ids = set(eos_ids if eos_ids is not None else target.cfg.eos_token_ids)
-        if getattr(tokenizer, "eos_token_id", None) is not None:
-            self.eos_ids.add(tokenizer.eos_token_id)
+        if eos_ids is None:  # default: the config's and the tokenizer's EOS
+            eos_ids = set(target.cfg.eos_token_ids) | {getattr(tokenizer, "eos_token_id", None)} - {None}
+        self.eos_ids = set(eos_ids)
         self.target_pool = self._pool(target)
         self.target_pool.manager.allocate(0)
         self.ids: list[int] = []  # the conversation so far; the target cache holds ids[:cache length]

@@ -230,7 +230,8 @@ class GGUFFile:
             out = dequantize(raw.reshape(*shape[:-1], shape[-1] // block * type_size), t.qtype)
         except NotImplementedError:
             raise ModelLoadError(f"{self.path}: tensor {name!r} uses {t.qtype.name}, which gguf cannot dequantize") from None
-        return np.asarray(out, dtype=np.float32).reshape(t.shape)
+        out = np.asarray(out, dtype=np.float32).reshape(t.shape)
+        return out if out.flags.writeable else out.copy()  # F32 data is a view of the read-only map
 
     def hf_name(self, name: str) -> str | None:
         """The Hugging Face name of a GGUF tensor; None for tensors folded into the config."""

@@ -116,7 +116,7 @@ def describe(path: Path, source: str, name: str | None = None) -> LocalModel:
             raise ModelLoadError(f"{path}: {e}") from e
         n = sum(math.prod(i["shape"]) for f in safetensors_files(path) for i in safetensors_header(f)[0].values())
     return LocalModel(name or label(path, path), path, source, c.arch, c.vocab_size, c.num_layers, c.hidden_size,
-                      round(n / 1e9, 3))
+                      float(f"{n / 1e9:.3g}"))
 
 
 def list_local_models() -> list[LocalModel]:

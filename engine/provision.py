@@ -118,12 +118,13 @@ def default_pair(progress: Progress | None = None, cancel: Cancel | None = None,
     return target, draft
 
 
-def provision(ps: PartSet, *, root: Path | None = None, locate: Callable[[str], Path] = locate_part,
+def provision(ps: PartSet, *, root: Path | None = None, locate: Callable[[str], Path] | None = None,
               progress: Progress | None = None, cancel: Cancel | None = None, keep_gguf: bool = False,
               label: str | None = None) -> Path:
     """The converted folder for `ps`, built if it is missing or untrusted. `locate` maps a package name to its
     part file (tests inject fake parts)."""
     root = root or cache_root()
+    locate = locate or locate_part
     final = model_dir(ps, root)
     if is_valid(final, ps):
         return final
@@ -131,7 +132,7 @@ def provision(ps: PartSet, *, root: Path | None = None, locate: Callable[[str], 
         root.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise ProvisionError(f"cannot create the model cache {root}: {e.strerror or e}") from e
-    who = label or ps.name
+    who = f"{label} model" if label else ps.name
     report = progress or (lambda stage, frac: None)
     with _lock(root):
         if is_valid(final, ps):  # another process finished it while we waited
@@ -152,6 +153,8 @@ def provision(ps: PartSet, *, root: Path | None = None, locate: Callable[[str], 
             _fsync_dir(root)
         except BaseException as e:
             _remove(staging)
+            if not keep_gguf:
+                _remove(gguf)
             if isinstance(e, OSError):
                 raise _os_error(e, root) from e
             if isinstance(e, ModelLoadError):
@@ -159,7 +162,7 @@ def provision(ps: PartSet, *, root: Path | None = None, locate: Callable[[str], 
             raise
         if not keep_gguf:
             _remove(gguf)
-    report(f"Preparing {who} model: done", 1.0)
+    report(f"Preparing {who}: done", 1.0)
     return final
 
 
@@ -191,7 +194,7 @@ def _assemble(ps: PartSet, dest: Path, locate: Callable[[str], Path], who: str, 
                         out.write(chunk)
                         h.update(chunk)
                         done += len(chunk)
-                        report(f"Assembling {who} model: {100 * done // total}%", done / total)
+                        report(f"Assembling {who}: {100 * done // total}%", done / total)
             out.flush()
             os.fsync(out.fileno())
         if h.hexdigest() != ps.sha256:
@@ -213,7 +216,7 @@ def _verified(gguf: Path, ps: PartSet, who: str, report: Progress, cancel: Cance
                 _check(cancel)
                 h.update(chunk)
                 done += len(chunk)
-                report(f"Verifying {who} model: {100 * done // ps.size}%", done / ps.size)
+                report(f"Verifying {who}: {100 * done // ps.size}%", done / ps.size)
         if h.hexdigest() == ps.sha256:
             return True
     _remove(gguf)
@@ -231,7 +234,7 @@ def convert(gguf: Path, out: Path, who: str = "model", progress: Progress | None
     report = progress or (lambda stage, frac: None)
     gf = GGUFFile(gguf)
     config = gf.config()
-    report(f"Converting {who} model: tokenizer", 0.0)
+    report(f"Converting {who}: tokenizer", 0.0)
     try:
         tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     except Exception as e:  # transformers raises many kinds
@@ -275,7 +278,7 @@ def _write_safetensors(path: Path, shapes: dict[str, tuple[int, ...]], tensors: 
                 raise ModelLoadError(f"{path}: tensor {name} came out as {arr.shape}, expected {shapes[name]}")
             f.write(np.ascontiguousarray(arr, dtype=np.float32).data)
             done += arr.size * 4
-            report(f"Converting {who} model: {100 * done // offset}%", done / offset)
+            report(f"Converting {who}: {100 * done // offset}%", done / offset)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)

@@ -40,7 +40,7 @@ def engine() -> Engine:
 @pytest.mark.parametrize("k", [1, 3, 8])
 def test_greedy_speculative_equals_plain(engine, drafter, k):
     greedy = SamplingParams(temperature=0.0, max_new_tokens=40)
-    drafted = accepted = 0
+    drafted = accepted = rounds = tokens = 0
     for messages in PROMPTS:
         prompt = engine.encode_chat(messages)
         engine.reset()
@@ -51,9 +51,10 @@ def test_greedy_speculative_equals_plain(engine, drafter, k):
         assert spec.text == plain.text
         assert plain.rounds == plain.new_tokens  # plain: one token per target pass
         drafted, accepted = drafted + spec.drafted, accepted + spec.accepted
-    assert drafted > 0
+        rounds, tokens = rounds + spec.rounds, tokens + spec.new_tokens
+    assert drafted > 0 and accepted > 0
     if drafter == "model":  # the noisy-copy draft agrees often: rounds really carried several tokens
-        assert accepted / drafted > 0.3
+        assert tokens / rounds > 1.5
 
 
 # --- sampling exactness ----------------------------------------------------------------------------
@@ -61,15 +62,28 @@ def test_greedy_speculative_equals_plain(engine, drafter, k):
 N_DRAWS = 20_000
 
 
-def sharp_pair() -> tuple[Transformer, Transformer, object]:
-    """A one-layer target with a peaked distribution (so two-token joints have few cells) and a noisy draft."""
+def small_pair() -> tuple[Transformer, Transformer, object]:
+    """A one-layer target (cheap enough for 20,000 requests) and a noisy copy as its draft (alpha ~0.45)."""
     cfg_dict = dict(ENGINE_CFG, num_hidden_layers=1)
     sd = state_dict(hf_model(cfg_dict, 3))
-    sd["model.embed_tokens.weight"] = sd["model.embed_tokens.weight"] * 2.5  # tied head: sharper logits
     cfg = model_config(cfg_dict)
     target = Transformer.from_state_dict(cfg, sd, torch.float32, "cpu", 256)
-    draft = Transformer.from_state_dict(cfg, draft_weights(sd, 0.03, 4), torch.float32, "cpu", 256)
+    draft = Transformer.from_state_dict(cfg, draft_weights(sd, 0.05, 4), torch.float32, "cpu", 256)
     return target, draft, tiny_tokenizer()
+
+
+def ngram_friendly_prompt(engine: Engine, target: Transformer, params: SamplingParams) -> list[int]:
+    """A chat whose earlier assistant turn starts with a token the target finds plausible (p near 0.5)
+    at the point where the n-gram drafter will propose it, so both accept and reject happen often."""
+    best, best_gap = None, 2.0
+    for c in "abcdefghijklmnopqrstuvwxyz0123456789 .,!?":
+        prompt = engine.encode_chat([{"role": "user", "content": "hi"}, {"role": "assistant", "content": c + "k"},
+                                     {"role": "user", "content": "and?"}])
+        p = float(next_probs(target, prompt, params)[engine.tokenizer.convert_tokens_to_ids(c)])
+        if abs(p - 0.5) < best_gap:
+            best, best_gap = prompt, abs(p - 0.5)
+    assert best is not None
+    return best
 
 
 def next_probs(model: Transformer, ids: list[int], params: SamplingParams) -> torch.Tensor:
@@ -111,12 +125,12 @@ def chi2_pvalue(counts: dict[tuple[int, int], int], expected: dict[tuple[int, in
 @pytest.mark.parametrize("drafter", ["model", "ngram"])
 @pytest.mark.parametrize("temperature,top_p", [(1.0, 1.0), (0.7, 0.9)])
 def test_sampling_distribution_is_exact(drafter, temperature, top_p):
-    target, draft, tok = sharp_pair()
-    engine = Engine(target, tok, draft, cache=CacheConfig(block_size=8, max_seq_len=256))
-    # An earlier assistant turn gives the n-gram drafter something to look up after "assistant:".
-    prompt = engine.encode_chat([{"role": "user", "content": "hi"}, {"role": "assistant", "content": "ok, hi"},
-                                 {"role": "user", "content": "and?"}])
+    target, draft, tok = small_pair()
+    # No EOS, so every request yields its first two tokens.
+    engine = Engine(target, tok, draft, cache=CacheConfig(block_size=8, max_seq_len=256), eos_ids=set())
     params = SamplingParams(temperature=temperature, top_p=top_p, max_new_tokens=3)
+    # An earlier assistant turn gives the n-gram drafter something to look up after "assistant:".
+    prompt = ngram_friendly_prompt(engine, target, params)
     spec = SpecParams(k=2, drafter=drafter)
     counts: dict[tuple[int, int], int] = {}
     first_drafted = first_accepted = 0

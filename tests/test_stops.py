@@ -281,3 +281,28 @@ def test_caches_consistent_after_stop_and_next_turn_matches_fresh(engine, baseli
     fresh = tiny_engine()
     _, s4 = run(fresh, follow, GREEDY.with_(max_new_tokens=20), SpecParams(enabled=False))
     assert s3.token_ids == s4.token_ids
+
+
+def test_cancel_with_held_back_text_keeps_stream_and_summary_in_step(engine, baseline):
+    """Text held back as a possible stop-string start must end up in the same place in the streamed deltas
+    and in Summary.text: the GUI shows the deltas while the chat history stores Summary.text."""
+    from engine.engine import Controls
+
+    prompt, events, summary, tokens = baseline
+    shown = events[0].text_delta + events[1].text_delta
+    assert shown
+    stop = shown[-1] + "\n\n"  # the last character shown after round 2 could start it: it is held back
+    sampling = GREEDY.with_(stop=(stop,))
+    controls = Controls(sampling, SpecParams(k=4))
+    engine.reset()
+    deltas = []
+    for item in engine.generate(prompt, sampling, SpecParams(k=4), controls):
+        if isinstance(item, Summary):
+            s = item
+            break
+        deltas.append(item.text_delta)
+        if item.round == 2:
+            controls.cancel()
+    assert s.stop_reason == "cancelled" and s.rounds == 2
+    assert "".join(deltas) == shown[:-1]  # held back while the request ran
+    assert s.text == "".join(deltas)

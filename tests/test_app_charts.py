@@ -1,0 +1,88 @@
+"""ChartsPanel: scripted rounds reach every plot, and redraws happen only on flush."""
+import numpy as np
+import pytest
+
+from app.charts import ChartsPanel, rolling_mean
+from engine.events import Origin
+from engine.stats import theoretical_speedup
+from tests.app_fixtures import *  # noqa: F401,F403
+from tests.app_fixtures import make_round
+
+
+def rounds():
+    return [
+        make_round(1, ("a", "b", "c"), ("x",), "d", k=4, draft_ms=4.0, verify_ms=10.0),  # 3 of 4
+        make_round(2, ("a", "b", "c", "d"), (), "e", Origin.BONUS, k=4, draft_ms=4.0, verify_ms=10.0),  # 4 of 4
+        make_round(3, (), ("x", "y", "z", "w"), "d", k=4, draft_ms=4.0, verify_ms=10.0),  # 0 of 4
+        make_round(4, ("a",), ("x", "y"), "d", k=3, draft_ms=3.0, verify_ms=10.0),  # 1 of 3 (adaptive K)
+    ]
+
+
+@pytest.fixture
+def panel(qtbot):
+    p = ChartsPanel()
+    qtbot.addWidget(p)
+    p.resize(700, 700)
+    p.show()
+    return p
+
+
+def test_rolling_mean():
+    assert np.allclose(rolling_mean(np.array([1.0, 3.0, 5.0, 7.0]), 2), [1, 2, 4, 6])
+    assert len(rolling_mean(np.array([]))) == 0
+
+
+def test_charts_receive_points(panel):
+    for ev in rounds():
+        panel.feed(ev)
+    assert panel.flush() is True
+    x, y = panel.curves["acceptance"].getData()
+    assert list(x) == [1, 2, 3, 4] and np.allclose(y, [0.75, 1.0, 0.0, 1 / 3])
+    assert len(panel.curves["acceptance_mean"].getData()[0]) == 4
+    x, y = panel.curves["tokens"].getData()
+    assert np.allclose(y, [4 / 14 * 1000, 5 / 14 * 1000, 1 / 14 * 1000, 2 / 13 * 1000])
+    assert list(panel.curves["k"].getData()[1]) == [4, 4, 4, 3]
+    hist = panel.bars["histogram"].opts["height"]
+    assert list(hist) == [1, 1, 0, 1, 1]  # accepted 0, 1, 3, 4 once each
+    pos = panel.bars["position"].opts["height"]
+    assert np.allclose(pos, [3 / 4, 2 / 4, 2 / 4, 1 / 3])
+    _, measured = panel.curves["measured"].getData()
+    _, theory = panel.curves["theoretical"].getData()
+    assert len(measured) == len(theory) == 4
+    t = panel.buffer.totals
+    assert theory[-1] == pytest.approx(theoretical_speedup(t.alpha, t.mean_k, t.cost_ratio()))
+    assert "Speedup" in panel.plots["speedup"].titleLabel.text
+
+
+def test_flush_only_redraws_on_change(panel):
+    panel.flush()
+    before = panel.repaints
+    assert panel.flush() is False and panel.repaints == before
+    panel.feed(rounds()[0])
+    assert panel.repaints == before  # feeding never draws
+    assert panel.flush() is True and panel.repaints == before + 1
+
+
+def test_plain_reference_line(panel):
+    assert not panel.plain_line.isVisible()
+    panel.feed(make_round(1, (), (), "p", Origin.PLAIN, mode="plain", draft_ms=0.0, verify_ms=20.0))
+    panel.flush()
+    assert panel.plain_line.isVisible() and panel.plain_line.value() == pytest.approx(50.0)
+    assert np.isnan(panel.curves["k"].getData()[1][0])  # no K in plain mode
+    panel.set_plain_reference(10.0)  # a session-wide reference wins
+    panel.flush()
+    assert panel.plain_line.value() == pytest.approx(100.0)
+    assert "plain 100.0" in panel.plots["tokens"].titleLabel.text
+
+
+def test_clear_keeps_session_reference_and_marks_messages(panel):
+    panel.set_plain_reference(10.0)
+    panel.start_message()
+    panel.feed(rounds()[0])
+    panel.start_message()
+    panel.feed(rounds()[1])
+    panel.flush()
+    assert len(panel._markers) == 4  # one boundary, drawn on the four per-round plots
+    panel.clear()
+    assert len(panel.curves["acceptance"].getData()[0] or []) == 0
+    assert panel._markers == [] and panel.plain_line.isVisible()

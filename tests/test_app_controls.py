@@ -1,0 +1,145 @@
+"""Controls: live changes reach the engine at its next round; settings persist in an isolated QSettings."""
+from PySide6.QtCore import QSettings
+
+from app.controls import ControlsPanel, describe_model
+from app.window import MainWindow
+from engine.config import SamplingParams, SpecParams
+from tests.app_fixtures import *  # noqa: F401,F403
+from tests.app_fixtures import FakeEngine, wait_idle
+
+
+def test_panel_values(qtbot):
+    p = ControlsPanel()
+    qtbot.addWidget(p)
+    assert p.sampling_params() == SamplingParams(temperature=0.0, top_p=1.0, top_k=0, max_new_tokens=256, seed=None)
+    assert p.spec_params() == SpecParams(enabled=True, k=4, drafter="model", adaptive=False, k_max=16)
+    p.k_slider.setValue(99)
+    assert p.spec_params().k == 16  # the slider's range is 1..16
+    p.k_slider.setValue(0)
+    assert p.spec_params().k == 1
+    p.temp_slider.setValue(135)
+    p.top_p_slider.setValue(90)
+    p.seed_spin.setValue(7)
+    p.drafter_combo.setCurrentIndex(1)
+    p.adaptive_check.setChecked(True)
+    s = p.sampling_params()
+    assert (s.temperature, s.top_p, s.seed) == (1.35, 0.9, 7)
+    assert p.spec_params().drafter == "ngram" and p.spec_params().adaptive
+    assert p.temp_label.text() == "1.35"
+    p.temp_slider.setValue(0)
+    assert p.temp_label.text() == "0 (greedy)" and p.sampling_params().greedy
+
+
+def test_every_live_control_emits_changed(qtbot):
+    p = ControlsPanel()
+    qtbot.addWidget(p)
+    for change in (lambda: p.k_slider.setValue(9), lambda: p.temp_slider.setValue(50),
+                   lambda: p.top_p_slider.setValue(80), lambda: p.top_k_spin.setValue(40),
+                   lambda: p.spec_toggle.setChecked(False), lambda: p.adaptive_check.setChecked(True),
+                   lambda: p.drafter_combo.setCurrentIndex(1)):
+        with qtbot.waitSignal(p.changed, timeout=1000):
+            change()
+
+
+def test_changes_reach_engine_at_next_round(qtbot, qt_settings, make_host):
+    engine = FakeEngine(round_delay=0.03)
+    w = MainWindow(make_host(engine), qt_settings)
+    qtbot.addWidget(w)
+    w.input.setPlainText("go")
+    w.send()
+    qtbot.waitUntil(lambda: len(engine.seen) >= 3, timeout=5000)
+    assert all(s.k == 4 and s.enabled and s.temperature == 0.0 for s in engine.seen)
+    n = len(engine.seen)  # rounds started so far; the next one may already have read the old values
+    w.controls.k_slider.setValue(7)
+    w.controls.temp_slider.setValue(80)
+    w.controls.top_p_slider.setValue(90)
+    w.controls.adaptive_check.setChecked(True)
+    qtbot.waitUntil(lambda: len(engine.seen) >= n + 3, timeout=5000)
+    m = len(engine.seen)
+    w.controls.spec_toggle.setChecked(False)
+    w.controls.drafter_combo.setCurrentIndex(1)
+    wait_idle(qtbot, w)
+    later = engine.seen[n + 1:]
+    assert later and all((s.k, s.temperature, s.top_p, s.adaptive) == (7, 0.8, 0.9, True) for s in later)
+    off = engine.seen[m + 1:]
+    assert off and all(not s.enabled and s.drafter == "ngram" for s in off)
+    # ... and the engine really ran plain rounds from then on.
+    assert all(r.mode == "plain" for r in w.record.rounds[m + 1:])
+    assert any(r.mode == "speculative" and r.temperature == 0.8 for r in w.record.rounds)
+
+
+def test_no_draft_model_switches_to_ngram(qtbot):
+    p = ControlsPanel()
+    qtbot.addWidget(p)
+    p.set_loaded("t", None, "cpu", "float32")
+    assert p.spec_params().drafter == "ngram"
+    assert not p.drafter_combo.model().item(0).isEnabled()
+    p.set_loaded("t", "d", "cpu", "float32")
+    assert p.drafter_combo.model().item(0).isEnabled()
+    assert "no draft model" not in p.loaded_label.text()
+
+
+def test_model_picker_lists_embedded_and_compatible(qtbot):
+    class M:
+        def __init__(self, name, vocab, params):
+            self.name, self.path, self.arch, self.vocab_size, self.params_b = name, f"/m/{name}", "llama", vocab, params
+            self.source = "hf-cache"
+
+    p = ControlsPanel()
+    qtbot.addWidget(p)
+    models = [M("big", 1000, 3.2), M("small", 1000, 1.2), M("other", 2000, 0.5)]
+    p.set_local_models(models)
+    assert p.target_combo.itemText(0).startswith("Embedded pair")
+    assert p.target_combo.count() == 4 and describe_model(models[0]) in p.target_combo.itemText(1)
+    assert not p.draft_combo.isEnabled()  # the embedded pair brings its own draft
+    p.target_combo.setCurrentIndex(1)
+    drafts = [p.draft_combo.itemData(i) for i in range(p.draft_combo.count())]
+    assert drafts == [None, "/m/small"]  # same vocabulary only
+    p.draft_combo.setCurrentIndex(1)
+    with qtbot.waitSignal(p.loadRequested) as sig:
+        p.load_button.click()
+    assert sig.args == ["/m/big", "/m/small"]
+
+
+def test_settings_persist(qtbot, tmp_path):
+    path = str(tmp_path / "persist.ini")
+    p = ControlsPanel()
+    qtbot.addWidget(p)
+    p.k_slider.setValue(11)
+    p.temp_slider.setValue(70)
+    p.top_k_spin.setValue(50)
+    p.max_tokens_spin.setValue(640)
+    p.seed_spin.setValue(1234)
+    p.spec_toggle.setChecked(False)
+    p.drafter_combo.setCurrentIndex(1)
+    p.adaptive_check.setChecked(True)
+    p.system_edit.setPlainText("Be brief.")
+    p.save_settings(QSettings(path, QSettings.Format.IniFormat))
+    q = ControlsPanel()
+    qtbot.addWidget(q)
+    q.load_settings(QSettings(path, QSettings.Format.IniFormat))
+    assert q.sampling_params() == p.sampling_params() and q.spec_params() == p.spec_params()
+    assert q.system_prompt() == "Be brief."
+
+
+def test_window_settings_round_trip(qtbot, qt_settings, make_host):
+    w = MainWindow(make_host(FakeEngine()), qt_settings)
+    qtbot.addWidget(w)
+    w.controls.k_slider.setValue(6)
+    w.rejected_action.setChecked(False)
+    w.set_theme("dark")
+    w.close()  # saves
+    w2 = MainWindow(make_host(FakeEngine()), qt_settings)
+    qtbot.addWidget(w2)
+    assert w2.controls.k_slider.value() == 6
+    assert not w2.rejected_action.isChecked() and not w2.chat.show_rejected
+    assert w2.theme == "dark" and w2.theme_actions["dark"].isChecked()
+    w2.set_theme("light")
+
+
+def test_bad_settings_fall_back_to_defaults(qtbot, qt_settings):
+    qt_settings.setValue("controls/k", "not a number")
+    p = ControlsPanel()
+    qtbot.addWidget(p)
+    p.load_settings(qt_settings)
+    assert p.spec_params().k == 4

@@ -1,0 +1,177 @@
+"""engine.hub: resolving specs and listing local models, over a fake HF cache and fake embedded parts."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from engine import hub, provision
+from engine.hub import LocalModel, hf_cache_dir, list_local_models, resolve
+from engine.provision import PartSet, ProvisionError
+from engine.weights import ModelLoadError, load_checkpoint
+
+try:
+    from test_weights import make_hf_model, make_tokenizer, save_hf_folder, write_gguf
+except ImportError:  # tests/ imported as a package
+    from tests.test_weights import make_hf_model, make_tokenizer, save_hf_folder, write_gguf
+
+
+def cache_repo(cache: Path, repo_id: str, rev: str = "abc123", main: bool = True) -> Path:
+    """An empty snapshot folder laid out as huggingface_hub does."""
+    repo = cache / ("models--" + repo_id.replace("/", "--"))
+    snap = repo / "snapshots" / rev
+    snap.mkdir(parents=True)
+    if main:
+        (repo / "refs").mkdir(exist_ok=True)
+        (repo / "refs" / "main").write_text(rev)
+    return snap
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch) -> Path:
+    c = tmp_path / "hf" / "hub"
+    c.mkdir(parents=True)
+    monkeypatch.setenv("HF_HUB_CACHE", str(c))
+    return c
+
+
+@pytest.fixture
+def no_embedded(monkeypatch, tmp_path):
+    """Embedded pair neither converted nor installed."""
+    monkeypatch.setenv("SPECLENS_CACHE", str(tmp_path / "speclens"))
+
+    def missing(pkg):
+        raise ProvisionError(f"{pkg} is not installed")
+    monkeypatch.setattr(provision, "locate_part", missing)
+
+
+def test_hf_cache_dir_precedence(monkeypatch, tmp_path):
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hubcache"))
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hfhome"))
+    assert hf_cache_dir() == tmp_path / "hubcache"
+    monkeypatch.delenv("HF_HUB_CACHE")
+    assert hf_cache_dir() == tmp_path / "hfhome" / "hub"
+    monkeypatch.delenv("HF_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert hf_cache_dir() == tmp_path / "home" / ".cache" / "huggingface" / "hub"
+
+
+def test_resolve_repo_id_follows_refs_main(cache):
+    old = cache_repo(cache, "org/model", "old")
+    newer = cache / "models--org--model" / "snapshots" / "new"
+    newer.mkdir()
+    (cache / "models--org--model" / "refs" / "main").write_text("old\n")
+    assert resolve("org/model") == old
+    (cache / "models--org--model" / "refs" / "main").unlink()
+    os.utime(old, (time.time() - 100, time.time() - 100))
+    assert resolve("org/model") == newer  # no ref: the newest snapshot
+
+
+def test_load_checkpoint_by_repo_id(cache):
+    snap = cache_repo(cache, "tiny/llama")
+    _, model = save_hf_folder(snap)
+    ck = load_checkpoint("tiny/llama")
+    assert ck.name == "tiny/llama" and ck.path == snap
+    assert set(ck.tensors) == set(model.state_dict())
+
+
+def test_unknown_repo_id_says_where_it_looked(cache):
+    with pytest.raises(ModelLoadError) as e:
+        resolve("nobody/nothing")
+    msg = str(e.value)
+    assert "nobody/nothing" in msg and str(cache / "models--nobody--nothing") in msg and "never downloads" in msg
+
+
+def test_resolve_paths(tmp_path):
+    with pytest.raises(ModelLoadError, match="no such file or folder"):
+        resolve(tmp_path / "missing" / "x")
+    (tmp_path / "notes.txt").write_text("hi")
+    with pytest.raises(ModelLoadError, match="not a .gguf file"):
+        resolve(tmp_path / "notes.txt")
+    folder = tmp_path / "ggufs"
+    folder.mkdir()
+    (folder / "a.gguf").write_bytes(b"GGUF")
+    assert resolve(folder) == folder / "a.gguf"  # the folder's only GGUF
+    assert resolve(str(folder / "a.gguf")) == folder / "a.gguf"
+    (folder / "b.gguf").write_bytes(b"GGUF")
+    with pytest.raises(ModelLoadError, match=r"several \.gguf files \(a\.gguf, b\.gguf\)"):
+        resolve(folder)
+    with pytest.raises(ModelLoadError, match="empty model path"):
+        resolve("")
+
+
+def test_list_finds_compatible_cache_models_and_skips_the_rest(cache, no_embedded):
+    save_hf_folder(cache_repo(cache, "tiny/llama"))
+    save_hf_folder(cache_repo(cache, "tiny/qwen"), "qwen2")
+    tok = make_tokenizer()
+    gsnap = cache_repo(cache, "tiny/qwen-gguf")
+    write_gguf(gsnap / "q8.gguf", make_hf_model("qwen2", len(tok)), tok, "Q8_0")
+    bad = cache_repo(cache, "tiny/gpt2")  # unsupported architecture
+    save_hf_folder(bad)
+    cfg = json.loads((bad / "config.json").read_text())
+    (bad / "config.json").write_text(json.dumps({**cfg, "model_type": "gpt2"}))
+    (cache_repo(cache, "tiny/broken") / "config.json").write_text("{oops")
+    partial = cache_repo(cache, "tiny/partial")  # config downloaded, weights not
+    save_hf_folder(partial)
+    (partial / "model.safetensors").unlink()
+
+    models = {m.name: m for m in list_local_models()}
+    assert set(models) == {"tiny/llama", "tiny/qwen", "tiny/qwen-gguf/q8.gguf"}
+    llama = models["tiny/llama"]
+    expect = sum(p.numel() for p in make_hf_model("llama", len(tok)).parameters())
+    assert llama == LocalModel("tiny/llama", cache / "models--tiny--llama" / "snapshots" / "abc123", "hf-cache",
+                               "llama", len(tok), 2, 32, float(f"{expect / 1e9:.3g}"))
+    assert (models["tiny/qwen"].arch, models["tiny/qwen"].source) == ("qwen2", "hf-cache")
+    g = models["tiny/qwen-gguf/q8.gguf"]
+    assert (g.source, g.arch, g.vocab_size, g.num_layers, g.hidden_size) == ("gguf", "qwen2", len(tok), 2, 32)
+    assert g.path == gsnap / "q8.gguf"
+
+
+def test_empty_or_missing_cache_lists_nothing(tmp_path, monkeypatch, no_embedded):
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "does-not-exist"))
+    assert list_local_models() == []
+
+
+@pytest.fixture
+def fake_embedded(tmp_path, monkeypatch):
+    """Embedded target/draft backed by one tiny GGUF cut into two fake part packages."""
+    tok = make_tokenizer()
+    src = write_gguf(tmp_path / "src.gguf", make_hf_model("qwen2", len(tok)), tok, "mixed")
+    data = src.read_bytes()
+    files = {"fake-a": tmp_path / "a.bin", "fake-b": tmp_path / "b.bin"}
+    files["fake-a"].write_bytes(data[: len(data) // 2])
+    files["fake-b"].write_bytes(data[len(data) // 2:])
+    sha = hashlib.sha256(data).hexdigest()
+    monkeypatch.setattr(provision, "TARGET", PartSet("tiny-target", tuple(files), len(data), sha))
+    monkeypatch.setattr(provision, "DRAFT", PartSet("tiny-draft", tuple(files), len(data), sha))
+    monkeypatch.setattr(provision, "locate_part", lambda pkg: files[pkg])
+    monkeypatch.setenv("SPECLENS_CACHE", str(tmp_path / "speclens"))
+    return tok
+
+
+def test_embedded_pair_is_listed_before_and_after_provisioning(cache, fake_embedded):
+    root = provision.cache_root()
+    before = list_local_models()
+    assert [(m.name, m.source, m.path) for m in before] == [
+        ("tiny-target", "embedded", root / "tiny-target"), ("tiny-draft", "embedded", root / "tiny-draft")]
+    assert (before[0].arch, before[0].vocab_size, before[0].num_layers) == ("qwen2", len(fake_embedded), 2)
+    assert not (root / "tiny-target").exists()  # listing never provisions
+
+    provision.default_pair()
+    after = list_local_models()
+    assert [(m.name, m.source, m.path) for m in after] == [(m.name, m.source, m.path) for m in before]
+    assert [(m.arch, m.vocab_size, m.num_layers, m.hidden_size, m.params_b) for m in after] == \
+        [(m.arch, m.vocab_size, m.num_layers, m.hidden_size, m.params_b) for m in before]
+    assert after[0].params_b > 0
+
+
+def test_label_of_cache_paths(cache):
+    snap = cache_repo(cache, "org/name")
+    assert hub.label(snap, snap) == "org/name"
+    assert hub.label(snap / "m.gguf", snap / "m.gguf") == "org/name/m.gguf"
+    assert hub.label("x", Path("/a/b/folder")) == "folder"
+    assert hub.label("x", Path("/a/b/model-q4.gguf")) == "model-q4"

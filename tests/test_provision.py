@@ -1,0 +1,264 @@
+"""engine.provision with tiny fake part files (a real tiny GGUF split into parts), never the real 1.6 GB."""
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import sys
+import tomllib
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from engine import provision
+from engine.gguf_file import GGUFFile
+from engine.provision import MANIFEST, PartSet, ProvisionError, is_valid, locate_part
+from engine.weights import load_checkpoint
+
+try:
+    from test_weights import make_hf_model, make_tokenizer, write_gguf
+except ImportError:  # tests/ imported as a package
+    from tests.test_weights import make_hf_model, make_tokenizer, write_gguf
+
+
+@pytest.fixture(scope="module")
+def tiny_gguf(tmp_path_factory) -> Path:
+    tok = make_tokenizer()
+    return write_gguf(tmp_path_factory.mktemp("src") / "tiny.gguf", make_hf_model("qwen2", len(tok)), tok, "mixed")
+
+
+@pytest.fixture
+def parts(tmp_path, tiny_gguf):
+    """(PartSet, locate) for the tiny GGUF cut into 3 fake part packages."""
+    data = tiny_gguf.read_bytes()
+    cuts = [0, len(data) // 3, 2 * len(data) // 3, len(data)]
+    files = {}
+    for i in range(3):
+        p = tmp_path / "site" / f"fake_part{i + 1}" / "data" / f"part0{i + 1}.bin"
+        p.parent.mkdir(parents=True)
+        p.write_bytes(data[cuts[i]:cuts[i + 1]])
+        files[f"fake-part{i + 1}"] = p
+
+    def locate(pkg: str) -> Path:
+        if pkg not in files:
+            raise ProvisionError(f"{pkg} not installed")
+        return files[pkg]
+
+    ps = PartSet("tiny-model", tuple(files), len(data), hashlib.sha256(data).hexdigest())
+    return ps, locate
+
+
+def leftovers(root: Path) -> list[str]:
+    return sorted(p.name for p in root.iterdir() if p.name != ".lock") if root.exists() else []
+
+
+def test_end_to_end_provision_converts_once_and_loads(tmp_path, parts, tiny_gguf):
+    ps, locate = parts
+    root = tmp_path / "cache"
+    seen = []
+    folder = provision.provision(ps, root=root, locate=locate, progress=lambda s, f: seen.append((s, f)), label="draft")
+    assert folder == root / "tiny-model" and is_valid(folder, ps)
+    assert leftovers(root) == ["tiny-model"]  # the assembled .gguf is deleted by default
+    stages = {s.split(":")[0] for s, _ in seen}
+    assert {"Assembling draft model", "Converting draft model"} <= stages
+    assert all(0.0 <= f <= 1.0 for _, f in seen) and seen[-1][1] == 1.0
+    manifest = json.loads((folder / MANIFEST).read_text())
+    assert manifest["source_sha256"] == ps.sha256 and manifest["format_version"] == provision.FORMAT_VERSION
+    assert manifest["files"]["model.safetensors"] == (folder / "model.safetensors").stat().st_size
+
+    ck = load_checkpoint(folder)
+    gf = GGUFFile(tiny_gguf)
+    assert ck.config == gf.config()
+    for name, arr in gf.iter_hf():
+        assert ck.tensors[name].dtype == torch.float32
+        assert np.array_equal(ck.tensors[name].numpy(), arr), name  # float32: nothing lost
+    msgs = [{"role": "user", "content": "hi"}]
+    assert ck.tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True) == \
+        "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+
+    def boom(*a, **k):
+        raise AssertionError("a valid folder must not be rebuilt")
+    orig = provision.convert
+    provision.convert = boom
+    try:
+        assert provision.provision(ps, root=root, locate=locate) == folder
+    finally:
+        provision.convert = orig
+
+
+def test_keep_gguf_keeps_a_verified_copy_and_reuses_it(tmp_path, parts, tiny_gguf):
+    ps, _ = parts
+    root = tmp_path / "cache"
+    provision.provision(ps, root=root, locate=parts[1], keep_gguf=True)
+    kept = root / "tiny-model.gguf"
+    assert kept.read_bytes() == tiny_gguf.read_bytes()
+    (root / "tiny-model" / MANIFEST).unlink()  # force a rebuild: parts are no longer needed
+
+    def nowhere(pkg):
+        raise ProvisionError("gone")
+    provision.provision(ps, root=root, locate=nowhere, keep_gguf=True)
+    assert is_valid(root / "tiny-model", ps)
+
+
+def test_corrupted_part_is_detected_and_nothing_is_trusted(tmp_path, parts):
+    ps, locate = parts
+    victim = locate("fake-part2")
+    data = bytearray(victim.read_bytes())
+    data[10] ^= 0xFF  # same size, different content
+    victim.write_bytes(bytes(data))
+    root = tmp_path / "cache"
+    with pytest.raises(ProvisionError, match="SHA-256") as e:
+        provision.provision(ps, root=root, locate=locate)
+    assert "pip install --force-reinstall" in str(e.value)
+    assert leftovers(root) == []
+
+
+def test_part_of_the_wrong_size(tmp_path, parts):
+    ps, locate = parts
+    victim = locate("fake-part3")
+    victim.write_bytes(victim.read_bytes()[:-1])
+    with pytest.raises(ProvisionError, match="add up to"):
+        provision.provision(ps, root=tmp_path / "cache", locate=locate)
+    assert leftovers(tmp_path / "cache") == []
+
+
+def test_missing_part_names_the_package_and_the_pip_command(tmp_path, parts):
+    ps, locate = parts
+    ps = PartSet(ps.name, (*ps.packages, "fake-part4"), ps.size, ps.sha256)
+    with pytest.raises(ProvisionError) as e:
+        provision.provision(ps, root=tmp_path / "cache", locate=locate)
+    assert "fake-part4" in str(e.value) and 'pip install "speclens[default-models]"' in str(e.value)
+
+
+def test_locate_part_uses_distribution_metadata(tmp_path, monkeypatch):
+    site = tmp_path / "site"
+    pkg = site / "speclens_fake_part7"
+    (pkg / "data").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("raise RuntimeError('part packages must never be imported')\n")
+    (pkg / "data" / "part07.bin").write_bytes(b"abc")
+    info = site / "speclens_fake_part7-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: speclens-fake-part7\nVersion: 1.0\n")
+    (info / "RECORD").write_text("speclens_fake_part7/__init__.py,,\nspeclens_fake_part7/data/part07.bin,,\n")
+    monkeypatch.syspath_prepend(str(site))
+    assert locate_part("speclens-fake-part7") == pkg / "data" / "part07.bin"
+    assert "speclens_fake_part7" not in sys.modules
+    with pytest.raises(ProvisionError, match=r"'speclens-fake-part8' is not installed.*speclens\[default-models\]"):
+        locate_part("speclens-fake-part8")
+
+
+@pytest.mark.parametrize("when", ["assembling", "converting"])
+def test_cancel_leaves_nothing_trusted_and_a_later_run_rebuilds(tmp_path, parts, when):
+    ps, locate = parts
+    root = tmp_path / "cache"
+    state = {"stage": ""}
+
+    def progress(stage, frac):
+        state["stage"] = stage
+
+    def cancel():
+        return state["stage"].lower().startswith(when)
+    with pytest.raises(ProvisionError, match="^cancelled$"):
+        provision.provision(ps, root=root, locate=locate, progress=progress, cancel=cancel)
+    assert leftovers(root) == []
+    assert provision.provision(ps, root=root, locate=locate) == root / "tiny-model"
+    assert is_valid(root / "tiny-model", ps)
+
+
+def test_crash_mid_conversion_leaves_nothing_trusted(tmp_path, parts, monkeypatch):
+    ps, locate = parts
+    root = tmp_path / "cache"
+    calls = {"n": 0}
+    real_read = GGUFFile.read
+
+    def flaky(self, name):
+        calls["n"] += 1
+        if calls["n"] == 5:
+            raise RuntimeError("simulated crash")
+        return real_read(self, name)
+    monkeypatch.setattr(GGUFFile, "read", flaky)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        provision.provision(ps, root=root, locate=locate)
+    assert leftovers(root) == []
+    monkeypatch.setattr(GGUFFile, "read", real_read)
+    provision.provision(ps, root=root, locate=locate)
+    assert is_valid(root / "tiny-model", ps)
+
+
+def test_leftovers_of_a_killed_run_are_rebuilt(tmp_path, parts):
+    """A folder without a valid manifest, or with a file of the wrong size, is never trusted."""
+    ps, locate = parts
+    root = tmp_path / "cache"
+    final = root / "tiny-model"
+    final.mkdir(parents=True)
+    (final / "model.safetensors").write_bytes(b"half")
+    (root / ".tiny-model.staging-99999").mkdir()
+    (root / ".tiny-model.gguf.tmp-99999").write_bytes(b"half")
+    assert not is_valid(final, ps)
+    provision.provision(ps, root=root, locate=locate)
+    assert is_valid(final, ps) and leftovers(root) == ["tiny-model"]
+
+    st = final / "model.safetensors"
+    st.write_bytes(st.read_bytes()[:-4])  # truncated after the manifest was written
+    assert not is_valid(final, ps)
+    provision.provision(ps, root=root, locate=locate)
+    assert is_valid(final, ps)
+    m = json.loads((final / MANIFEST).read_text())
+    (final / MANIFEST).write_text(json.dumps({**m, "source_sha256": "0" * 64}))  # built from other parts
+    assert not is_valid(final, ps)
+
+
+def test_full_disk_gives_a_clear_error_and_cleans_up(tmp_path, parts, monkeypatch):
+    ps, locate = parts
+    root = tmp_path / "cache"
+
+    def full(*a, **k):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(provision, "_write_safetensors", full)
+    with pytest.raises(ProvisionError, match="is full"):
+        provision.provision(ps, root=root, locate=locate)
+    assert leftovers(root) == []
+
+
+def test_too_little_free_space_is_refused_up_front(tmp_path, parts, monkeypatch):
+    ps, locate = parts
+
+    class Usage:
+        free = 10
+    monkeypatch.setattr(provision.shutil, "disk_usage", lambda p: Usage)
+    with pytest.raises(ProvisionError, match="not enough disk space"):
+        provision.provision(ps, root=tmp_path / "cache", locate=locate)
+    assert leftovers(tmp_path / "cache") == []
+
+
+def test_cache_root_environment(monkeypatch, tmp_path):
+    monkeypatch.setenv("SPECLENS_CACHE", str(tmp_path / "a"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "x"))
+    assert provision.cache_root() == tmp_path / "a"
+    monkeypatch.delenv("SPECLENS_CACHE")
+    assert provision.cache_root() == tmp_path / "x" / "speclens"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert provision.cache_root() == tmp_path / "home" / ".cache" / "speclens"
+
+
+def test_default_pair_uses_the_default_cache(tmp_path, monkeypatch, parts):
+    ps, locate = parts
+    monkeypatch.setenv("SPECLENS_CACHE", str(tmp_path / "c"))
+    monkeypatch.setattr(provision, "TARGET", ps)
+    monkeypatch.setattr(provision, "DRAFT", PartSet("tiny-draft", ps.packages, ps.size, ps.sha256))
+    monkeypatch.setattr(provision, "locate_part", locate)
+    assert not provision.is_provisioned()
+    target, draft = provision.default_pair()
+    assert (target, draft) == (tmp_path / "c" / "tiny-model", tmp_path / "c" / "tiny-draft")
+    assert provision.is_provisioned()
+
+
+def test_embedded_partsets_match_pyproject():
+    deps = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
+    pinned = deps["project"]["optional-dependencies"]["default-models"]
+    assert pinned == [f"{p}==0.9.0" for p in provision.DRAFT.packages] + \
+        [f"{p}==0.2.0" for p in provision.TARGET.packages]
+    assert (provision.DRAFT.size, provision.TARGET.size) == (491_400_064, 1_117_320_768)
