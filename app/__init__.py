@@ -4,4 +4,6 @@ Only `app.worker` (and `app.main`, which wires it) touches `engine.engine` and t
 works from the plain event dataclasses in `engine.events`.
 """
 
+from app import compat  # noqa: F401  (first: guards against a PySide6 refcount defect, see app/compat.py)
+
 __version__ = "0.1.0"

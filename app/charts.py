@@ -18,7 +18,7 @@ import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import QEvent, Qt
 from PySide6.QtGui import QColor, QPalette
-from PySide6.QtWidgets import QVBoxLayout, QWidget
+from PySide6.QtWidgets import QGraphicsItem, QVBoxLayout, QWidget
 
 from app.theme import SERIES, mix
 from engine.events import RoundEvent
@@ -26,6 +26,14 @@ from engine.stats import SpeedTotals, round_tokens_per_s
 
 ROLLING_WINDOW = 8
 NAN = float("nan")
+
+
+def nice_ceiling(v: float) -> float:
+    """The smallest 1, 2, 2.5 or 5 times a power of ten that is >= v: axis limits that change rarely."""
+    if not v > 0 or math.isinf(v):
+        return 1.0
+    mag = 10.0 ** math.floor(math.log10(v))
+    return next(m * mag for m in (1.0, 2.0, 2.5, 5.0, 10.0) if m * mag >= v * (1 - 1e-12))
 
 
 def rolling_mean(values: np.ndarray, window: int = ROLLING_WINDOW) -> np.ndarray:
@@ -108,6 +116,7 @@ class ChartsPanel(QWidget):
         self.buffer = ChartBuffer()
         self._drawn = -1
         self.repaints = 0
+        self._shown: dict[tuple[str, str], object] = {}  # what each title / range shows now
         self.view = pg.GraphicsLayoutWidget(self)
         self.view.ci.setContentsMargins(4, 4, 4, 4)
         self.view.ci.setSpacing(6)
@@ -123,9 +132,11 @@ class ChartsPanel(QWidget):
             p.setMouseEnabled(x=False, y=False)
             p.hideButtons()
             p.showGrid(x=True, y=True, alpha=0.18)
+            for side in ("left", "bottom"):  # axes (with their grid) repaint from a pixmap until a range changes
+                p.getAxis(side).setCacheMode(QGraphicsItem.CacheMode.DeviceCoordinateCache)
             self.plots[name] = p
-        self.plots["acceptance"].setYRange(0, 1.05, padding=0)
-        self.plots["position"].setYRange(0, 1.05, padding=0)
+        self._range("acceptance", "y", 0, 1.05)
+        self._range("position", "y", 0, 1.05)
         for name in ("acceptance", "tokens", "speedup", "k"):
             self.plots[name].setLabel("bottom", "round")
         self.plots["histogram"].setLabel("bottom", "accepted drafts")
@@ -201,21 +212,43 @@ class ChartsPanel(QWidget):
         self.curves["theoretical"].setData(x, np.asarray(b.theoretical, dtype=float))
         ks = np.asarray(b.k, dtype=float)
         self.curves["k"].setData(x, ks)
-        top = np.nanmax(ks) if np.isfinite(ks).any() else 4.0
-        self.plots["k"].setYRange(0, top + 1, padding=0)
         hist = np.asarray(b.accepted_len, dtype=float)
         self.bars["histogram"].setOpts(x=np.arange(len(hist)), height=hist, width=0.8)
         rates = np.asarray(b.position_rates(), dtype=float)
         self.bars["position"].setOpts(x=np.arange(1, len(rates) + 1), height=rates, width=0.8)
-        self.plots["histogram"].setXRange(-0.6, max(len(hist), 2) - 0.4, padding=0)
-        self.plots["position"].setXRange(0.4, max(len(rates), 2) + 0.6, padding=0)
 
+        # Explicit, rounded ranges instead of auto-range: axes then change (and re-render) only now and then.
         plain = b.plain_ms
+        x_hi = max(nice_ceiling(len(x) + 1), 10.0)
+        for name in ("acceptance", "tokens", "speedup", "k"):
+            self._range(name, "x", 0, x_hi)
+        self._range("k", "y", 0, (np.nanmax(ks) if np.isfinite(ks).any() else 4.0) + 1)
+        top_rate = max(float(tps.max()) if len(tps) else 0.0, 1000.0 / plain if plain else 0.0)
+        self._range("tokens", "y", 0, nice_ceiling(top_rate * 1.1))
+        speeds = np.concatenate([np.asarray(b.measured, dtype=float), np.asarray(b.theoretical, dtype=float)])
+        top_speed = float(np.nanmax(speeds)) if np.isfinite(speeds).any() else 1.0
+        self._range("speedup", "y", 0, max(nice_ceiling(top_speed * 1.1), 2.0))
+        self._range("histogram", "x", -0.6, max(len(hist), 2) - 0.4)
+        self._range("histogram", "y", 0, nice_ceiling(float(hist.max()) * 1.1 if len(hist) else 1.0))
+        self._range("position", "x", 0.4, max(len(rates), 2) + 0.6)
+
         self.plain_line.setVisible(plain is not None)
         if plain:
             self.plain_line.setValue(1000.0 / plain)
         self._sync_markers()
         self._titles()
+
+    def _range(self, name: str, axis: str, lo: float, hi: float) -> None:
+        if self._shown.get((name, axis)) != (lo, hi):
+            self._shown[(name, axis)] = (lo, hi)
+            plot = self.plots[name]
+            (plot.setXRange if axis == "x" else plot.setYRange)(lo, hi, padding=0)
+
+    def _title(self, name: str, text: str) -> None:
+        if self._shown.get((name, "title")) != text:
+            self._shown[(name, "title")] = text
+            self.plots[name].setTitle(text, size="9pt", color=self._title_colour)
+            self.plots[name].titleLabel.setMinimumWidth(40)  # a long title must not widen the grid
 
     def _sync_markers(self) -> None:
         want = [s for s in self.buffer.message_starts if s > 1]
@@ -243,32 +276,27 @@ class ChartsPanel(QWidget):
                     return v
             return None
 
-        size, colour = "9pt", self._title_colour
-        plots = self.plots
         alpha = f" \u00b7 \u03b1 {t.alpha:.0%}" if t.drafted else ""
-        plots["acceptance"].setTitle(f"Acceptance \u00b7 {span('rolling', 'rolling mean')}{alpha}",
-                                     size=size, color=colour)
+        self._title("acceptance", f"Acceptance \u00b7 {span('rolling', 'rolling mean')}{alpha}")
         rate = last(b.tokens_per_s)
         now = f" \u00b7 {rate:.1f}" if rate is not None else ""
         plain = f" \u00b7 {span('plain', f'plain {1000.0 / b.plain_ms:.1f}')}" if b.plain_ms else ""
-        plots["tokens"].setTitle(f"Tokens/s{now}{plain}", size=size, color=colour)
-        plots["histogram"].setTitle("Accepted drafts per round", size=size, color=colour)
-        plots["position"].setTitle("Acceptance by position", size=size, color=colour)
+        self._title("tokens", f"Tokens/s{now}{plain}")
+        self._title("histogram", "Accepted drafts per round")
+        self._title("position", "Acceptance by position")
         m, th = last(b.measured), last(b.theoretical)
-        ref = b.plain_ms
-        est = "" if ref else "~"
+        est = "" if b.plain_ms else "~"
         ms = f" {est}{m:.2f}\u00d7" if m is not None else ""
         ts = f" {th:.2f}\u00d7" if th is not None else ""
-        plots["speedup"].setTitle(f"Speedup \u00b7 {span('measured', 'measured' + ms)} \u00b7 "
-                                  f"{span('theoretical', 'theory' + ts)}", size=size, color=colour)
-        inputs = (f"round \u00b7 \u03b1 {t.alpha:.2f}, K {t.mean_k:.1f}, c {t.cost_ratio(ref):.2f}"
+        self._title("speedup", f"Speedup \u00b7 {span('measured', 'measured' + ms)} \u00b7 "
+                               f"{span('theoretical', 'theory' + ts)}")
+        inputs = (f"round \u00b7 \u03b1 {t.alpha:.2f}, K {t.mean_k:.1f}, c {t.cost_ratio(b.plain_ms):.2f}"
                   if t.draft_rounds else "round")
-        plots["speedup"].setLabel("bottom", inputs)
+        if self._shown.get(("speedup", "label")) != inputs:
+            self._shown[("speedup", "label")] = inputs
+            self.plots["speedup"].setLabel("bottom", inputs)
         k = last(b.k)
-        plots["k"].setTitle("K per round" + (f" \u00b7 now {k:.0f}" if k is not None else ""), size=size,
-                            color=colour)
-        for p in plots.values():  # a long title must not widen the grid past the pane
-            p.titleLabel.setMinimumWidth(40)
+        self._title("k", "K per round" + (f" \u00b7 now {k:.0f}" if k is not None else ""))
 
     # ---- look ------------------------------------------------------------------------------------------------
     def changeEvent(self, event: QEvent) -> None:
@@ -287,6 +315,7 @@ class ChartsPanel(QWidget):
                 ax.setPen(axis_pen)
                 ax.setTextPen(pg.mkPen(mix(base, text, 0.8)))
         self._title_colour = QColor(text).name()
+        self._shown = {k: v for k, v in self._shown.items() if k[1] not in ("title", "label")}
         for plot, line in self._markers:
             plot.removeItem(line)
         self._markers.clear()

@@ -1,6 +1,7 @@
 """The engine loop: a target, an optional draft, chat state with prefix reuse, and generate()."""
 from __future__ import annotations
 
+import secrets
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
@@ -60,6 +61,12 @@ class Engine:
             )
         self.cache_cfg = cache or CacheConfig(max_seq_len=min(target.cfg.max_position_embeddings, 4096))
         self.max_seq_len = self.cache_cfg.max_seq_len
+        for role, model in (("target", target), ("draft", draft)):
+            if model is not None and self.max_seq_len > model.rope.cos.shape[0]:
+                raise ValueError(
+                    f"context length {self.max_seq_len} exceeds the {role} model's "
+                    f"{model.rope.cos.shape[0]} positions"
+                )
         if eos_ids is None:  # default: the config's and the tokenizer's EOS
             eos_ids = set(target.cfg.eos_token_ids) | {getattr(tokenizer, "eos_token_id", None)} - {None}
         self.eos_ids = set(eos_ids)
@@ -153,11 +160,12 @@ class Engine:
         self._drafter(spec) if spec.enabled else None  # fail fast on a drafter that cannot run
         controls = controls or Controls(sampling, spec)
         gen = torch.Generator(self.device)
-        gen.manual_seed(sampling.seed if sampling.seed is not None else int(torch.seed() % 2**63))
+        gen.manual_seed(sampling.seed if sampling.seed is not None else secrets.randbits(63))  # global RNG untouched
         max_new = sampling.max_new_tokens
 
         t0 = time.perf_counter()
         reused = self._prefill(prompt_ids)
+        prefill_s = time.perf_counter() - t0
         prompt_len = len(prompt_ids)
         forwards = 1 if prompt_len - 1 > reused else 0
         detok = Detokenizer(self.tokenizer)
@@ -264,10 +272,10 @@ class Engine:
             accepted=accepted_total, acceptance_rate=accepted_total / drafted_total if drafted_total else 0.0,
             mean_tokens_per_round=len(new_ids) / rounds if rounds else 0.0,
             per_position_acceptance=tuple(a / d for a, d in zip(pos_accepted, pos_drafted)),
-            tokens_per_s=len(new_ids) / total if total > 0 else 0.0, ttft_s=ttft if ttft is not None else total,
+            tokens_per_s=len(new_ids) / (total - prefill_s) if total > prefill_s else 0.0, ttft_s=ttft if ttft is not None else total,
             total_s=total, prompt_tokens=prompt_len, reused_prefix_tokens=reused,
             draft_ms=draft_ms_total, verify_ms=verify_ms_total, stop_reason=stop_reason or "cancelled",
-            text="".join(text) + (stops.flush() if stop_reason == "cancelled" else ""), token_ids=tuple(new_ids),
+            text="".join(text), token_ids=tuple(new_ids), prefill_s=prefill_s,
         )
 
     def _verify(self, drafted: torch.Tensor, proposal: Proposal | None, params: SamplingParams, gen):

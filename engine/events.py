@@ -81,7 +81,7 @@ class Summary:
     acceptance_rate: float  # accepted / drafted (0 when nothing was drafted)
     mean_tokens_per_round: float
     per_position_acceptance: tuple[float, ...]  # P(draft position i accepted | it was drafted)
-    tokens_per_s: float  # decode rate: new tokens / time from first token to last
+    tokens_per_s: float  # decode rate: new tokens / (total time - prefill time)
     ttft_s: float  # time to first token (includes the prefill)
     total_s: float
     prompt_tokens: int
@@ -91,3 +91,4 @@ class Summary:
     stop_reason: str
     text: str
     token_ids: tuple[int, ...] = field(default=())
+    prefill_s: float = 0.0  # target prefill of the uncached prompt suffix

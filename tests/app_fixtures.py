@@ -14,6 +14,8 @@ import time  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
 
 import pytest  # noqa: E402
+
+import app  # noqa: E402,F401  (applies app.compat before Qt does much work)
 from PySide6.QtCore import QCoreApplication, QSettings  # noqa: E402
 from PySide6.QtWidgets import QMessageBox  # noqa: E402
 

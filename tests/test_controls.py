@@ -2,6 +2,8 @@
 cancel and closing the generator leave the engine ready for the next request; adaptive K."""
 from __future__ import annotations
 
+import random
+
 import pytest
 import torch
 
@@ -305,3 +307,24 @@ def test_generate_leaves_the_global_rng_alone(engine, prompt):
     *_, s = engine.generate(prompt, GREEDY.with_(max_new_tokens=3), SPEC)
     assert s.new_tokens == 3
     assert torch.equal(torch.rand(4), want)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_random_control_changes_stay_lossless_under_greedy(engine, prompt, plain, seed):
+    rng = random.Random(seed)
+    engine.reset()
+    controls = Controls(GREEDY, SPEC)
+    seen = set()
+
+    def on_round(ev):
+        seen.add((ev.mode, ev.drafter))
+        assert_consistent(engine)
+        controls.spec = SpecParams(
+            enabled=rng.random() < 0.8, k=rng.randint(1, 8), drafter=rng.choice(["model", "ngram"]),
+            adaptive=rng.random() < 0.3, k_max=8,
+        )
+
+    events, summary = drive(engine, prompt, GREEDY, SPEC, controls, on_round)
+    assert summary.token_ids == plain.token_ids
+    assert {("speculative", "model"), ("speculative", "ngram"), ("plain", None)} <= seen
+    assert_consistent(engine)

@@ -168,3 +168,28 @@ def test_context_longer_than_the_model_supports_is_refused_clearly():
         start(eng, [5] * 600)
     msg = str(err.value)
     assert "600" in msg and "512" in msg
+
+
+def test_kv_cache_exhausted_mid_request_is_clear_and_recoverable():
+    from engine.kv_cache import CacheFullError
+    from tests.tiny import draft_weights
+
+    cfg = model_config(ENGINE_CFG)
+    sd = state_dict(hf_model(ENGINE_CFG, 0))
+    target = Transformer.from_state_dict(cfg, sd, torch.float32, "cpu", 256)
+    draft = Transformer.from_state_dict(cfg, draft_weights(sd, 0.03, 1), torch.float32, "cpu", 256)
+    # 8 blocks of 8 = 64 slots, although the context claims 256: the pool runs out first.
+    eng = Engine(target, tiny_tokenizer(), draft, cache=CacheConfig(block_size=8, max_seq_len=256, num_blocks=8))
+    prompt = eng.encode_chat([{"role": "user", "content": "hello there"}])  # its greedy reply has no EOS
+    events = []
+    with pytest.raises(CacheFullError, match="out of blocks"):
+        for item in eng.generate(prompt, SamplingParams(max_new_tokens=100), SpecParams(k=4)):
+            events.append(item)
+    assert events  # it got going before running out
+    assert eng.ids == prompt + [t.token_id for e in events for t in e.committed]
+    assert eng.target_pool.manager.length(0) == len(eng.ids) - 1
+    d = eng.model_drafter
+    assert eng.ids[: len(d.cached)] == d.cached and d.pool.manager.length(0) == len(d.cached)
+    eng.reset()  # and the engine can be used again
+    *_, s = eng.generate(prompt, SamplingParams(max_new_tokens=5), SpecParams(k=4))
+    assert s.new_tokens == 5

@@ -127,16 +127,27 @@ def test_generation_continues_correctly_after_rollbacks(engine):
 # --- scattered block tables -------------------------------------------------------------------------
 
 
-def scattered_pool(model: Transformer, block_size: int = 4) -> KVPool:
-    """A pool whose free list hands sequence 0 every other block: seq 1 took the rest and stays live."""
-    pool = fresh_pool(model, num_blocks=64, block_size=block_size)
-    m = pool.manager
+def scatter(m: BlockManager, rounds: int) -> None:
+    """Shuffle the free list through the public API so that sequence 0's next blocks are out of order
+    (neither consecutive nor increasing), with a live neighbour (sequence 3) in between."""
+    bs = m.block_size
     m.allocate(1)
     m.allocate(2)
-    for _ in range(12):
-        m.append(1, block_size)
-        m.append(2, block_size)
-    m.free(1)  # blocks 0, 2, 4, ... go back on top of the free list
+    for _ in range(rounds):
+        m.append(1, bs)  # even blocks
+        m.append(2, bs)  # odd blocks
+    m.free(2)
+    m.free(1)  # free list now hands out the even blocks, then the odd ones
+    m.allocate(3)
+    m.append(3, 2 * bs)  # blocks 0 and 2
+
+
+def scattered_pool(model: Transformer, block_size: int = 4) -> KVPool:
+    pool = fresh_pool(model, num_blocks=64, block_size=block_size)
+    scatter(pool.manager, 12)
+    # Garbage everywhere, so that reading a wrong slot cannot go unnoticed.
+    pool.k.fill_(100.0)
+    pool.v.fill_(-100.0)
     return pool
 
 
@@ -145,15 +156,19 @@ def test_scattered_tables_give_the_same_logits_as_contiguous(engine):
     ids = torch.randint(3, 98, (70,), generator=torch.Generator().manual_seed(0)).tolist()
     contig = fresh_pool(model, block_size=4)
     scat = scattered_pool(model, block_size=4)
-    # Keep the other sequence's blocks full of garbage so a wrong slot cannot read zeros by luck.
-    other = torch.tensor(scat.manager.slots(2, 0, scat.manager.length(2)))
-    scat.k[:, other] = 100.0
-    scat.v[:, other] = -100.0
+    offset = fresh_pool(model, block_size=4)  # one slice, but not at the start of the pool
+    offset.manager.allocate(3)
+    offset.manager.append(3, 12)
+    offset.k.fill_(100.0)
+    offset.v.fill_(-100.0)
 
     def step(tokens: list[int]) -> None:
         a = feed(model, contig, tokens)
         b = feed(model, scat, tokens)
+        c = feed(model, offset, tokens)
         torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(c, a, atol=1e-5, rtol=1e-5)
+        assert offset.manager.contiguous_base(0) == 3 * 4
 
     step(ids[:23])  # a multi-token prefill across several blocks
     assert scat.manager.contiguous_base(0) is None
@@ -161,30 +176,30 @@ def test_scattered_tables_give_the_same_logits_as_contiguous(engine):
     for t in range(23, 30):  # single-token decodes
         step(ids[t : t + 1])
     step(ids[30:36])  # a verify-sized chunk
-    for pool in (contig, scat):  # roll back into the middle of a block, then take a different path
+    for pool in (contig, scat, offset):  # roll back into the middle of a block, then take a different path
         pool.manager.truncate_to(0, 27)
     step(ids[40:45])
     step(ids[45:46])
-    assert scat.manager.contiguous_base(0) is None
+    step(ids[50:70])  # grow past the even blocks into the odd ones
+    table = scat.manager.block_table(0)
+    assert table != sorted(table) and scat.manager.contiguous_base(0) is None  # really out of order
+    assert scat.manager.length(3) == 8 and not set(table) & set(scat.manager.block_table(3))
     # And both agree with a fresh prefill of the path actually taken (stale KV from ids[27:36] is gone).
-    want = prefill_logits(model, ids[:27] + ids[40:47])[-1]
-    torch.testing.assert_close(feed(model, scat, ids[46:47])[-1], want, atol=1e-4, rtol=1e-4)
+    path = ids[:27] + ids[40:46] + ids[50:70]
+    want = prefill_logits(model, path + ids[:1])[-1]
+    torch.testing.assert_close(feed(model, scat, ids[:1])[-1], want, atol=1e-4, rtol=1e-4)
 
 
 def test_engine_with_scattered_tables_matches_contiguous():
     results = []
-    for scatter in (False, True):
+    for scattered in (False, True):
         eng = tiny_engine()
         prompt = eng.encode_chat(MESSAGES)
-        if scatter:
+        if scattered:
             for pool in (eng.target_pool, eng.model_drafter.pool):
-                m = pool.manager
-                m.allocate(1)
-                m.allocate(2)
-                for _ in range(6):
-                    m.append(1, m.block_size)
-                    m.append(2, m.block_size)
-                m.free(1)
+                scatter(pool.manager, 6)
+                pool.k.fill_(100.0)
+                pool.v.fill_(-100.0)
         layouts = []
         out = []
         for item in eng.generate(prompt, GREEDY, SpecParams(k=4)):
@@ -193,10 +208,12 @@ def test_engine_with_scattered_tables_matches_contiguous():
                 layouts.append(eng.target_pool.manager.contiguous_base(0))
                 assert_consistent(eng)
         summary = out[-1]
-        if scatter:
+        if scattered:
             assert all(b is None for b in layouts)
+            table = eng.target_pool.manager.block_table(0)
+            assert table != sorted(table)
             assert eng.model_drafter.pool.manager.contiguous_base(0) is None
-            assert eng.target_pool.manager.length(2) == 6 * eng.target_pool.manager.block_size  # untouched
+            assert eng.target_pool.manager.block_table(3) == [0, 2]  # the neighbour is untouched
         else:
             assert all(b == 0 for b in layouts)
         results.append((summary.token_ids, [(len(e.drafted), e.accepted) for e in out[:-1]]))
