@@ -25,6 +25,7 @@ from engine.events import RoundEvent
 from engine.stats import SpeedTotals, round_tokens_per_s
 
 ROLLING_WINDOW = 8
+AXIS_WIDTH = 40
 NAN = float("nan")
 
 
@@ -44,6 +45,17 @@ def rolling_mean(values: np.ndarray, window: int = ROLLING_WINDOW) -> np.ndarray
     n = np.arange(1, len(values) + 1)
     lo = np.maximum(n - window, 0)
     return (c[n] - c[lo]) / (n - lo)
+
+
+def _span(key: str, text: str) -> str:
+    return f"<span style='color:{SERIES[key]}'>{text}</span>"
+
+
+def _last(values: list[float]) -> float | None:
+    for v in reversed(values):
+        if not math.isnan(v):
+            return v
+    return None
 
 
 class ChartBuffer:
@@ -112,9 +124,10 @@ class ChartsPanel(QWidget):
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
-        pg.setConfigOptions(antialias=True)
+        pg.setConfigOptions(antialias=False)  # per curve below: smooth lines only
         self.buffer = ChartBuffer()
-        self._drawn = -1
+        self._drawn = [-1, -1]  # buffer version each column shows
+        self._column = 1
         self.repaints = 0
         self._shown: dict[tuple[str, str], object] = {}  # what each title / range shows now
         self.view = pg.GraphicsLayoutWidget(self)
@@ -134,6 +147,9 @@ class ChartsPanel(QWidget):
             p.showGrid(x=True, y=True, alpha=0.18)
             for side in ("left", "bottom"):  # axes (with their grid) repaint from a pixmap until a range changes
                 p.getAxis(side).setCacheMode(QGraphicsItem.CacheMode.DeviceCoordinateCache)
+            p.getAxis("left").setWidth(AXIS_WIDTH)  # fixed: new tick labels never re-layout the whole grid
+            for side in ("left", "bottom"):
+                p.getAxis(side).enableAutoSIPrefix(False)  # else every range change re-lays out the label
             self.plots[name] = p
         self._range("acceptance", "y", 0, 1.05)
         self._range("position", "y", 0, 1.05)
@@ -145,16 +161,19 @@ class ChartsPanel(QWidget):
         def pen(key: str, width: float = 2.0, style=Qt.PenStyle.SolidLine) -> object:
             return pg.mkPen(SERIES[key], width=width, style=style)
 
+        # Antialiasing only where it shows: the smooth lines. The jagged raw series and the steps skip it
+        # (it roughly doubles their paint cost). Raw per-round values are thin lines, not scatter symbols:
+        # a ScatterPlotItem rebuilds every spot in Python on each update.
+        smooth = {"antialias": True}
         acc = self.plots["acceptance"]
         self.curves: dict[str, pg.PlotDataItem] = {
-            "acceptance": acc.plot(pen=None, symbol="o", symbolSize=4, symbolPen=None,
-                                   symbolBrush=pg.mkBrush(SERIES["acceptance"])),
-            "acceptance_mean": acc.plot(pen=pen("rolling")),
+            "acceptance": acc.plot(pen=pen("acceptance", 1.0)),
+            "acceptance_mean": acc.plot(pen=pen("rolling"), **smooth),
             "tokens": self.plots["tokens"].plot(pen=pen("tokens", 1.0)),
-            "tokens_mean": self.plots["tokens"].plot(pen=pen("rolling")),
-            "measured": self.plots["speedup"].plot(pen=pen("measured"), connect="finite"),
+            "tokens_mean": self.plots["tokens"].plot(pen=pen("rolling"), **smooth),
+            "measured": self.plots["speedup"].plot(pen=pen("measured"), connect="finite", **smooth),
             "theoretical": self.plots["speedup"].plot(pen=pen("theoretical", 2.0, Qt.PenStyle.DashLine),
-                                                      connect="finite"),
+                                                      connect="finite", **smooth),
             "k": self.plots["k"].plot(pen=pen("k"), stepMode="left", connect="finite"),
         }
         self.bars = {
@@ -172,7 +191,7 @@ class ChartsPanel(QWidget):
         self.plots["tokens"].addItem(self.plain_line)
         self._markers: list[tuple[pg.PlotItem, pg.InfiniteLine]] = []
         self._restyle()
-        self._draw()
+        self.flush(full=True)
 
     # ---- data in ---------------------------------------------------------------------------------------------
     def feed(self, ev: RoundEvent) -> None:
@@ -186,57 +205,104 @@ class ChartsPanel(QWidget):
 
     def clear(self) -> None:
         self.buffer.clear()
-        self.flush()
+        self.flush(full=True)
 
     # ---- repaint ---------------------------------------------------------------------------------------------
-    def flush(self) -> bool:
-        """Redraw if the buffer changed since the last draw. Returns whether it drew."""
-        if self.buffer.version == self._drawn:
-            return False
-        self._draw()
-        return True
+    # The grid's two columns are drawn on alternate flushes: each repaint then covers half the scene, so one
+    # frame costs the GUI thread half as much while every plot still refreshes at half the flush rate.
+    COLUMNS = (("acceptance", "histogram", "speedup"), ("tokens", "position", "k"))
 
-    def _draw(self) -> None:
+    def flush(self, full: bool = False) -> bool:
+        """Redraw one column whose plots are behind the buffer (both with full=True). Returns whether it drew."""
+        drew = False
+        for _ in self.COLUMNS:
+            self._column = 1 - self._column
+            if self._drawn[self._column] != self.buffer.version:
+                self._draw(self._column)
+                drew = True
+                if not full:
+                    break
+        return drew
+
+    def _draw(self, column: int) -> None:
         b = self.buffer
-        self._drawn = b.version
+        self._drawn[column] = b.version
         self.repaints += 1
         x = np.asarray(b.x, dtype=float)
+        x_hi = max(nice_ceiling(len(x) + 1), 10.0)  # rounded ranges: axes re-render only now and then
+        for name in self.COLUMNS[column]:
+            getattr(self, f"_draw_{name}")(b, x, x_hi)
+        self._sync_markers(column)
+
+    def _draw_acceptance(self, b: ChartBuffer, x: np.ndarray, x_hi: float) -> None:
         acc = np.asarray(b.acceptance, dtype=float)
         finite = np.isfinite(acc)
         self.curves["acceptance"].setData(x[finite], acc[finite])
         self.curves["acceptance_mean"].setData(x[finite], rolling_mean(acc[finite]))
+        self._range("acceptance", "x", 0, x_hi)
+        t = b.totals
+        alpha = f" \u00b7 \u03b1 {t.alpha:.0%}" if t.drafted else ""
+        self._title("acceptance", f"Acceptance \u00b7 {_span('rolling', 'rolling mean')}{alpha}")
+
+    def _draw_tokens(self, b: ChartBuffer, x: np.ndarray, x_hi: float) -> None:
         tps = np.asarray(b.tokens_per_s, dtype=float)
         self.curves["tokens"].setData(x, tps)
         self.curves["tokens_mean"].setData(x, rolling_mean(tps))
-        self.curves["measured"].setData(x, np.asarray(b.measured, dtype=float))
-        self.curves["theoretical"].setData(x, np.asarray(b.theoretical, dtype=float))
-        ks = np.asarray(b.k, dtype=float)
-        self.curves["k"].setData(x, ks)
-        hist = np.asarray(b.accepted_len, dtype=float)
-        self.bars["histogram"].setOpts(x=np.arange(len(hist)), height=hist, width=0.8)
-        rates = np.asarray(b.position_rates(), dtype=float)
-        self.bars["position"].setOpts(x=np.arange(1, len(rates) + 1), height=rates, width=0.8)
-
-        # Explicit, rounded ranges instead of auto-range: axes then change (and re-render) only now and then.
         plain = b.plain_ms
-        x_hi = max(nice_ceiling(len(x) + 1), 10.0)
-        for name in ("acceptance", "tokens", "speedup", "k"):
-            self._range(name, "x", 0, x_hi)
-        self._range("k", "y", 0, (np.nanmax(ks) if np.isfinite(ks).any() else 4.0) + 1)
-        top_rate = max(float(tps.max()) if len(tps) else 0.0, 1000.0 / plain if plain else 0.0)
-        self._range("tokens", "y", 0, nice_ceiling(top_rate * 1.1))
-        speeds = np.concatenate([np.asarray(b.measured, dtype=float), np.asarray(b.theoretical, dtype=float)])
-        top_speed = float(np.nanmax(speeds)) if np.isfinite(speeds).any() else 1.0
-        self._range("speedup", "y", 0, max(nice_ceiling(top_speed * 1.1), 2.0))
-        self._range("histogram", "x", -0.6, max(len(hist), 2) - 0.4)
-        self._range("histogram", "y", 0, nice_ceiling(float(hist.max()) * 1.1 if len(hist) else 1.0))
-        self._range("position", "x", 0.4, max(len(rates), 2) + 0.6)
-
         self.plain_line.setVisible(plain is not None)
         if plain:
             self.plain_line.setValue(1000.0 / plain)
-        self._sync_markers()
-        self._titles()
+        self._range("tokens", "x", 0, x_hi)
+        top = max(float(tps.max()) if len(tps) else 0.0, 1000.0 / plain if plain else 0.0)
+        self._range("tokens", "y", 0, nice_ceiling(top * 1.1))
+        ref = f" \u00b7 {_span('plain', f'plain {1000.0 / plain:.1f}')}" if plain else ""
+        self._title("tokens", f"Tokens/s \u00b7 {_span('rolling', 'rolling mean')}{ref}")
+
+    def _draw_histogram(self, b: ChartBuffer, x: np.ndarray, x_hi: float) -> None:
+        hist = np.asarray(b.accepted_len, dtype=float)
+        if self._shown.get(("histogram", "data")) != b.accepted_len:
+            self._shown[("histogram", "data")] = list(b.accepted_len)
+            self.bars["histogram"].setOpts(x=np.arange(len(hist)), height=hist, width=0.8)
+        self._range("histogram", "x", -0.6, max(len(hist), 2) - 0.4)
+        self._range("histogram", "y", 0, nice_ceiling(float(hist.max()) * 1.1 if len(hist) else 1.0))
+        self._title("histogram", "Accepted drafts per round")
+
+    def _draw_position(self, b: ChartBuffer, x: np.ndarray, x_hi: float) -> None:
+        rates = b.position_rates()
+        if self._shown.get(("position", "data")) != rates:
+            self._shown[("position", "data")] = rates
+            self.bars["position"].setOpts(x=np.arange(1, len(rates) + 1), height=np.asarray(rates), width=0.8)
+        self._range("position", "x", 0.4, max(len(rates), 2) + 0.6)
+        self._title("position", "Acceptance by position")
+
+    def _draw_speedup(self, b: ChartBuffer, x: np.ndarray, x_hi: float) -> None:
+        measured, theory = np.asarray(b.measured, dtype=float), np.asarray(b.theoretical, dtype=float)
+        self.curves["measured"].setData(x, measured)
+        self.curves["theoretical"].setData(x, theory)
+        both = np.concatenate([measured, theory])
+        top = float(np.nanmax(both)) if np.isfinite(both).any() else 1.0
+        self._range("speedup", "x", 0, x_hi)
+        self._range("speedup", "y", 0, max(nice_ceiling(top * 1.1), 2.0))
+        m, th = _last(b.measured), _last(b.theoretical)
+        est = "" if b.plain_ms else "~"
+        ms = f" {est}{m:.2f}\u00d7" if m is not None else ""
+        ts = f" {th:.2f}\u00d7" if th is not None else ""
+        self._title("speedup", f"Speedup \u00b7 {_span('measured', 'measured' + ms)} \u00b7 "
+                               f"{_span('theoretical', 'theory' + ts)}")
+        t = b.totals
+        inputs = (f"round \u00b7 \u03b1 {t.alpha:.2f}, K {t.mean_k:.1f}, c {t.cost_ratio(b.plain_ms):.2f}"
+                  if t.draft_rounds else "round")
+        if self._shown.get(("speedup", "label")) != inputs:
+            self._shown[("speedup", "label")] = inputs
+            self.plots["speedup"].setLabel("bottom", inputs)
+
+    def _draw_k(self, b: ChartBuffer, x: np.ndarray, x_hi: float) -> None:
+        ks = np.asarray(b.k, dtype=float)
+        self.curves["k"].setData(x, ks)
+        self._range("k", "x", 0, x_hi)
+        self._range("k", "y", 0, (np.nanmax(ks) if np.isfinite(ks).any() else 4.0) + 1)
+        k = _last(b.k)
+        self._title("k", "K per round" + (f" \u00b7 now {k:.0f}" if k is not None else ""))
 
     def _range(self, name: str, axis: str, lo: float, hi: float) -> None:
         if self._shown.get((name, axis)) != (lo, hi):
@@ -250,53 +316,23 @@ class ChartsPanel(QWidget):
             self.plots[name].setTitle(text, size="9pt", color=self._title_colour)
             self.plots[name].titleLabel.setMinimumWidth(40)  # a long title must not widen the grid
 
-    def _sync_markers(self) -> None:
+    def _sync_markers(self, column: int) -> None:
+        """Dotted lines where each message after the first starts, on the column's per-round plots."""
+        names = [n for n in self.COLUMNS[column] if n in ("acceptance", "tokens", "speedup", "k")]
         want = [s for s in self.buffer.message_starts if s > 1]
-        if len(self._markers) == len(want) * 4:
+        mine = [(p, line) for p, line in self._markers if p in (self.plots[n] for n in names)]
+        if len(mine) == len(want) * len(names):
             return
-        for plot, line in self._markers:
+        for plot, line in mine:
             plot.removeItem(line)
-        self._markers.clear()
-        colour = mix(self.palette().color(QPalette.ColorRole.Base), self.palette().color(QPalette.ColorRole.Text), 0.3)
+            self._markers.remove((plot, line))
+        base, text = self.palette().color(QPalette.ColorRole.Base), self.palette().color(QPalette.ColorRole.Text)
+        pen = pg.mkPen(mix(base, text, 0.3), width=1, style=Qt.PenStyle.DotLine)
         for s in want:
-            for name in ("acceptance", "tokens", "speedup", "k"):
-                line = pg.InfiniteLine(pos=s - 0.5, angle=90, pen=pg.mkPen(colour, width=1, style=Qt.PenStyle.DotLine))
+            for name in names:
+                line = pg.InfiniteLine(pos=s - 0.5, angle=90, pen=pen)
                 self.plots[name].addItem(line)
                 self._markers.append((self.plots[name], line))
-
-    def _titles(self) -> None:
-        b, t = self.buffer, self.buffer.totals
-
-        def span(key: str, text: str) -> str:
-            return f"<span style='color:{SERIES[key]}'>{text}</span>"
-
-        def last(values: list[float]) -> float | None:
-            for v in reversed(values):
-                if not math.isnan(v):
-                    return v
-            return None
-
-        alpha = f" \u00b7 \u03b1 {t.alpha:.0%}" if t.drafted else ""
-        self._title("acceptance", f"Acceptance \u00b7 {span('rolling', 'rolling mean')}{alpha}")
-        rate = last(b.tokens_per_s)
-        now = f" \u00b7 {rate:.1f}" if rate is not None else ""
-        plain = f" \u00b7 {span('plain', f'plain {1000.0 / b.plain_ms:.1f}')}" if b.plain_ms else ""
-        self._title("tokens", f"Tokens/s{now}{plain}")
-        self._title("histogram", "Accepted drafts per round")
-        self._title("position", "Acceptance by position")
-        m, th = last(b.measured), last(b.theoretical)
-        est = "" if b.plain_ms else "~"
-        ms = f" {est}{m:.2f}\u00d7" if m is not None else ""
-        ts = f" {th:.2f}\u00d7" if th is not None else ""
-        self._title("speedup", f"Speedup \u00b7 {span('measured', 'measured' + ms)} \u00b7 "
-                               f"{span('theoretical', 'theory' + ts)}")
-        inputs = (f"round \u00b7 \u03b1 {t.alpha:.2f}, K {t.mean_k:.1f}, c {t.cost_ratio(b.plain_ms):.2f}"
-                  if t.draft_rounds else "round")
-        if self._shown.get(("speedup", "label")) != inputs:
-            self._shown[("speedup", "label")] = inputs
-            self.plots["speedup"].setLabel("bottom", inputs)
-        k = last(b.k)
-        self._title("k", "K per round" + (f" \u00b7 now {k:.0f}" if k is not None else ""))
 
     # ---- look ------------------------------------------------------------------------------------------------
     def changeEvent(self, event: QEvent) -> None:
@@ -319,4 +355,4 @@ class ChartsPanel(QWidget):
         for plot, line in self._markers:
             plot.removeItem(line)
         self._markers.clear()
-        self._drawn = -1
+        self._drawn = [-1, -1]

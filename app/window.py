@@ -1,8 +1,8 @@
 """The main window: chat on the left, live charts and controls on the right.
 
 Events reach the window as queued signals from the worker thread; the slots only append to buffers (chat
-view, charts, session stats). A QTimer in the GUI thread repaints from those buffers (chat 25 Hz, charts
-12.5 Hz), so the engine's rate never sets the paint rate and the worker never touches a widget.
+view, charts, session stats). A 25 Hz QTimer in the GUI thread repaints from those buffers (the chat every
+frame; the charts one column per frame, so each plot at 12.5 Hz), so the engine's rate never sets the paint rate and the worker never touches a widget.
 """
 from __future__ import annotations
 
@@ -38,8 +38,7 @@ from app.worker import EngineHost, EngineInfo, Request
 from engine.events import RoundEvent, Summary
 from engine.stats import MessageRecord, SessionStats
 
-FRAME_MS = 40  # repaint timer: the chat repaints at 25 Hz ...
-CHART_EVERY = 2  # ... and the charts every other frame, 12.5 Hz (pyqtgraph repaints cost more)
+FRAME_MS = 40  # repaint timer, 25 Hz: the chat every frame, each half of the charts every other frame
 
 
 def reply_footer(s: Summary) -> str:
@@ -68,7 +67,7 @@ class MainWindow(QMainWindow):
         self.load_dialog: QProgressDialog | None = None
         self.theme = "system"
         self._status_dirty = False
-        self._frames = 0
+        self._drafted = self._accepted = 0  # this reply's running totals, for the status line
         self.frame_timer = QTimer(self)
         self.frame_timer.setInterval(FRAME_MS)
         self.frame_timer.timeout.connect(self.repaint_frame)
@@ -244,6 +243,7 @@ class MainWindow(QMainWindow):
         self.charts.start_message()
         self.record = self.stats.begin(text, "chat")
         self.last_round = None
+        self._drafted = self._accepted = 0
         self.active = self.host.generate(messages, sampling, spec, tag="chat")
         self.last_request = (messages, sampling, spec)
         self.input.clear()
@@ -285,6 +285,8 @@ class MainWindow(QMainWindow):
         self.charts.feed(ev)
         self.record.rounds.append(ev)
         self.last_round = ev
+        self._drafted += len(ev.drafted)
+        self._accepted += ev.accepted
         self._status_dirty = True
 
     def _on_summary(self, rid: int, s: Summary) -> None:
@@ -318,10 +320,8 @@ class MainWindow(QMainWindow):
 
     def repaint_frame(self) -> None:
         """One frame: paint what the buffers gathered since the last one."""
-        self._frames += 1
         self.chat.flush()
-        if self._frames % CHART_EVERY == 0 or self.active is None:
-            self.charts.flush()
+        self.charts.flush(full=self.active is None)
         if self._status_dirty:
             self._status_dirty = False
             self._update_status()
@@ -333,9 +333,7 @@ class MainWindow(QMainWindow):
         if ev is None:
             self.round_label.setText("Generating\u2026" if self.active else "Idle")
             return
-        rounds = self.record.rounds
-        drafted = sum(len(r.drafted) for r in rounds)
-        acc = f"{sum(r.accepted for r in rounds) / drafted:.0%}" if drafted else "\u2014"
+        acc = f"{self._accepted / self._drafted:.0%}" if self._drafted else "\u2014"
         tps = s.tokens_per_s if s is not None else (ev.new_tokens / ev.elapsed_s if ev.elapsed_s > 0 else 0.0)
         k = f"K {ev.k}" if ev.mode == "speculative" else "plain"
         state = "Generating" if self.active else "Done"

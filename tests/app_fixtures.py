@@ -81,7 +81,7 @@ class FakeEngine:
     The reply is always `script` (so plain and speculative runs agree, as greedy decoding must). Each round
     reads Controls first and records it in `seen`; with speculation on it drafts K tokens of which
     `accept_pattern[round % len]` (capped at K) are right, then commits a correction (or a bonus when all
-    pass). `round_delay` sleeps per round; `work_ms` burns CPU in numpy (GIL released, like torch)."""
+    pass). `round_delay` sleeps per round; `work_ms` burns one core in numpy (GIL released, like torch)."""
 
     def __init__(self, script: str = CODE_REPLY, *, round_delay: float = 0.0, work_ms: float = 0.0,
                  accept_pattern: tuple[int, ...] = (3, 1, 4, 0, 2, 4), fail_at_round: int | None = None,
@@ -115,13 +115,14 @@ class FakeEngine:
         self._cached = []
 
     def _burn(self) -> None:
+        """Single-threaded numpy work that releases the GIL (as torch kernels do), for work_ms."""
         if self.work_ms > 0:
             import numpy as np
 
-            a = np.ones((192, 192), dtype=np.float32)
+            data = np.random.default_rng(0).random(20000, dtype=np.float32)
             end = time.perf_counter() + self.work_ms / 1000.0
             while time.perf_counter() < end:
-                a = (a @ a) * (1.0 / 192)
+                np.sort(data, kind="stable")
 
     def generate(self, prompt_ids, sampling: SamplingParams, spec: SpecParams, controls=None):
         controls = controls or FakeControls(sampling, spec)

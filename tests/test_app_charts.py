@@ -35,7 +35,7 @@ def test_rolling_mean():
 def test_charts_receive_points(panel):
     for ev in rounds():
         panel.feed(ev)
-    assert panel.flush() is True
+    assert panel.flush(full=True) is True
     x, y = panel.curves["acceptance"].getData()
     assert list(x) == [1, 2, 3, 4] and np.allclose(y, [0.75, 1.0, 0.0, 1 / 3])
     assert len(panel.curves["acceptance_mean"].getData()[0]) == 4
@@ -55,22 +55,26 @@ def test_charts_receive_points(panel):
 
 
 def test_flush_only_redraws_on_change(panel):
-    panel.flush()
+    panel.flush(full=True)
     before = panel.repaints
     assert panel.flush() is False and panel.repaints == before
     panel.feed(rounds()[0])
     assert panel.repaints == before  # feeding never draws
+    # One column per flush: the left plots, then the right ones, then nothing left to do.
     assert panel.flush() is True and panel.repaints == before + 1
+    assert panel.flush() is True and panel.repaints == before + 2
+    assert panel.flush() is False
+    assert len(panel.curves["acceptance"].getData()[0]) == len(panel.curves["tokens"].getData()[0]) == 1
 
 
 def test_plain_reference_line(panel):
     assert not panel.plain_line.isVisible()
     panel.feed(make_round(1, (), (), "p", Origin.PLAIN, mode="plain", draft_ms=0.0, verify_ms=20.0))
-    panel.flush()
+    panel.flush(full=True)
     assert panel.plain_line.isVisible() and panel.plain_line.value() == pytest.approx(50.0)
     assert np.isnan(panel.curves["k"].getData()[1][0])  # no K in plain mode
     panel.set_plain_reference(10.0)  # a session-wide reference wins
-    panel.flush()
+    panel.flush(full=True)
     assert panel.plain_line.value() == pytest.approx(100.0)
     assert "plain 100.0" in panel.plots["tokens"].titleLabel.text
 
@@ -81,7 +85,7 @@ def test_clear_keeps_session_reference_and_marks_messages(panel):
     panel.feed(rounds()[0])
     panel.start_message()
     panel.feed(rounds()[1])
-    panel.flush()
+    panel.flush(full=True)
     assert len(panel._markers) == 4  # one boundary, drawn on the four per-round plots
     panel.clear()
     assert len(panel.curves["acceptance"].getData()[0] or []) == 0
