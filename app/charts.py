@@ -144,8 +144,9 @@ class ChartsPanel(QWidget):
             p.setMenuEnabled(False)
             p.setMouseEnabled(x=False, y=False)
             p.hideButtons()
-            p.showGrid(x=True, y=True, alpha=0.18)
-            for side in ("left", "bottom"):  # axes (with their grid) repaint from a pixmap until a range changes
+            # No grid: pyqtgraph draws it as part of each axis, across the whole plot, which doubles the cost
+            # of every axis re-render. Axes repaint from a pixmap until their range changes.
+            for side in ("left", "bottom"):
                 p.getAxis(side).setCacheMode(QGraphicsItem.CacheMode.DeviceCoordinateCache)
             p.getAxis("left").setWidth(AXIS_WIDTH)  # fixed: new tick labels never re-layout the whole grid
             for side in ("left", "bottom"):

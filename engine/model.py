@@ -17,7 +17,8 @@ from .kv_cache import CacheView
 def rope_frequencies(cfg: ModelConfig) -> torch.Tensor:
     """Inverse frequencies (D/2,), with Llama 3's long-context rescaling when configured."""
     d = cfg.head_dim
-    inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
+    # fp32 throughout, the way the reference implementation rounds: angles at long positions amplify ulps.
+    inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
     rs = cfg.rope_scaling
     if rs and rs.get("rope_type", rs.get("type")) == "llama3":
         factor, lo, hi = rs["factor"], rs.get("low_freq_factor", 1.0), rs.get("high_freq_factor", 4.0)
@@ -27,7 +28,7 @@ def rope_frequencies(cfg: ModelConfig) -> torch.Tensor:
         scaled = torch.where(wavelen > old_ctx / lo, inv / factor, inv)  # long waves: slowed down
         mid = (wavelen >= old_ctx / hi) & (wavelen <= old_ctx / lo)  # between: blended
         inv = torch.where(mid, (1 - smooth) * inv / factor + smooth * inv, scaled)
-    return inv.float()
+    return inv
 
 
 class Rotary(nn.Module):
