@@ -1,8 +1,11 @@
 """Live pyqtgraph panels over a per-round buffer.
 
 `ChartBuffer` is plain Python: `feed()` appends one RoundEvent's numbers (called from the GUI thread as
-events arrive). `ChartsPanel.flush()` redraws from the buffer and is called by the window's repaint timer;
-it does nothing when nothing changed, so drawing cost is bounded by the timer rate, not the token rate.
+events arrive). `ChartsPanel.flush()` redraws one row of plots from the buffer and is called by the window's
+repaint timer (30 Hz). It does nothing when nothing changed, and it keeps the time its updates and paints take
+under 3% of wall time (`TimeBudget`): the paint holds the GIL, so that is what bounds the slowdown it can cause
+the engine thread. On a fast machine every plot refreshes several times a second; a slow one refreshes less
+often, never slower generation.
 
 Speedup, measured vs theoretical (Leviathan et al.): theory = (1 - a^(K+1)) / ((1 - a)(1 + K c)), with a the
 measured acceptance rate, K the mean number of tokens drafted per drafting round, and
@@ -13,6 +16,7 @@ figure is speculative tokens/s over plain tokens/s with the same fallback. See e
 from __future__ import annotations
 
 import math
+import time
 
 import numpy as np
 import pyqtgraph as pg
@@ -119,18 +123,61 @@ class ChartBuffer:
         return [a / d if d else 0.0 for a, d in zip(self.pos_accepted, self.pos_drafted)]
 
 
+class TimeBudget:
+    """A token bucket of GUI-thread seconds that refills at `share` of wall-clock time, up to `burst`.
+
+    pyqtgraph updates and paints run Python (and the C++ they call) with the GIL held, so while they run the
+    engine thread cannot dispatch its next kernel: chart work slows generation by about its share of wall
+    time. Spending from this bucket keeps that share bounded however fast rounds arrive."""
+
+    def __init__(self, share: float, burst: float) -> None:
+        self.share, self.burst = share, burst
+        self.level = burst
+        self._t = time.perf_counter()
+
+    def _refill(self) -> None:
+        now = time.perf_counter()
+        self.level = min(self.burst, self.level + (now - self._t) * self.share)
+        self._t = now
+
+    def allow(self) -> bool:
+        self._refill()
+        return self.level > 0
+
+    def spend(self, seconds: float) -> None:
+        self._refill()
+        self.level -= seconds
+
+
+class _View(pg.GraphicsLayoutWidget):
+    """The plots' scene view; reports how long each paint took."""
+
+    def __init__(self, parent: QWidget, on_paint) -> None:
+        super().__init__(parent)
+        self._on_paint = on_paint
+
+    def paintEvent(self, ev) -> None:  # noqa: N802 - Qt naming
+        t = time.perf_counter()
+        super().paintEvent(ev)
+        self._on_paint(time.perf_counter() - t)
+
+
 class ChartsPanel(QWidget):
     """Six small plots in one GraphicsLayoutWidget (one scene, one repaint)."""
+
+    GIL_SHARE = 0.03  # chart updates + paints may take 3% of wall time ...
+    GIL_BURST = 0.03  # ... and 30 ms at once, after a pause
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         pg.setConfigOptions(antialias=False)  # per curve below: smooth lines only
+        self.budget = TimeBudget(self.GIL_SHARE, self.GIL_BURST)
         self.buffer = ChartBuffer()
-        self._drawn = [-1, -1]  # buffer version each column shows
-        self._column = 1
+        self._drawn = [-1] * len(self.GROUPS)  # buffer version each row of plots shows
+        self._group = -1
         self.repaints = 0
         self._shown: dict[tuple[str, str], object] = {}  # what each title / range shows now
-        self.view = pg.GraphicsLayoutWidget(self)
+        self.view = _View(self, self.budget.spend)
         self.view.ci.setContentsMargins(4, 4, 4, 4)
         self.view.ci.setSpacing(6)
         lay = QVBoxLayout(self)
@@ -209,31 +256,36 @@ class ChartsPanel(QWidget):
         self.flush(full=True)
 
     # ---- repaint ---------------------------------------------------------------------------------------------
-    # The grid's two columns are drawn on alternate flushes: each repaint then covers half the scene, so one
-    # frame costs the GUI thread half as much while every plot still refreshes at half the flush rate.
-    COLUMNS = (("acceptance", "histogram", "speedup"), ("tokens", "position", "k"))
+    # The grid's rows are drawn in turn, one per flush: each repaint then covers a third of the scene, so a
+    # frame costs the GUI thread a third as much, and every plot refreshes at a third of the flush rate.
+    GROUPS = (("acceptance", "tokens"), ("histogram", "position"), ("speedup", "k"))
 
     def flush(self, full: bool = False) -> bool:
-        """Redraw one column whose plots are behind the buffer (both with full=True). Returns whether it drew."""
+        """Redraw the next row whose plots are behind the buffer, when the time budget allows (all rows,
+        budget or not, with full=True). Returns whether it drew."""
+        if not full and not self.budget.allow():
+            return False
+        t = time.perf_counter()
         drew = False
-        for _ in self.COLUMNS:
-            self._column = 1 - self._column
-            if self._drawn[self._column] != self.buffer.version:
-                self._draw(self._column)
+        for _ in self.GROUPS:
+            self._group = (self._group + 1) % len(self.GROUPS)
+            if self._drawn[self._group] != self.buffer.version:
+                self._draw(self._group)
                 drew = True
                 if not full:
                     break
+        self.budget.spend(time.perf_counter() - t)
         return drew
 
-    def _draw(self, column: int) -> None:
+    def _draw(self, group: int) -> None:
         b = self.buffer
-        self._drawn[column] = b.version
+        self._drawn[group] = b.version
         self.repaints += 1
         x = np.asarray(b.x, dtype=float)
         x_hi = max(nice_ceiling(len(x) + 1), 10.0)  # rounded ranges: axes re-render only now and then
-        for name in self.COLUMNS[column]:
+        for name in self.GROUPS[group]:
             getattr(self, f"_draw_{name}")(b, x, x_hi)
-        self._sync_markers(column)
+        self._sync_markers(group)
 
     def _draw_acceptance(self, b: ChartBuffer, x: np.ndarray, x_hi: float) -> None:
         acc = np.asarray(b.acceptance, dtype=float)
@@ -317,9 +369,9 @@ class ChartsPanel(QWidget):
             self.plots[name].setTitle(text, size="9pt", color=self._title_colour)
             self.plots[name].titleLabel.setMinimumWidth(40)  # a long title must not widen the grid
 
-    def _sync_markers(self, column: int) -> None:
-        """Dotted lines where each message after the first starts, on the column's per-round plots."""
-        names = [n for n in self.COLUMNS[column] if n in ("acceptance", "tokens", "speedup", "k")]
+    def _sync_markers(self, group: int) -> None:
+        """Dotted lines where each message after the first starts, on the group's per-round plots."""
+        names = [n for n in self.GROUPS[group] if n in ("acceptance", "tokens", "speedup", "k")]
         want = [s for s in self.buffer.message_starts if s > 1]
         mine = [(p, line) for p, line in self._markers if p in (self.plots[n] for n in names)]
         if len(mine) == len(want) * len(names):
@@ -356,4 +408,4 @@ class ChartsPanel(QWidget):
         for plot, line in self._markers:
             plot.removeItem(line)
         self._markers.clear()
-        self._drawn = [-1, -1]
+        self._drawn = [-1] * len(self.GROUPS)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import html
 from dataclasses import dataclass, field
 
-from PySide6.QtCore import QEvent, QMimeData, QPoint, Qt
+from PySide6.QtCore import QEvent, QMimeData, QObject, QPoint, Qt
 from PySide6.QtGui import (
     QColor,
     QFont,
@@ -157,6 +157,7 @@ class ChatView(QTextEdit):
         self._colours = token_colours(self.palette())
         self._formats: dict[tuple[str, bool], QTextCharFormat] = {}
         self._build_formats()
+        self.viewport().installEventFilter(self)
 
     # ---- model -------------------------------------------------------------------------------------------
     def add_user(self, text: str) -> None:
@@ -249,15 +250,17 @@ class ChatView(QTextEdit):
         pos = self.document().documentLayout().hitTest(doc_point, Qt.HitTestAccuracy.ExactHit)
         return self.token_info_at_position(pos)
 
-    def viewportEvent(self, event: QEvent) -> bool:
-        if event.type() == QEvent.Type.ToolTip:
+    def eventFilter(self, obj: QObject, event: QEvent) -> bool:
+        """Token tooltips. An event filter rather than a viewportEvent override: the viewport's paint events
+        then run in C++ without a detour through Python, so painting never holds the GIL the engine needs."""
+        if obj is self.viewport() and event.type() == QEvent.Type.ToolTip:
             info = self.token_info_at(event.pos())
             if info is None:
                 QToolTip.hideText()
             else:
                 QToolTip.showText(event.globalPos(), token_tooltip(info), self.viewport())
             return True
-        return super().viewportEvent(event)
+        return super().eventFilter(obj, event)
 
     def createMimeDataFromSelection(self) -> QMimeData:
         cursor = self.textCursor()

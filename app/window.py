@@ -1,8 +1,8 @@
 """The main window: chat on the left, live charts and controls on the right.
 
 Events reach the window as queued signals from the worker thread; the slots only append to buffers (chat
-view, charts, session stats). A 25 Hz QTimer in the GUI thread repaints from those buffers (the chat every
-frame; the charts one column per frame, so each plot at 12.5 Hz), so the engine's rate never sets the paint rate and the worker never touches a widget.
+view, charts, session stats). A 30 Hz QTimer in the GUI thread repaints from those buffers (the chat every
+frame; the charts one row of plots per frame, so each plot at 10 Hz), so the engine's rate never sets the paint rate and the worker never touches a widget.
 """
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ from app.worker import EngineHost, EngineInfo, Request
 from engine.events import RoundEvent, Summary
 from engine.stats import MessageRecord, SessionStats
 
-FRAME_MS = 40  # repaint timer, 25 Hz: the chat every frame, each half of the charts every other frame
+FRAME_MS = 33  # repaint timer, 30 Hz: the chat every frame, one row of charts per frame (10 Hz per plot)
 
 
 def reply_footer(s: Summary) -> str:
@@ -247,6 +247,7 @@ class MainWindow(QMainWindow):
         self.active = self.host.generate(messages, sampling, spec, tag="chat")
         self.last_request = (messages, sampling, spec)
         self.input.clear()
+        self.reuse_label.setText("")  # known when the reply's Summary arrives
         self.frame_timer.start()
         self._update_actions()
         self._status_dirty = True

@@ -23,6 +23,7 @@ Only this module and app.main import engine.engine (and with it torch), and only
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 import time
 import traceback
@@ -192,8 +193,17 @@ def info_of(engine: Any) -> EngineInfo:
                       str(getattr(engine, "dtype_name", "")))
 
 
+GIL_SWITCH_INTERVAL_S = 0.001
+
+
 class EngineHost(QObject):
-    """GUI-thread handle on the worker thread. Make requests here; connect to `worker`'s signals."""
+    """GUI-thread handle on the worker thread. Make requests here; connect to `worker`'s signals.
+
+    The GUI thread shares the GIL with the engine thread, whose Python glue between torch kernels can keep
+    it busy. Painting hands the GIL back and forth many times, and each time the GUI thread may wait up to
+    the interpreter's switch interval for it (5 ms by default), so a paint can take several times longer.
+    The host lowers the interval to 1 ms; the engine only pays for a switch when the GUI wants the GIL.
+    """
 
     _load = Signal(object)
     _generate = Signal(object)
@@ -204,6 +214,7 @@ class EngineHost(QObject):
                  controls_factory: Callable[[SamplingParams, SpecParams], Any] = default_controls,
                  lister: Callable[[], list[Any]] = default_lister, parent: QObject | None = None) -> None:
         super().__init__(parent)
+        sys.setswitchinterval(min(sys.getswitchinterval(), GIL_SWITCH_INTERVAL_S))
         self._controls_factory = controls_factory
         self._ids = count(1)
         self.pending: dict[int, Request] = {}

@@ -41,6 +41,7 @@ def run_with_heartbeat(qtbot, window, engine, prompt="Stream a long reply", time
     beat.start()
     wait_idle(qtbot, window, timeout=timeout)
     beat.stop()
+    print(f"heartbeat: {len(beat.ticks)} ticks, max gap {beat.max_gap_ms:.1f} ms")
     return beat
 
 
@@ -69,7 +70,7 @@ def test_heartbeat_with_real_tiny_engine(qtbot, qt_settings, make_host):
     beat = run_with_heartbeat(qtbot, window, engine, prompt="hello there")
     rec = window.stats.records[-1]
     assert rec.summary.stop_reason == "length" and rec.summary.new_tokens == 400
-    assert {r.mode for r in rec.rounds} == {"speculative"} and len(rec.rounds) > 50
+    assert sum(r.mode == "speculative" for r in rec.rounds) > 50
     assert beat.max_gap_ms < MAX_GAP_MS, f"GUI thread blocked for {beat.max_gap_ms:.1f} ms"
 
 

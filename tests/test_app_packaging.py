@@ -1,0 +1,82 @@
+"""Packaging: the entry point starts and quits cleanly; the spec, desktop entry and icons are sound."""
+import ast
+import configparser
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.app_fixtures import *  # noqa: F401,F403
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_smoke_test_entry_point(tmp_path):
+    env = dict(os.environ, QT_QPA_PLATFORM="offscreen")
+    ini = tmp_path / "smoke.ini"
+    out = subprocess.run([sys.executable, "-m", "app.main", "--smoke-test", "--settings", str(ini)],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "smoke-test ok" in out.stdout
+    assert ini.exists()  # settings went to the file we named, not the user's
+
+
+def test_smoke_test_loads_no_engine(tmp_path):
+    code = ("import sys; from app.main import main; rc = main(['--smoke-test', '--settings', sys.argv[1]]); "
+            "print('torch' in sys.modules, 'engine.engine' in sys.modules); sys.exit(rc)")
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "s.ini")], cwd=ROOT, capture_output=True,
+                         text=True, timeout=120, env=dict(os.environ, QT_QPA_PLATFORM="offscreen"))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "False False"
+
+
+def test_views_never_import_torch():
+    for path in (ROOT / "app").glob("*.py"):
+        if path.name in ("worker.py", "main.py"):
+            continue
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            for name in names:
+                assert not name.startswith("torch") and name not in ("engine.engine", "engine.provision"), \
+                    f"{path.name} imports {name}"
+
+
+def test_spec_file_parses_and_names_the_entry_point():
+    spec = ROOT / "packaging" / "speclens.spec"
+    tree = ast.parse(spec.read_text(), filename=str(spec))
+    compile(tree, str(spec), "exec")
+    text = spec.read_text()
+    assert '"app" / "main.py"' in text and '"resources"' in text
+    calls = {n.func.id for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
+    assert {"Analysis", "PYZ", "EXE", "COLLECT"} <= calls
+
+
+def test_desktop_entry():
+    cp = configparser.ConfigParser(interpolation=None)
+    cp.optionxform = str
+    cp.read(ROOT / "resources" / "speclens.desktop")
+    entry = cp["Desktop Entry"]
+    assert entry["Type"] == "Application" and entry["Exec"] == "speclens" and entry["Icon"] == "speclens"
+    assert entry["Terminal"] == "false" and entry["Categories"].endswith(";")
+
+
+def test_icons_render(qapp):
+    from PySide6.QtGui import QImage
+    from PySide6.QtSvg import QSvgRenderer
+
+    from app.resources import app_icon
+
+    assert QSvgRenderer(str(ROOT / "resources" / "speclens.svg")).isValid()
+    png = QImage(str(ROOT / "resources" / "speclens.png"))
+    assert not png.isNull() and png.width() == png.height() >= 128
+    assert not app_icon().isNull()
+
+
+def test_pyside_refcount_guard_keeps_long_sessions_alive():
+    """Hundreds of thousands of void Qt calls (a long chat) must not exhaust None's reference count."""
+    code = ("import app, sys\nfrom PySide6.QtCore import QPoint\np = QPoint()\n"
+            "for _ in range(400_000): p.setX(1)\nprint('alive', app.compat.SINGLETONS_PINNED)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and "alive" in out.stdout, out.stderr[-2000:]
