@@ -1,8 +1,8 @@
 """Live pyqtgraph panels over a per-round buffer.
 
 `ChartBuffer` is plain Python: `feed()` appends one RoundEvent's numbers (called from the GUI thread as
-events arrive). `ChartsPanel.flush()` redraws one row of plots from the buffer and is called by the window's
-repaint timer (30 Hz). It does nothing when nothing changed, and it keeps the time its updates and paints take
+events arrive). `ChartsPanel.flush()` redraws one plot from the buffer and is called by the window's
+repaint timer (20 Hz). It does nothing when nothing changed, and it keeps the time its updates and paints take
 under 3% of wall time (`TimeBudget`): the paint holds the GIL, so that is what bounds the slowdown it can cause
 the engine thread. On a fast machine every plot refreshes several times a second; a slow one refreshes less
 often, never slower generation.
@@ -30,6 +30,7 @@ from engine.stats import SpeedTotals, round_tokens_per_s
 
 ROLLING_WINDOW = 8
 AXIS_WIDTH = 40
+TITLE_MIN_WIDTH = 120
 NAN = float("nan")
 
 
@@ -49,6 +50,18 @@ def rolling_mean(values: np.ndarray, window: int = ROLLING_WINDOW) -> np.ndarray
     n = np.arange(1, len(values) + 1)
     lo = np.maximum(n - window, 0)
     return (c[n] - c[lo]) / (n - lo)
+
+
+def _cap_min_width(label: pg.LabelItem, width: float) -> None:
+    """A title asks for its text's width as its minimum; cap that, so a long title overflows its own plot
+    instead of widening the whole grid past the pane (pyqtgraph recomputes the minimum on every change)."""
+    compute = label.updateMin
+
+    def update_min() -> None:
+        compute()
+        label.setMinimumWidth(min(label.minimumWidth(), width))
+
+    label.updateMin = update_min
 
 
 def _span(key: str, text: str) -> str:
@@ -173,7 +186,7 @@ class ChartsPanel(QWidget):
         pg.setConfigOptions(antialias=False)  # per curve below: smooth lines only
         self.budget = TimeBudget(self.GIL_SHARE, self.GIL_BURST)
         self.buffer = ChartBuffer()
-        self._drawn = [-1] * len(self.GROUPS)  # buffer version each row of plots shows
+        self._drawn = [-1] * len(self.GROUPS)  # buffer version each plot shows
         self._group = -1
         self.repaints = 0
         self._shown: dict[tuple[str, str], object] = {}  # what each title / range shows now
@@ -191,13 +204,14 @@ class ChartsPanel(QWidget):
             p.setMenuEnabled(False)
             p.setMouseEnabled(x=False, y=False)
             p.hideButtons()
+            _cap_min_width(p.titleLabel, TITLE_MIN_WIDTH)
             # No grid: pyqtgraph draws it as part of each axis, across the whole plot, which doubles the cost
-            # of every axis re-render. Axes repaint from a pixmap until their range changes.
+            # of every axis re-render. Axes repaint from a pixmap until their range changes, and no SI-prefix
+            # relabelling re-lays them out when it does.
             for side in ("left", "bottom"):
                 p.getAxis(side).setCacheMode(QGraphicsItem.CacheMode.DeviceCoordinateCache)
+                p.getAxis(side).enableAutoSIPrefix(False)
             p.getAxis("left").setWidth(AXIS_WIDTH)  # fixed: new tick labels never re-layout the whole grid
-            for side in ("left", "bottom"):
-                p.getAxis(side).enableAutoSIPrefix(False)  # else every range change re-lays out the label
             self.plots[name] = p
         self._range("acceptance", "y", 0, 1.05)
         self._range("position", "y", 0, 1.05)
@@ -230,13 +244,15 @@ class ChartsPanel(QWidget):
         }
         self.plots["histogram"].addItem(self.bars["histogram"])
         self.plots["position"].addItem(self.bars["position"])
-        self.plain_line = pg.InfiniteLine(angle=0, movable=False,
-                                          pen=pg.mkPen(SERIES["plain"], width=1.5, style=Qt.PenStyle.DashLine),
-                                          label="plain {value:.1f} tok/s",
-                                          labelOpts={"position": 0.12, "color": SERIES["plain"],
-                                                     "anchors": [(0, 1), (0, 1)]})
+        self.plain_line = pg.InfiniteLine(angle=0, movable=False,  # its value is in the plot's title
+                                          pen=pg.mkPen(SERIES["plain"], width=1.5, style=Qt.PenStyle.DashLine))
         self.plain_line.setVisible(False)
         self.plots["tokens"].addItem(self.plain_line)
+        # The formula's inputs, in the speedup plot's corner: a floating text item, which (unlike an axis label)
+        # can change every draw without re-laying out the grid.
+        self.speedup_note = pg.TextItem(anchor=(0, 0))
+        self.speedup_note.setParentItem(self.plots["speedup"].vb)
+        self.speedup_note.setPos(4, 2)
         self._markers: list[tuple[pg.PlotItem, pg.InfiniteLine]] = []
         self._restyle()
         self.flush(full=True)
@@ -256,13 +272,13 @@ class ChartsPanel(QWidget):
         self.flush(full=True)
 
     # ---- repaint ---------------------------------------------------------------------------------------------
-    # The grid's rows are drawn in turn, one per flush: each repaint then covers a third of the scene, so a
-    # frame costs the GUI thread a third as much, and every plot refreshes at a third of the flush rate.
-    GROUPS = (("acceptance", "tokens"), ("histogram", "position"), ("speedup", "k"))
+    # The plots are drawn in turn, one per flush: each repaint then covers a sixth of the scene, which keeps
+    # every single stretch of GUI-thread work short (the budget above bounds their total).
+    GROUPS = (("acceptance",), ("tokens",), ("histogram",), ("position",), ("speedup",), ("k",))
 
     def flush(self, full: bool = False) -> bool:
-        """Redraw the next row whose plots are behind the buffer, when the time budget allows (all rows,
-        budget or not, with full=True). Returns whether it drew."""
+        """Redraw the next plot that is behind the buffer, when the time budget allows (all of them, budget
+        or not, with full=True). Returns whether it drew."""
         if not full and not self.budget.allow():
             return False
         t = time.perf_counter()
@@ -295,7 +311,7 @@ class ChartsPanel(QWidget):
         self._range("acceptance", "x", 0, x_hi)
         t = b.totals
         alpha = f" \u00b7 \u03b1 {t.alpha:.0%}" if t.drafted else ""
-        self._title("acceptance", f"Acceptance \u00b7 {_span('rolling', 'rolling mean')}{alpha}")
+        self._title("acceptance", f"Acceptance ({_span('rolling', 'mean')}){alpha}")
 
     def _draw_tokens(self, b: ChartBuffer, x: np.ndarray, x_hi: float) -> None:
         tps = np.asarray(b.tokens_per_s, dtype=float)
@@ -309,7 +325,7 @@ class ChartsPanel(QWidget):
         top = max(float(tps.max()) if len(tps) else 0.0, 1000.0 / plain if plain else 0.0)
         self._range("tokens", "y", 0, nice_ceiling(top * 1.1))
         ref = f" \u00b7 {_span('plain', f'plain {1000.0 / plain:.1f}')}" if plain else ""
-        self._title("tokens", f"Tokens/s \u00b7 {_span('rolling', 'rolling mean')}{ref}")
+        self._title("tokens", f"Tokens/s ({_span('rolling', 'mean')}){ref}")
 
     def _draw_histogram(self, b: ChartBuffer, x: np.ndarray, x_hi: float) -> None:
         hist = np.asarray(b.accepted_len, dtype=float)
@@ -317,8 +333,9 @@ class ChartsPanel(QWidget):
             self._shown[("histogram", "data")] = list(b.accepted_len)
             self.bars["histogram"].setOpts(x=np.arange(len(hist)), height=hist, width=0.8)
         self._range("histogram", "x", -0.6, max(len(hist), 2) - 0.4)
+        self._integer_ticks("histogram", len(hist))
         self._range("histogram", "y", 0, nice_ceiling(float(hist.max()) * 1.1 if len(hist) else 1.0))
-        self._title("histogram", "Accepted drafts per round")
+        self._title("histogram", "Accepted per round")
 
     def _draw_position(self, b: ChartBuffer, x: np.ndarray, x_hi: float) -> None:
         rates = b.position_rates()
@@ -326,7 +343,8 @@ class ChartsPanel(QWidget):
             self._shown[("position", "data")] = rates
             self.bars["position"].setOpts(x=np.arange(1, len(rates) + 1), height=np.asarray(rates), width=0.8)
         self._range("position", "x", 0.4, max(len(rates), 2) + 0.6)
-        self._title("position", "Acceptance by position")
+        self._integer_ticks("position", len(rates))
+        self._title("position", "Accepted by position")
 
     def _draw_speedup(self, b: ChartBuffer, x: np.ndarray, x_hi: float) -> None:
         measured, theory = np.asarray(b.measured, dtype=float), np.asarray(b.theoretical, dtype=float)
@@ -338,16 +356,15 @@ class ChartsPanel(QWidget):
         self._range("speedup", "y", 0, max(nice_ceiling(top * 1.1), 2.0))
         m, th = _last(b.measured), _last(b.theoretical)
         est = "" if b.plain_ms else "~"
-        ms = f" {est}{m:.2f}\u00d7" if m is not None else ""
-        ts = f" {th:.2f}\u00d7" if th is not None else ""
-        self._title("speedup", f"Speedup \u00b7 {_span('measured', 'measured' + ms)} \u00b7 "
-                               f"{_span('theoretical', 'theory' + ts)}")
+        ms = f"{est}{m:.2f}\u00d7" if m is not None else "measured"
+        ts = f"{th:.2f}\u00d7" if th is not None else ""
+        self._title("speedup", f"Speedup {_span('measured', ms)} vs {_span('theoretical', ('theory ' + ts).strip())}")
         t = b.totals
-        inputs = (f"round \u00b7 \u03b1 {t.alpha:.2f}, K {t.mean_k:.1f}, c {t.cost_ratio(b.plain_ms):.2f}"
-                  if t.draft_rounds else "round")
-        if self._shown.get(("speedup", "label")) != inputs:
-            self._shown[("speedup", "label")] = inputs
-            self.plots["speedup"].setLabel("bottom", inputs)
+        inputs = (f"\u03b1 {t.alpha:.2f}  K {t.mean_k:.1f}  c {t.cost_ratio(b.plain_ms):.2f}"
+                  if t.draft_rounds else "")
+        if self._shown.get(("speedup", "note")) != inputs:
+            self._shown[("speedup", "note")] = inputs
+            self.speedup_note.setText(inputs)
 
     def _draw_k(self, b: ChartBuffer, x: np.ndarray, x_hi: float) -> None:
         ks = np.asarray(b.k, dtype=float)
@@ -355,7 +372,7 @@ class ChartsPanel(QWidget):
         self._range("k", "x", 0, x_hi)
         self._range("k", "y", 0, (np.nanmax(ks) if np.isfinite(ks).any() else 4.0) + 1)
         k = _last(b.k)
-        self._title("k", "K per round" + (f" \u00b7 now {k:.0f}" if k is not None else ""))
+        self._title("k", "K per round" + (f" \u00b7 {k:.0f}" if k is not None else ""))
 
     def _range(self, name: str, axis: str, lo: float, hi: float) -> None:
         if self._shown.get((name, axis)) != (lo, hi):
@@ -363,11 +380,17 @@ class ChartsPanel(QWidget):
             plot = self.plots[name]
             (plot.setXRange if axis == "x" else plot.setYRange)(lo, hi, padding=0)
 
+    def _integer_ticks(self, name: str, n: int) -> None:
+        """Whole-number ticks on a count axis (every other one past 8)."""
+        step = 1 if n <= 8 else 2
+        if self._shown.get((name, "ticks")) != step:
+            self._shown[(name, "ticks")] = step
+            self.plots[name].getAxis("bottom").setTickSpacing(step, step)
+
     def _title(self, name: str, text: str) -> None:
         if self._shown.get((name, "title")) != text:
             self._shown[(name, "title")] = text
             self.plots[name].setTitle(text, size="9pt", color=self._title_colour)
-            self.plots[name].titleLabel.setMinimumWidth(40)  # a long title must not widen the grid
 
     def _sync_markers(self, group: int) -> None:
         """Dotted lines where each message after the first starts, on the group's per-round plots."""
@@ -404,6 +427,7 @@ class ChartsPanel(QWidget):
                 ax.setPen(axis_pen)
                 ax.setTextPen(pg.mkPen(mix(base, text, 0.8)))
         self._title_colour = QColor(text).name()
+        self.speedup_note.setColor(mix(base, text, 0.7))
         self._shown = {k: v for k, v in self._shown.items() if k[1] not in ("title", "label")}
         for plot, line in self._markers:
             plot.removeItem(line)

@@ -146,6 +146,7 @@ class ChatView(QTextEdit):
                                      | Qt.TextInteractionFlag.TextSelectableByKeyboard)
         self.setUndoRedoEnabled(False)
         self.setPlaceholderText("Ask something. Each token of the reply is coloured by how it was made.")
+        self.setCursorWidth(0)  # read-only: no caret, though the keyboard can still select
         self.document().setDocumentMargin(14)
         body = self.font()
         body.setPointSizeF(body.pointSizeF() * 1.12)

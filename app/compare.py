@@ -5,7 +5,7 @@ at temperature > 0 they share a distribution, not necessarily a sample.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtWidgets import (
@@ -37,7 +37,6 @@ class Side:
     summary: Summary | None = None
     error: str | None = None
     done: bool = False
-    rounds: list[RoundEvent] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -131,7 +130,7 @@ class CompareDialog(QDialog):
         lay.addWidget(buttons)
 
         w = host.worker
-        w.roundReady.connect(self._on_round)
+        w.roundsReady.connect(self._on_rounds)
         w.summaryReady.connect(self._on_summary)
         w.errored.connect(self._on_error)
         w.finished.connect(self._on_finished)
@@ -163,13 +162,14 @@ class CompareDialog(QDialog):
     def _side(self, rid: int) -> Side | None:
         return next((s for s in self.sides if s.request_id == rid), None)
 
-    def _on_round(self, rid: int, ev: RoundEvent) -> None:
+    def _on_rounds(self, rid: int, events: list[RoundEvent]) -> None:
         side = self._side(rid)
         if side is not None:
-            side.view.feed(ev)
-            side.record.rounds.append(ev)
-            if side is self.sides[1] and len(side.record.rounds) == 1:
+            for ev in events:
+                side.view.feed(ev)
+            if side is self.sides[1] and not side.record.rounds:
                 self.verdict_label.setText("Now with speculation\u2026")
+            side.record.rounds.extend(events)
 
     def _on_summary(self, rid: int, s: Summary) -> None:
         side = self._side(rid)

@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from app import __version__
     from app.resources import app_icon
-    from app.window import MainWindow
+    from app.window import MainWindow, settle_heap
     from app.worker import EngineHost
 
     app = QApplication.instance() or QApplication(sys.argv[:1])
@@ -50,6 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     host = EngineHost()
     window = MainWindow(host, settings)
     window.show()
+    settle_heap()
 
     result = {"code": 0}
     if args.smoke_test:

@@ -1,12 +1,16 @@
 """The main window: chat on the left, live charts and controls on the right.
 
 Events reach the window as queued signals from the worker thread; the slots only append to buffers (chat
-view, charts, session stats). A 30 Hz QTimer in the GUI thread repaints from those buffers (the chat every
-frame; the charts one row of plots per frame, so each plot at 10 Hz), so the engine's rate never sets the paint rate and the worker never touches a widget.
+view, charts, session stats). A 20 Hz QTimer in the GUI thread repaints from those buffers (the chat at up
+to 20 Hz, 10 Hz while rounds stream in continuously; one chart per frame, as the charts' GUI-time budget
+allows: see app/charts.py), so the engine's rate never sets the paint rate, and the worker never touches a
+widget.
 """
 from __future__ import annotations
 
+import gc
 import random
+import time
 from pathlib import Path
 
 from PySide6.QtCore import QByteArray, QSettings, Qt, QTimer
@@ -38,7 +42,21 @@ from app.worker import EngineHost, EngineInfo, Request
 from engine.events import RoundEvent, Summary
 from engine.stats import MessageRecord, SessionStats
 
-FRAME_MS = 33  # repaint timer, 30 Hz: the chat every frame, one row of charts per frame (10 Hz per plot)
+
+def settle_heap(collect: bool = False) -> None:
+    """Move everything alive now (Qt, torch, the loaded models' Python objects) out of the garbage
+    collector's reach. A full collection otherwise walks that whole heap, about a quarter of a second with
+    torch loaded, holding the GIL: the GUI would freeze mid-reply. Later collections only walk what the
+    session creates. Called once the window exists and after each model load; with collect=True (a model
+    replaced another) the previous model's objects are made collectable and collected first."""
+    if collect:
+        gc.unfreeze()
+        gc.collect()
+    gc.freeze()
+
+
+FRAME_MS = 50  # repaint timer, 20 Hz: one chart per frame within the charts' time budget ...
+TEXT_FRAME_S = 0.09  # ... and the chat at most every other frame (about 10 Hz) while rounds keep coming
 
 
 def reply_footer(s: Summary) -> str:
@@ -68,6 +86,8 @@ class MainWindow(QMainWindow):
         self.theme = "system"
         self._status_dirty = False
         self._drafted = self._accepted = 0  # this reply's running totals, for the status line
+        self._loads = 0
+        self._last_text_frame = 0.0
         self.frame_timer = QTimer(self)
         self.frame_timer.setInterval(FRAME_MS)
         self.frame_timer.timeout.connect(self.repaint_frame)
@@ -207,7 +227,7 @@ class MainWindow(QMainWindow):
         self.controls.loadRequested.connect(lambda t, d: self.load_models(t, d))
         self.controls.rescanRequested.connect(self.host.scan_models)
         w = self.host.worker
-        w.roundReady.connect(self._on_round)
+        w.roundsReady.connect(self._on_rounds)
         w.summaryReady.connect(self._on_summary)
         w.errored.connect(self._on_error)
         w.finished.connect(self._on_finished)
@@ -279,15 +299,16 @@ class MainWindow(QMainWindow):
         self._update_actions()
         self.input.setFocus()
 
-    def _on_round(self, rid: int, ev: RoundEvent) -> None:
+    def _on_rounds(self, rid: int, events: list[RoundEvent]) -> None:
         if self.active is None or rid != self.active.id:
             return
-        self.chat.feed(ev)
-        self.charts.feed(ev)
-        self.record.rounds.append(ev)
-        self.last_round = ev
-        self._drafted += len(ev.drafted)
-        self._accepted += ev.accepted
+        for ev in events:
+            self.chat.feed(ev)
+            self.charts.feed(ev)
+            self._drafted += len(ev.drafted)
+            self._accepted += ev.accepted
+        self.record.rounds.extend(events)
+        self.last_round = events[-1]
         self._status_dirty = True
 
     def _on_summary(self, rid: int, s: Summary) -> None:
@@ -320,13 +341,19 @@ class MainWindow(QMainWindow):
         self._update_actions()
 
     def repaint_frame(self) -> None:
-        """One frame: paint what the buffers gathered since the last one."""
-        self.chat.flush()
-        self.charts.flush(full=self.active is None)
-        if self._status_dirty:
-            self._status_dirty = False
-            self._update_status()
-        if self.active is None:
+        """One frame: paint what the buffers gathered since the last one. While rounds stream in faster than
+        the frame rate, the chat (which scrolls, so repaints whole) and the status line take every other
+        frame; a round that follows a pause is painted at the next frame."""
+        now = time.monotonic()
+        final = self.active is None
+        if final or now - self._last_text_frame >= TEXT_FRAME_S:
+            if self.chat.flush():
+                self._last_text_frame = now
+            if self._status_dirty:
+                self._status_dirty = False
+                self._update_status()
+        self.charts.flush(full=final)
+        if final:
             self.frame_timer.stop()
 
     def _update_status(self) -> None:
@@ -416,6 +443,8 @@ class MainWindow(QMainWindow):
 
     def _on_loaded(self, info: EngineInfo) -> None:
         self._close_load_dialog()
+        settle_heap(collect=self._loads > 0)
+        self._loads += 1
         self.controls.set_loaded(info.target_name, info.draft_name, info.device, info.dtype_name)
         pair = info.target_name + (f" + {info.draft_name}" if info.draft_name else "")
         self.model_label.setText(f"{pair} \u00b7 {info.device} \u00b7 {info.dtype_name}")

@@ -13,7 +13,9 @@ Worker signals (all delivered to the GUI thread as queued connections):
     loadFailed(str)             a readable reason; the previous engine (if any) stays in use
     loadCancelled()             the user cancelled; the previous engine stays in use
     modelsListed(list)          engine.hub.LocalModel entries for the model picker
-    roundReady(int, object)     request id, RoundEvent (one per round, in order)
+    roundsReady(int, list)      request id, RoundEvents in order: one per signal while rounds take longer
+                                than BATCH_S (16 ms), several when they come faster (each round is sent
+                                once, none waits longer than the next round takes)
     summaryReady(int, object)   request id, Summary (exactly once per request that ran to a stop or a cancel)
     errored(int, str)           request id, readable message (the request produced no Summary)
     finished(int)               request id; always last for every request, after summaryReady or errored
@@ -114,12 +116,13 @@ class EngineWorker(QObject):
     loadFailed = Signal(str)
     loadCancelled = Signal()
     modelsListed = Signal(list)
-    roundReady = Signal(int, object)
+    roundsReady = Signal(int, list)
     summaryReady = Signal(int, object)
     errored = Signal(int, str)
     finished = Signal(int)
 
     PROGRESS_INTERVAL_S = 0.05  # at most ~20 progress signals a second
+    BATCH_S = 0.016  # at most ~60 round signals a second: each costs the GUI thread a wake-up and the GIL
 
     def __init__(self, engine: Any = None, *, loader: Loader = default_loader,
                  lister: Callable[[], list[Any]] = default_lister) -> None:
@@ -152,7 +155,9 @@ class EngineWorker(QObject):
             self.loadCancelled.emit()
             return
         self.engine = engine
-        self.loaded.emit(info_of(engine))
+        info = info_of(engine)
+        log.info("loaded %s + %s on %s (%s)", info.target_name, info.draft_name, info.device, info.dtype_name)
+        self.loaded.emit(info)
 
     @Slot()
     def scan_models(self) -> None:
@@ -170,19 +175,30 @@ class EngineWorker(QObject):
 
     @Slot(object)
     def generate(self, req: Request) -> None:
+        batch: list = []
         try:
             if req.controls.cancelled:  # cancelled while it waited in the queue
                 return
             if self.engine is None:
                 raise RuntimeError("no model is loaded yet")
             ids = self.engine.encode_chat(req.messages)
+            sent = 0.0
             for item in self.engine.generate(ids, req.sampling, req.spec, req.controls):
                 if isinstance(item, Summary):
+                    if batch:
+                        self.roundsReady.emit(req.id, batch)
+                        batch = []
                     self.summaryReady.emit(req.id, item)
-                else:
-                    self.roundReady.emit(req.id, item)
+                    continue
+                batch.append(item)
+                now = time.monotonic()
+                if now - sent >= self.BATCH_S:
+                    self.roundsReady.emit(req.id, batch)
+                    batch, sent = [], now
         except Exception as e:  # noqa: BLE001
             log.warning("generation failed:\n%s", traceback.format_exc())
+            if batch:  # the rounds that did complete still reach the GUI, before the error
+                self.roundsReady.emit(req.id, batch)
             self.errored.emit(req.id, describe_error(e))
         finally:
             self.finished.emit(req.id)

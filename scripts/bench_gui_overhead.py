@@ -137,14 +137,18 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, list[float]] = {"headless": [], "gui": []}
     tokens: dict[str, set] = {"headless": set(), "gui": set()}
     print(f"engine: {what}; drafter {drafter}, K {args.k}, greedy, {args.max_new_tokens} new tokens")
-    for i in range(args.runs + 1):  # run 0 warms up both
-        for name, run in (("headless", headless), ("gui", gui)) if i % 2 == 0 else (("gui", gui), ("headless", headless)):
+    variants = (("headless", headless), ("gui", gui))
+    for i in range(args.runs + 1):  # run 0 warms up both; the order alternates
+        for name, run in variants if i % 2 == 0 else variants[::-1]:
             s = run()
             tokens[name].add(s.new_tokens)
             if i:
                 results[name].append(s.tokens_per_s)
             print(f"  run {i}{' (warm-up)' if not i else ''} {name:8s} {s.tokens_per_s:8.2f} tok/s "
                   f"({s.new_tokens} tokens, {s.rounds} rounds, acceptance {s.acceptance_rate:.0%})")
+    if len(tokens["headless"] | tokens["gui"]) > 1:
+        print(f"warning: runs produced different lengths {sorted(tokens['headless'] | tokens['gui'])}; "
+              "tokens/s may not compare like with like")
     h, g = statistics.median(results["headless"]), statistics.median(results["gui"])
     overhead = 100.0 * (1.0 - g / h) if h > 0 else 0.0
     import torch  # noqa: PLC0415 - only for the report

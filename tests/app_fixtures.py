@@ -23,7 +23,7 @@ from engine.config import SamplingParams, SpecParams  # noqa: E402
 from engine.events import CommittedToken, DraftToken, Origin, RoundEvent, Summary  # noqa: E402
 
 __all__ = [
-    "FakeControls", "FakeEngine", "SeenRound", "make_round", "make_summary", "CODE_REPLY",
+    "FakeControls", "FakeEngine", "SeenRound", "SignalLog", "make_round", "make_summary", "CODE_REPLY",
     "_isolated_qsettings", "qt_settings", "fake_engine", "make_host", "window", "dialogs", "wait_idle",
 ]
 
@@ -206,6 +206,22 @@ class FakeEngine:
             prompt_tokens=len(prompt_ids), reused_prefix_tokens=reused, draft_ms=draft_ms_total,
             verify_ms=verify_ms_total, stop_reason=stop, text="".join(text), token_ids=tuple(ids),
         )
+
+
+class SignalLog:
+    """Records every emission of a signal, from whichever thread emits it.
+
+    For the worker's signals use this with qtbot.waitUntil, not qtbot.waitSignal: a signal emitted in the
+    worker thread calls waitSignal's (context-free) slot in that thread, which races the wait."""
+
+    def __init__(self, signal) -> None:
+        self.calls: list[tuple] = []
+        signal.connect(lambda *args: self.calls.append(args))
+
+    def wait(self, qtbot, count: int = 1, timeout: int = 5000) -> tuple:
+        """The `count`-th emission's arguments, once it has happened."""
+        qtbot.waitUntil(lambda: len(self.calls) >= count, timeout=timeout)
+        return self.calls[count - 1]
 
 
 def make_round(round_: int = 1, accepted=("Hello",), rejected=(), final=" world", origin: Origin = Origin.CORRECTED,

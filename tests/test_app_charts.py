@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from app.charts import ChartsPanel, rolling_mean
+from app.charts import ChartsPanel, TimeBudget, nice_ceiling, rolling_mean
 from engine.events import Origin
 from engine.stats import theoretical_speedup
 from tests.app_fixtures import *  # noqa: F401,F403
@@ -55,13 +55,14 @@ def test_charts_receive_points(panel):
 
 
 def test_flush_only_redraws_on_change(panel):
+    panel.budget = TimeBudget(share=1.0, burst=10.0)  # this test is about change tracking, not the budget
     panel.flush(full=True)
     before = panel.repaints
     assert panel.flush() is False and panel.repaints == before
     panel.feed(rounds()[0])
     assert panel.repaints == before  # feeding never draws
-    # One row of plots per flush, then nothing left to do.
-    for i in range(1, 4):
+    # One plot per flush, then nothing left to do.
+    for i in range(1, 7):
         assert panel.flush() is True and panel.repaints == before + i
     assert panel.flush() is False
     assert len(panel.curves["acceptance"].getData()[0]) == len(panel.curves["k"].getData()[0]) == 1
@@ -90,3 +91,29 @@ def test_clear_keeps_session_reference_and_marks_messages(panel):
     panel.clear()
     assert len(panel.curves["acceptance"].getData()[0] or []) == 0
     assert panel._markers == [] and panel.plain_line.isVisible()
+
+
+def test_nice_ceiling():
+    assert [nice_ceiling(v) for v in (0, 0.7, 1, 1.1, 2.2, 3, 7, 11, 260)] == [1, 1, 1, 2, 2.5, 5, 10, 20, 500]
+
+
+def test_time_budget_limits_chart_work(panel, monkeypatch):
+    clock = [100.0]
+    monkeypatch.setattr("app.charts.time.perf_counter", lambda: clock[0])
+    budget = TimeBudget(share=0.03, burst=0.03)
+    assert budget.allow()
+    budget.spend(0.05)  # one expensive paint overdraws the bucket ...
+    assert not budget.allow()
+    clock[0] += 0.5  # ... 0.5 s at 3% refills 15 ms: still 5 ms short
+    assert not budget.allow()
+    clock[0] += 0.5
+    assert budget.allow()
+    clock[0] += 100  # never more than the burst
+    assert budget.allow() and budget.level == pytest.approx(0.03)
+    # The panel skips its (non-final) flushes while the bucket is empty, and a final flush ignores it.
+    panel.budget = budget
+    panel.flush(full=True)
+    panel.feed(rounds()[0])
+    budget.spend(1.0)
+    assert panel.flush() is False
+    assert panel.flush(full=True) is True

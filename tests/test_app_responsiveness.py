@@ -1,7 +1,12 @@
-"""The GUI thread never blocks for more than 50 ms while a reply streams (a 10 ms heartbeat measures it)."""
+"""The GUI thread never blocks for more than 50 ms while a reply streams (a 10 ms heartbeat measures it).
+
+A gap between two heartbeat ticks is time the GUI thread spent working, waiting for the GIL, or waiting for a
+CPU. On Linux the last part is known (/proc/thread-self/schedstat: time runnable but not running) and is taken
+out: other processes crowding a shared machine are not the app blocking its GUI thread. Both figures are
+reported."""
+import gc
 import time
 
-import pytest
 from PySide6.QtCore import QTimer
 
 from app.window import MainWindow
@@ -11,24 +16,60 @@ from tests.app_fixtures import CODE_REPLY, FakeControls, FakeEngine, wait_idle
 MAX_GAP_MS = 50.0
 
 
+def runqueue_wait_s() -> float:
+    """Seconds this thread has spent runnable but not running (0 where the kernel does not say)."""
+    try:
+        with open("/proc/thread-self/schedstat") as f:
+            return int(f.read().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
 class Heartbeat:
-    """A 10 ms GUI-thread timer; the largest gap between two ticks is how long the GUI thread was busy."""
+    """A 10 ms GUI-thread timer; the largest gap between two ticks is how long the GUI thread was busy.
+    It also notes the garbage collector's pauses meanwhile (they hold the GIL, whichever thread runs them)."""
 
     def __init__(self):
         self.ticks: list[float] = []
+        self.waits: list[float] = []  # the GUI thread's total runqueue wait at each tick, in seconds
+        self.gc_pauses_ms: list[float] = []
+        self._gc_start = 0.0
         self.timer = QTimer()
         self.timer.setInterval(10)
-        self.timer.timeout.connect(lambda: self.ticks.append(time.perf_counter()))
+        self.timer.timeout.connect(self._tick)
+
+    def _tick(self):
+        self.ticks.append(time.perf_counter())
+        self.waits.append(runqueue_wait_s())
+
+    def _on_gc(self, phase, info):
+        if phase == "start":
+            self._gc_start = time.perf_counter()
+        else:
+            self.gc_pauses_ms.append((time.perf_counter() - self._gc_start) * 1000)
 
     def start(self):
+        gc.callbacks.append(self._on_gc)
         self.timer.start()
 
     def stop(self):
         self.timer.stop()
+        gc.callbacks.remove(self._on_gc)
+
+    def report(self) -> str:
+        return (f"max gap {self.max_gap_ms:.1f} ms ({self.max_raw_gap_ms:.1f} ms with waits for a CPU) over "
+                f"{len(self.ticks)} ticks; {len(self.gc_pauses_ms)} GC passes, longest "
+                f"{max(self.gc_pauses_ms, default=0):.1f} ms")
+
+    @property
+    def max_raw_gap_ms(self) -> float:
+        return max((b - a) * 1000 for a, b in zip(self.ticks, self.ticks[1:]))
 
     @property
     def max_gap_ms(self) -> float:
-        return max((b - a) * 1000 for a, b in zip(self.ticks, self.ticks[1:]))
+        """The longest gap, less the time the thread sat runnable on a CPU queue within it."""
+        gaps = [(t1 - t0) - (w1 - w0) for t0, t1, w0, w1 in zip(self.ticks, self.ticks[1:], self.waits, self.waits[1:])]
+        return max(gaps) * 1000
 
 
 def run_with_heartbeat(qtbot, window, engine, prompt="Stream a long reply", timeout=60000):
@@ -41,7 +82,7 @@ def run_with_heartbeat(qtbot, window, engine, prompt="Stream a long reply", time
     beat.start()
     wait_idle(qtbot, window, timeout=timeout)
     beat.stop()
-    print(f"heartbeat: {len(beat.ticks)} ticks, max gap {beat.max_gap_ms:.1f} ms")
+    print("heartbeat:", beat.report())
     return beat
 
 
@@ -55,13 +96,14 @@ def test_heartbeat_with_scripted_engine(qtbot, qt_settings, make_host):
     rec = window.stats.records[-1]
     assert rec.summary.stop_reason == "eos" and len(rec.rounds) > 200
     assert len(beat.ticks) > 20
-    assert beat.max_gap_ms < MAX_GAP_MS, f"GUI thread blocked for {beat.max_gap_ms:.1f} ms"
+    assert beat.max_gap_ms < MAX_GAP_MS, f"GUI thread blocked: {beat.report()}"
     assert window.charts.repaints > 3
 
 
 def test_heartbeat_with_real_tiny_engine(qtbot, qt_settings, make_host):
-    tiny = pytest.importorskip("tests.tiny")  # needs torch + transformers (always present in this project)
-    engine = tiny.tiny_engine(max_seq_len=512)
+    from tests.tiny import tiny_engine
+
+    engine = tiny_engine(max_seq_len=512)
     engine.eos_ids = set()  # a random model says EOS early: run to the length limit instead
     window = MainWindow(make_host(engine, controls_factory=_real_controls()), qt_settings)
     qtbot.addWidget(window)
@@ -71,7 +113,7 @@ def test_heartbeat_with_real_tiny_engine(qtbot, qt_settings, make_host):
     rec = window.stats.records[-1]
     assert rec.summary.stop_reason == "length" and rec.summary.new_tokens == 400
     assert sum(r.mode == "speculative" for r in rec.rounds) > 50
-    assert beat.max_gap_ms < MAX_GAP_MS, f"GUI thread blocked for {beat.max_gap_ms:.1f} ms"
+    assert beat.max_gap_ms < MAX_GAP_MS, f"GUI thread blocked: {beat.report()}"
 
 
 def _real_controls():

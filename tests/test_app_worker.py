@@ -8,7 +8,7 @@ from app.worker import EngineInfo, describe_error
 from engine.config import SamplingParams, SpecParams
 from engine.events import RoundEvent, Summary
 from tests.app_fixtures import *  # noqa: F401,F403
-from tests.app_fixtures import FakeEngine
+from tests.app_fixtures import FakeEngine, SignalLog
 
 MESSAGES = [{"role": "user", "content": "hello"}]
 
@@ -16,8 +16,9 @@ MESSAGES = [{"role": "user", "content": "hello"}]
 class Recorder:
     def __init__(self, worker):
         self.events = []
-        self.threads = set()
-        worker.roundReady.connect(lambda rid, ev: self.events.append(("round", rid, ev)))
+        self.batches = []
+        worker.roundsReady.connect(lambda rid, evs: self.events.extend(("round", rid, ev) for ev in evs))
+        worker.roundsReady.connect(lambda rid, evs: self.batches.append(len(evs)))
         worker.summaryReady.connect(lambda rid, s: self.events.append(("summary", rid, s)))
         worker.errored.connect(lambda rid, msg: self.events.append(("error", rid, msg)))
         worker.finished.connect(lambda rid: self.events.append(("finished", rid)))
@@ -36,10 +37,27 @@ def test_signal_order_and_payloads(qtbot, make_host):
     kinds = rec.kinds(req.id)
     assert kinds[-2:] == ["summary", "finished"] and set(kinds[:-2]) == {"round"}
     rounds = [e[2] for e in rec.events if e[0] == "round"]
-    assert all(isinstance(r, RoundEvent) for r in rounds) and [r.round for r in rounds] == list(range(1, len(rounds) + 1))
+    assert all(isinstance(r, RoundEvent) for r in rounds)
+    assert [r.round for r in rounds] == list(range(1, len(rounds) + 1))
     summary = next(e[2] for e in rec.events if e[0] == "summary")
     assert isinstance(summary, Summary) and summary.text == "".join(r.text_delta for r in rounds)
     assert engine.requests == [MESSAGES]
+
+
+def test_fast_rounds_are_batched_slow_ones_are_not(qtbot, make_host):
+    fast = make_host(FakeEngine())  # rounds in microseconds: batched
+    rec = Recorder(fast.worker)
+    req = fast.generate(MESSAGES, SamplingParams(), SpecParams())
+    qtbot.waitUntil(lambda: not fast.busy, timeout=5000)
+    summary = next(e[2] for e in rec.events if e[0] == "summary")
+    assert sum(rec.batches) == summary.rounds and max(rec.batches) > 1
+    assert [e[2].round for e in rec.events if e[0] == "round"] == list(range(1, summary.rounds + 1))
+    assert rec.kinds(req.id)[-2:] == ["summary", "finished"]
+    slow = make_host(FakeEngine(round_delay=0.03))  # slower than the batching window: one signal per round
+    rec = Recorder(slow.worker)
+    slow.generate(MESSAGES, SamplingParams(max_new_tokens=12), SpecParams())
+    qtbot.waitUntil(lambda: not slow.busy, timeout=5000)
+    assert rec.batches and set(rec.batches) == {1}
 
 
 def test_worker_runs_off_the_gui_thread(qtbot, make_host):
@@ -52,8 +70,9 @@ def test_worker_runs_off_the_gui_thread(qtbot, make_host):
 
     host = make_host(ThreadSpy())
     assert host.worker.thread() is host.thread and host.thread is not QThread.currentThread()
-    with qtbot.waitSignal(host.worker.finished, timeout=5000):
-        host.generate(MESSAGES, SamplingParams(), SpecParams())
+    done = SignalLog(host.worker.finished)
+    host.generate(MESSAGES, SamplingParams(), SpecParams())
+    done.wait(qtbot)
     assert seen == [False]
 
 
@@ -63,9 +82,9 @@ def test_cancel_stops_between_rounds(qtbot, make_host):
     rec = Recorder(host.worker)
     req = host.generate(MESSAGES, SamplingParams(), SpecParams())
     qtbot.waitUntil(lambda: len(engine.seen) >= 2, timeout=5000)
-    with qtbot.waitSignal(host.worker.finished, timeout=5000):
-        n = len(engine.seen)
-        req.cancel()
+    n = len(engine.seen)
+    req.cancel()
+    qtbot.waitUntil(lambda: not host.busy, timeout=5000)
     assert len(engine.seen) <= n + 1  # at most the round already in flight
     summary = next(e[2] for e in rec.events if e[0] == "summary")
     assert summary.stop_reason == "cancelled"
@@ -86,8 +105,8 @@ def test_cancelled_while_queued_never_runs(qtbot, make_host):
 def test_engine_exception_becomes_errored(qtbot, make_host):
     host = make_host(FakeEngine(fail_at_round=3))
     rec = Recorder(host.worker)
-    with qtbot.waitSignal(host.worker.finished, timeout=5000):
-        req = host.generate(MESSAGES, SamplingParams(), SpecParams())
+    req = host.generate(MESSAGES, SamplingParams(), SpecParams())
+    qtbot.waitUntil(lambda: not host.busy, timeout=5000)
     assert rec.kinds(req.id) == ["round", "round", "error", "finished"]
     assert "scripted engine failure" in rec.events[2][2]
 
@@ -96,8 +115,8 @@ def test_generate_without_engine_errors(qtbot, make_host):
     host = make_host(None)
     assert not host.ready
     rec = Recorder(host.worker)
-    with qtbot.waitSignal(host.worker.finished, timeout=5000):
-        req = host.generate(MESSAGES, SamplingParams(), SpecParams())
+    req = host.generate(MESSAGES, SamplingParams(), SpecParams())
+    qtbot.waitUntil(lambda: not host.busy, timeout=5000)
     assert rec.kinds(req.id) == ["error", "finished"] and "no model" in rec.events[0][2]
 
 
@@ -114,9 +133,10 @@ def test_background_load_reports_progress(qtbot, make_host):
     host = make_host(None, loader=loader)
     stages = []
     host.worker.loadProgress.connect(lambda s, f: stages.append((s, f)))
-    with qtbot.waitSignal(host.worker.loaded, timeout=5000) as sig:
-        host.load("/models/t", "/models/d", "cpu")
-    assert sig.args[0] == EngineInfo("fake-target", "fake-draft", "cpu", "float32")
+    loaded = SignalLog(host.worker.loaded)
+    host.load("/models/t", "/models/d", "cpu")
+    assert loaded.wait(qtbot)[0] == EngineInfo("fake-target", "fake-draft", "cpu", "float32")
+    qtbot.waitUntil(lambda: host.ready, timeout=5000)  # the host hears it through the GUI thread's event loop
     assert host.ready and host.info.target_name == "fake-target" and host.loading is None
     assert stages[0] == ("step 0", 0.0) and stages[-1] == ("step 4", 1.0)
     assert host.worker.engine is engine
@@ -131,9 +151,9 @@ def test_failed_load_keeps_previous_engine(qtbot, make_host):
 
     old = FakeEngine()
     host = make_host(old, loader=loader)
-    with qtbot.waitSignal(host.worker.loadFailed, timeout=5000) as sig:
-        host.load("/nope")
-    assert sig.args[0] == "/nope: no config.json or .gguf here"
+    failed = SignalLog(host.worker.loadFailed)
+    host.load("/nope")
+    assert failed.wait(qtbot)[0] == "/nope: no config.json or .gguf here"
     assert host.worker.engine is old and host.info.target_name == "fake-target"
 
 
@@ -147,18 +167,20 @@ def test_cancelled_load(qtbot, make_host):
         return FakeEngine()
 
     host = make_host(None, loader=loader)
+    cancelled = SignalLog(host.worker.loadCancelled)
     host.load(None)
-    with qtbot.waitSignal(host.worker.loadCancelled, timeout=5000):
-        host.cancel_load()
-        gate.set()
-    assert not host.ready and host.loading is None
+    host.cancel_load()
+    gate.set()
+    cancelled.wait(qtbot)
+    qtbot.waitUntil(lambda: host.loading is None, timeout=5000)
+    assert not host.ready
 
 
 def test_scan_models(qtbot, make_host):
     host = make_host(None, lister=lambda: ["m1", "m2"])
-    with qtbot.waitSignal(host.worker.modelsListed, timeout=5000) as sig:
-        host.scan_models()
-    assert sig.args[0] == ["m1", "m2"]
+    listed = SignalLog(host.worker.modelsListed)
+    host.scan_models()
+    assert listed.wait(qtbot)[0] == ["m1", "m2"]
 
 
 def test_reset_runs_in_worker(qtbot, make_host):
