@@ -29,7 +29,8 @@ from engine.events import RoundEvent, Summary  # noqa: E402
 from engine.provision import default_pair  # noqa: E402
 
 
-def hf_modes(target_dir: str, draft_dir: str, prompts: list[list[int]], max_new: int, k: int) -> dict[str, dict]:
+def hf_modes(target_dir: str, draft_dir: str, prompts: list[list[int]], max_new: int, k: int,
+             which: list[str]) -> dict[str, dict]:
     from transformers import AutoModelForCausalLM
 
     target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
@@ -41,7 +42,7 @@ def hf_modes(target_dir: str, draft_dir: str, prompts: list[list[int]], max_new:
         "hf prompt lookup": {"prompt_lookup_num_tokens": k},
     }
     out = {}
-    for name, extra in modes.items():
+    for name, extra in ((n, e) for n, e in modes.items() if n.removeprefix("hf ").replace(" ", "-") in which):
         ids = torch.tensor([prompts[0]])
         target.generate(ids, max_new_tokens=4, do_sample=False, **extra)  # warm-up
         tokens, seconds, outputs = 0, 0.0, []
@@ -90,7 +91,8 @@ def main() -> int:
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--k", type=int, default=4)
     ap.add_argument("--limit", type=int, default=0, help="use only the first N prompts")
-    ap.add_argument("--skip-hf", action="store_true")
+    ap.add_argument("--hf-modes", default="generate,assisted,prompt-lookup",
+                    help="which transformers peers to run (comma-separated; empty for none)")
     ap.add_argument("--json", help="write all figures here")
     a = ap.parse_args()
 
@@ -115,7 +117,8 @@ def main() -> int:
     del engine
     gc.collect()
 
-    hf = {} if a.skip_hf else hf_modes(target_dir, draft_dir, prompts, a.max_new_tokens, a.k)
+    which = [m.strip() for m in a.hf_modes.split(",") if m.strip()]
+    hf = hf_modes(target_dir, draft_dir, prompts, a.max_new_tokens, a.k, which) if which else {}
     results = ours | hf
     base = results["ours plain"]["outputs"]
     print(f"\n{'mode':<18}{'tok/s':>8}{'vs ours plain':>15}{'same tokens':>13}")
@@ -130,7 +133,7 @@ def main() -> int:
     width = verify_ms / plain_ms
     bound_w = (1 - alpha ** (a.k + 1)) / (1 - alpha) / (a.k * c + width) if alpha < 1 else (a.k + 1) / (a.k * c + width)
     ratios = {"speculative / ours plain": ours["ours draft"]["tokens_per_s"] / ours["ours plain"]["tokens_per_s"]}
-    if hf:
+    if {"hf generate", "hf assisted"} <= hf.keys():
         ratios |= {
             "ours plain / hf generate": ours["ours plain"]["tokens_per_s"] / hf["hf generate"]["tokens_per_s"],
             "speculative / hf assisted": ours["ours draft"]["tokens_per_s"] / hf["hf assisted"]["tokens_per_s"],
