@@ -157,7 +157,8 @@ class Engine:
         both caches consistent.
         """
         self._check_prompt(prompt_ids, sampling)
-        self._drafter(spec) if spec.enabled else None  # fail fast on a drafter that cannot run
+        if spec.enabled:
+            self._drafter(spec)  # fail fast on a drafter that cannot run
         controls = controls or Controls(sampling, spec)
         gen = torch.Generator(self.device)
         gen.manual_seed(sampling.seed if sampling.seed is not None else secrets.randbits(63))  # global RNG untouched
