@@ -153,23 +153,24 @@ def char_offsets(tokens):
     return offs
 
 
+def two_char_stop(tokens, text: str, offs: list[int], fits) -> tuple[int, str]:
+    """The first token j whose piece and the previous one are single characters that first occur together
+    at that point in the reply, and for which fits(prev_token, token) holds: (j, the two characters)."""
+    for j in range(1, len(tokens)):
+        prev, tok = tokens[j - 1], tokens[j]
+        stop = prev[4] + tok[4]
+        if len(prev[4]) == len(tok[4]) == 1 and fits(prev, tok) and text.find(stop) == offs[j - 1]:
+            return j, stop
+    raise AssertionError("the fixture reply has no usable stop string of this kind")
+
+
 def test_stop_string_inside_an_accepted_run_discards_what_follows(engine, baseline):
     prompt, events, summary, tokens = baseline
     offs = char_offsets(tokens)
     text = summary.text
     # A two-character stop string whose second character is a token in the middle of a round (so the
     # round committed tokens after it), occurring nowhere earlier in the reply.
-    pick = None
-    for j in range(1, len(tokens)):
-        r, i, size, _, piece = tokens[j]
-        prev = tokens[j - 1][4]
-        if len(piece) == 1 and len(prev) == 1 and tokens[j - 1][0] == r and i < size - 1 and i >= 1:
-            stop = prev + piece
-            if text.find(stop) == offs[j - 1]:
-                pick = j, stop
-                break
-    assert pick is not None, "the fixture reply has no usable mid-round stop string"
-    j, stop = pick
+    j, stop = two_char_stop(tokens, text, offs, lambda prev, tok: prev[0] == tok[0] and 1 <= tok[1] < tok[2] - 1)
     r, i, size = tokens[j][:3]
 
     engine.reset()
@@ -190,15 +191,7 @@ def test_stop_string_spanning_two_rounds_is_held_back(engine, baseline):
     prompt, events, summary, tokens = baseline
     offs = char_offsets(tokens)
     text = summary.text
-    pick = None
-    for j in range(1, len(tokens)):
-        r, i, size, _, piece = tokens[j]
-        prev = tokens[j - 1][4]
-        if len(piece) == 1 and len(prev) == 1 and tokens[j - 1][0] == r - 1 and text.find(prev + piece) == offs[j - 1]:
-            pick = j, prev + piece
-            break
-    assert pick is not None
-    j, stop = pick
+    j, stop = two_char_stop(tokens, text, offs, lambda prev, tok: prev[0] == tok[0] - 1)
     r = tokens[j][0]
     engine.reset()
     ev2, s2 = run(engine, prompt, GREEDY.with_(stop=(stop,)), SpecParams(k=4))
