@@ -1,8 +1,10 @@
-"""Entry point (`speclens`, or `python -m app.main`): the window shows at once, models load behind it."""
+"""Entry point (`speclens`, or `python -m app.main`): the window shows at once, models load behind it, in the
+engine's own process (app/host.py)."""
 from __future__ import annotations
 
 import argparse
 import logging
+import multiprocessing
 import os
 import sys
 
@@ -25,18 +27,26 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
+    multiprocessing.freeze_support()  # a frozen (PyInstaller) build runs the engine process through here
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     if args.smoke_test and not os.environ.get("DISPLAY") and not os.environ.get("WAYLAND_DISPLAY"):
         os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+    from app.platform_check import check_xcb, needs_xcb
+
+    problem = check_xcb() if needs_xcb() else None
+    if problem:  # Qt would abort without saying which system package is missing
+        print(problem, file=sys.stderr)
+        return 1
 
     from PySide6.QtCore import QSettings, QTimer
     from PySide6.QtWidgets import QApplication
 
     from app import __version__
     from app.resources import app_icon
-    from app.window import MainWindow, settle_heap
-    from app.worker import EngineHost
+    from app.controller import ChatController
+    from app.host import EngineHost
+    from app.window import MainWindow
 
     app = QApplication.instance() or QApplication(sys.argv[:1])
     app.setApplicationName("SpecLens")
@@ -47,10 +57,9 @@ def main(argv: list[str] | None = None) -> int:
     app.setWindowIcon(app_icon())
 
     settings = QSettings(args.settings, QSettings.Format.IniFormat) if args.settings else QSettings()
-    host = EngineHost()
-    window = MainWindow(host, settings)
+    controller = ChatController(EngineHost())
+    window = MainWindow(controller, settings)
     window.show()
-    settle_heap()
 
     result = {"code": 0}
     if args.smoke_test:
@@ -64,14 +73,12 @@ def main(argv: list[str] | None = None) -> int:
 
         QTimer.singleShot(0, check)
     else:
-        QTimer.singleShot(0, host.scan_models)
+        QTimer.singleShot(0, controller.scan_models)
         QTimer.singleShot(0, lambda: window.load_models(args.target, args.draft, args.device))
 
     code = app.exec() or result["code"]
-    if not host.shutdown():  # a load that cannot be interrupted is still running: do not wait on it
-        logging.getLogger("speclens").warning("engine thread still busy at exit; leaving without waiting")
-        sys.stdout.flush()
-        os._exit(code)
+    if not controller.shutdown():  # e.g. a load that cannot be interrupted: the process was killed
+        logging.getLogger("speclens").warning("the engine process did not stop in time and was killed")
     return code
 
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Installs SpecLens with the embedded default model pair and opens the app.
+# Installs SpecLens with the embedded default model pair (into ./.venv unless a venv is active) and opens the app.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/install.sh
-exec "${PYTHON:-python3}" -m app.main "$@"
+. scripts/python-env.sh
+exec "$PY" -m app.main "$@"

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Installs SpecLens with its test dependencies and runs the whole test suite (headless Qt).
+# Installs SpecLens with its test dependencies (into ./.venv unless a venv is active) and runs the whole
+# test suite, headless.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/install.sh test
+. scripts/python-env.sh
 export QT_QPA_PLATFORM=offscreen
-exec "${PYTHON:-python3}" -m pytest -q "$@"
+exec "$PY" -m pytest -q "$@"
