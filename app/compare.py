@@ -1,7 +1,8 @@
 """A/B: replay one prompt with speculation off, then on, with the same seed and sampling settings.
 
 Under greedy decoding the two replies must be identical token for token (speculative decoding is lossless);
-at temperature > 0 they share a distribution, not necessarily a sample.
+at temperature > 0 they share a distribution, not necessarily a sample. Both runs go through the window's
+ChatController, which records them in the session stats; the dialog only shows them.
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from app.chat_view import ChatView
 from app.theme import OKABE_ITO
 from engine.config import SamplingParams, SpecParams
 from engine.events import RoundEvent, Summary
-from engine.stats import MessageRecord, SessionStats
+from engine.stats import MessageRecord
 
 
 @dataclass
@@ -75,12 +76,12 @@ def compare(plain: Summary, spec: Summary, greedy: bool) -> Verdict:
 class CompareDialog(QDialog):
     completed = Signal(object)  # Verdict, or None when a side failed or was cancelled
 
-    def __init__(self, host, stats: SessionStats, messages: list[dict[str, str]], sampling: SamplingParams,
-                 spec: SpecParams, parent: QWidget | None = None) -> None:
+    def __init__(self, controller, messages: list[dict[str, str]], sampling: SamplingParams, spec: SpecParams,
+                 parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.setWindowTitle("Compare: speculation off vs on")
         self.resize(1100, 640)
-        self.host, self.stats = host, stats
+        self.controller = controller
         self.messages, self.sampling = messages, sampling
         self.prompt = next((m["content"] for m in reversed(messages) if m["role"] == "user"), "")
         self.verdict: Verdict | None = None
@@ -129,11 +130,10 @@ class CompareDialog(QDialog):
         lay.addWidget(self.verdict_label)
         lay.addWidget(buttons)
 
-        w = host.worker
-        w.roundsReady.connect(self._on_rounds)
-        w.summaryReady.connect(self._on_summary)
-        w.errored.connect(self._on_error)
-        w.finished.connect(self._on_finished)
+        controller.requestRounds.connect(self._on_rounds)
+        controller.requestSummary.connect(self._on_summary)
+        controller.requestFailed.connect(self._on_error)
+        controller.requestFinished.connect(self._on_finished)
         self._timer = QTimer(self)
         self._timer.setInterval(50)
         self._timer.timeout.connect(self._flush)
@@ -141,15 +141,14 @@ class CompareDialog(QDialog):
     def start(self) -> None:
         for side in self.sides:
             side.view.begin_assistant(title=None)
-            side.record = self.stats.begin(self.prompt, side.kind)
-            side.request_id = self.host.generate(self.messages, self.sampling, side.spec, tag=side.kind).id
+            req = self.controller.submit(self.messages, self.sampling, side.spec, side.kind, self.prompt)
+            side.request_id, side.record = req.id, req.record
         self._timer.start()
 
     def stop(self) -> None:
         for side in self.sides:
-            req = self.host.pending.get(side.request_id)
-            if req is not None:
-                req.cancel()
+            if side.request_id is not None:
+                self.controller.cancel(side.request_id)
 
     def closeEvent(self, event) -> None:  # noqa: N802 - Qt naming
         self.stop()
@@ -167,15 +166,13 @@ class CompareDialog(QDialog):
         if side is not None:
             for ev in events:
                 side.view.feed(ev)
-            if side is self.sides[1] and not side.record.rounds:
+            if side is self.sides[1] and len(side.record.rounds) == len(events):  # its first rounds
                 self.verdict_label.setText("Now with speculation\u2026")
-            side.record.rounds.extend(events)
 
     def _on_summary(self, rid: int, s: Summary) -> None:
         side = self._side(rid)
         if side is not None:
             side.summary = s
-            side.record.summary = s
             side.view.finish(f"{s.new_tokens} tokens, {s.rounds} rounds, stop: {s.stop_reason}")
             acc = f" \u00b7 acceptance {s.acceptance_rate:.0%}" if s.drafted else ""
             side.stats_label.setText(f"{s.tokens_per_s:.1f} tok/s \u00b7 {s.new_tokens} tokens \u00b7 "

@@ -1,15 +1,13 @@
-"""The main window: chat on the left, live charts and controls on the right.
+"""The main window: chat on the left, live charts and controls on the right. A view over `ChatController`.
 
-Events reach the window as queued signals from the worker thread; the slots only append to buffers (chat
-view, charts, session stats). A 20 Hz QTimer in the GUI thread repaints from those buffers (the chat at up
-to 20 Hz, 10 Hz while rounds stream in continuously; one chart per frame, as the charts' GUI-time budget
-allows: see app/charts.py), so the engine's rate never sets the paint rate, and the worker never touches a
-widget.
+The controller's signals arrive in the GUI thread; the slots only append to buffers (chat view, charts). A
+20 Hz QTimer repaints from those buffers (the chat at up to 20 Hz, 10 Hz while rounds stream in continuously;
+one chart per frame, as the charts' GUI-time budget allows: see app/charts.py), so the engine's rate never
+sets the paint rate. If the engine process dies, a banner says why in one sentence and offers to reload the
+models; the chat, the charts and the session stats stay.
 """
 from __future__ import annotations
 
-import gc
-import random
 import time
 from pathlib import Path
 
@@ -17,6 +15,7 @@ from PySide6.QtCore import QByteArray, QSettings, Qt, QTimer
 from PySide6.QtGui import QAction, QActionGroup, QCloseEvent, QGuiApplication, QKeySequence
 from PySide6.QtWidgets import (
     QFileDialog,
+    QFrame,
     QHBoxLayout,
     QLabel,
     QMainWindow,
@@ -34,25 +33,13 @@ from app import __version__
 from app.charts import ChartsPanel
 from app.chat_view import ChatView, OriginLegend
 from app.compare import CompareDialog
+from app.controller import ChatController
 from app.controls import ControlsPanel
 from app.prompt_edit import PromptEdit
 from app.resources import app_icon
-from app.theme import THEMES, apply_theme
-from app.worker import EngineHost, EngineInfo, Request
+from app.theme import OKABE_ITO, THEMES, apply_theme
 from engine.events import RoundEvent, Summary
-from engine.stats import MessageRecord, SessionStats
-
-
-def settle_heap(collect: bool = False) -> None:
-    """Move everything alive now (Qt, torch, the loaded models' Python objects) out of the garbage
-    collector's reach. A full collection otherwise walks that whole heap, about a quarter of a second with
-    torch loaded, holding the GIL: the GUI would freeze mid-reply. Later collections only walk what the
-    session creates. Called once the window exists and after each model load; with collect=True (a model
-    replaced another) the previous model's objects are made collectable and collected first."""
-    if collect:
-        gc.unfreeze()
-        gc.collect()
-    gc.freeze()
+from engine.service import EngineInfo
 
 
 FRAME_MS = 50  # repaint timer, 20 Hz: one chart per frame within the charts' time budget ...
@@ -70,23 +57,46 @@ def reply_footer(s: Summary) -> str:
     return "  \u00b7  ".join(parts)
 
 
+class CrashBanner(QFrame):
+    """What happened to the engine process, in one sentence, and a way back: shown above the chat."""
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setObjectName("crash-banner")
+        self.setFrameShape(QFrame.Shape.StyledPanel)
+        self.setStyleSheet(f"#crash-banner {{ border: 1px solid {OKABE_ITO['vermillion']}; border-radius: 4px; }}")
+        self.label = QLabel()
+        self.label.setWordWrap(True)
+        self.label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.reload_button = QPushButton("Reload models")
+        self.reload_button.setToolTip("Start a new engine process and load the same models; the chat is kept")
+        self.dismiss_button = QPushButton("Dismiss")
+        lay = QHBoxLayout(self)
+        lay.setContentsMargins(10, 6, 6, 6)
+        lay.addWidget(self.label, 1)
+        lay.addWidget(self.reload_button)
+        lay.addWidget(self.dismiss_button)
+        self.dismiss_button.clicked.connect(self.hide)
+        self.hide()
+
+    def show_message(self, sentence: str) -> None:
+        self.label.setText(f"<span style='color:{OKABE_ITO['vermillion']}'>\u26a0</span> {sentence} "
+                           "The chat, the charts and the session stats are kept.")
+        self.show()
+
+
 class MainWindow(QMainWindow):
-    def __init__(self, host: EngineHost, settings: QSettings | None = None) -> None:
+    def __init__(self, controller: ChatController, settings: QSettings | None = None) -> None:
         super().__init__()
-        self.host = host
+        self.controller = controller
         self.settings = settings if settings is not None else QSettings()
-        self.stats = SessionStats()
-        self.conversation: list[dict[str, str]] = []
-        self.active: Request | None = None  # the chat request running now
-        self.record: MessageRecord | None = None
         self.last_round: RoundEvent | None = None
-        self.last_request: tuple[list[dict[str, str]], object, object] | None = None  # for Compare
+        self.summary: Summary | None = None  # of the last chat reply, once it arrives
         self.compare_dialog: CompareDialog | None = None
         self.load_dialog: QProgressDialog | None = None
         self.theme = "system"
         self._status_dirty = False
         self._drafted = self._accepted = 0  # this reply's running totals, for the status line
-        self._loads = 0
         self._last_text_frame = 0.0
         self.frame_timer = QTimer(self)
         self.frame_timer.setInterval(FRAME_MS)
@@ -103,6 +113,7 @@ class MainWindow(QMainWindow):
 
     # ---- layout --------------------------------------------------------------------------------------------
     def _build_ui(self) -> None:
+        self.banner = CrashBanner()
         self.chat = ChatView()
         self.legend = OriginLegend()
         self.input = PromptEdit()
@@ -121,6 +132,7 @@ class MainWindow(QMainWindow):
         left = QWidget()
         lay = QVBoxLayout(left)
         lay.setContentsMargins(8, 6, 4, 8)
+        lay.addWidget(self.banner)
         lay.addWidget(self.legend)
         lay.addWidget(self.chat, 1)
         lay.addLayout(row)
@@ -223,129 +235,106 @@ class MainWindow(QMainWindow):
         self.input.submitted.connect(self.send)
         self.send_button.clicked.connect(self.send)
         self.stop_button.clicked.connect(self.stop)
+        self.banner.reload_button.clicked.connect(self.reload_models)
         self.controls.changed.connect(self.push_controls)
         self.controls.loadRequested.connect(lambda t, d: self.load_models(t, d))
-        self.controls.rescanRequested.connect(self.host.scan_models)
-        w = self.host.worker
-        w.roundsReady.connect(self._on_rounds)
-        w.summaryReady.connect(self._on_summary)
-        w.errored.connect(self._on_error)
-        w.finished.connect(self._on_finished)
-        w.loadProgress.connect(self._on_load_progress)
-        w.loaded.connect(self._on_loaded)
-        w.loadFailed.connect(self._on_load_failed)
-        w.loadCancelled.connect(self._on_load_cancelled)
-        w.modelsListed.connect(self._on_models)
+        self.controls.rescanRequested.connect(self.controller.scan_models)
+        c = self.controller
+        c.replyStarted.connect(self._on_reply_started)
+        c.roundsArrived.connect(self._on_rounds)
+        c.replyDone.connect(self._on_summary)
+        c.replyFailed.connect(self._on_error)
+        c.replyInterrupted.connect(self._on_interrupted)
+        c.replyFinished.connect(self._on_finished)
+        c.chatCleared.connect(self._on_cleared)
+        c.stateChanged.connect(self._update_actions)
+        c.loadProgress.connect(self._on_load_progress)
+        c.loaded.connect(self._on_loaded)
+        c.loadFailed.connect(self._on_load_failed)
+        c.loadCancelled.connect(self._on_load_cancelled)
+        c.modelsListed.connect(self._on_models)
+        c.engineDied.connect(self._on_engine_died)
         QGuiApplication.styleHints().colorSchemeChanged.connect(self._on_color_scheme)
-        if self.host.info is not None:
-            self._on_loaded(self.host.info)
+        if c.info is not None:
+            self._on_loaded(c.info)
 
     # ---- chat ----------------------------------------------------------------------------------------------
-    def messages_for(self, text: str) -> list[dict[str, str]]:
-        system = self.controls.system_prompt()
-        head = [{"role": "system", "content": system}] if system else []
-        return head + self.conversation + [{"role": "user", "content": text}]
-
     def send(self) -> None:
         text = self.input.toPlainText().strip()
         if not text:
             return
-        if not self.host.ready:
-            self.statusBar().showMessage("The model is still loading; your message is kept.", 4000)
+        if not self.controller.ready:
+            why = ("The engine stopped; reload the models first." if self.controller.death
+                   else "The model is still loading.")
+            self.statusBar().showMessage(f"{why} Your message is kept.", 4000)
             return
-        if self.host.busy:
-            return
-        messages = self.messages_for(text)
-        sampling, spec = self.controls.sampling_params(), self.controls.spec_params()
-        self.conversation.append({"role": "user", "content": text})
+        if self.controller.send(text, self.controls.sampling_params(), self.controls.spec_params(),
+                                self.controls.system_prompt()):
+            self.input.clear()
+
+    def _on_reply_started(self, text: str, title: str) -> None:
         self.chat.add_user(text)
-        self.chat.begin_assistant(self.host.info.target_name if self.host.info else "Assistant")
+        self.chat.begin_assistant(title)
         self.charts.start_message()
-        self.record = self.stats.begin(text, "chat")
-        self.last_round = None
+        self.last_round = self.summary = None
         self._drafted = self._accepted = 0
-        self.active = self.host.generate(messages, sampling, spec, tag="chat")
-        self.last_request = (messages, sampling, spec)
-        self.input.clear()
         self.reuse_label.setText("")  # known when the reply's Summary arrives
         self.frame_timer.start()
-        self._update_actions()
         self._status_dirty = True
 
     def push_controls(self) -> None:
         """Live settings reach the running reply at its next round."""
-        if self.active is None:
-            return
-        sampling = self.controls.sampling_params()
-        self.active.controls.sampling = sampling
-        self.active.controls.spec = self.controls.spec_params()
+        self.controller.update_controls(self.controls.sampling_params(), self.controls.spec_params())
 
     def stop(self) -> None:
-        if self.host.busy:
-            self.host.cancel_all()
+        if self.controller.stop():
             self.statusBar().showMessage("Stopping after this round\u2026", 2000)
 
     def new_chat(self) -> None:
-        self.host.cancel_all()
-        self.active, self.record, self.last_round = None, None, None
-        self.conversation.clear()
-        self.last_request = None
-        self.chat.clear_chat()
-        self.charts.clear()
-        self.stats.new_chat()
-        self.host.reset()
-        self.reuse_label.setText("")
-        self.round_label.setText("Idle")
-        self._update_actions()
+        self.controller.new_chat()
         self.input.setFocus()
 
-    def _on_rounds(self, rid: int, events: list[RoundEvent]) -> None:
-        if self.active is None or rid != self.active.id:
-            return
+    def _on_cleared(self) -> None:
+        self.last_round = self.summary = None
+        self.chat.clear_chat()
+        self.charts.clear()
+        self.reuse_label.setText("")
+        self.round_label.setText("Idle")
+
+    def _on_rounds(self, events: list[RoundEvent]) -> None:
         for ev in events:
             self.chat.feed(ev)
             self.charts.feed(ev)
             self._drafted += len(ev.drafted)
             self._accepted += ev.accepted
-        self.record.rounds.extend(events)
         self.last_round = events[-1]
         self._status_dirty = True
 
-    def _on_summary(self, rid: int, s: Summary) -> None:
-        if self.active is None or rid != self.active.id:
-            return
-        self.record.summary = s
+    def _on_summary(self, s: Summary) -> None:
+        self.summary = s
         self.chat.finish(reply_footer(s))
-        self.conversation.append({"role": "assistant", "content": s.text})
-        self.charts.set_plain_reference(self.stats.totals().plain_ms_per_token)
+        self.charts.set_plain_reference(self.controller.plain_ms_per_token)
         self.reuse_label.setText(f"reused {s.reused_prefix_tokens} prompt tokens")
         self.reuse_label.setToolTip(f"{s.reused_prefix_tokens} of this turn's {s.prompt_tokens} prompt tokens "
                                     "came from the previous turn's KV cache")
 
-    def _on_error(self, rid: int, message: str) -> None:
-        if self.active is None or rid != self.active.id:
-            return
-        partial = "".join(ev.text_delta for ev in self.record.rounds)
-        if partial:
-            self.conversation.append({"role": "assistant", "content": partial})
-        else:  # nothing came back: drop the turn from the context, keep it on screen
-            self.conversation.pop()
+    def _on_error(self, message: str) -> None:
         self.chat.finish(f"failed: {message}")
         self.show_error("Generation failed", message)
 
-    def _on_finished(self, rid: int) -> None:
-        if self.active is not None and rid == self.active.id:
-            self.active = None
-            self._status_dirty = True
-            self.repaint_frame()
-        self._update_actions()
+    def _on_interrupted(self, sentence: str) -> None:
+        self.chat.finish("interrupted: the engine process stopped")
+
+    def _on_finished(self) -> None:
+        self._status_dirty = True
+        self.repaint_frame()
 
     def repaint_frame(self) -> None:
         """One frame: paint what the buffers gathered since the last one. While rounds stream in faster than
         the frame rate, the chat (which scrolls, so repaints whole) and the status line take every other
         frame; a round that follows a pause is painted at the next frame."""
         now = time.monotonic()
-        final = self.active is None
+        final = self.controller.active is None
         if final or now - self._last_text_frame >= TEXT_FRAME_S:
             if self.chat.flush():
                 self._last_text_frame = now
@@ -357,53 +346,61 @@ class MainWindow(QMainWindow):
             self.frame_timer.stop()
 
     def _update_status(self) -> None:
-        ev, s = self.last_round, self.record.summary if self.record else None
+        ev, s, running = self.last_round, self.summary, self.controller.active is not None
         if ev is None:
-            self.round_label.setText("Generating\u2026" if self.active else "Idle")
+            self.round_label.setText("Generating\u2026" if running else "Idle")
             return
         acc = f"{self._accepted / self._drafted:.0%}" if self._drafted else "\u2014"
         tps = s.tokens_per_s if s is not None else (ev.new_tokens / ev.elapsed_s if ev.elapsed_s > 0 else 0.0)
         k = f"K {ev.k}" if ev.mode == "speculative" else "plain"
-        state = "Generating" if self.active else "Done"
+        state = "Generating" if running else ("Done" if s is not None else "Stopped")
         self.round_label.setText(f"{state} \u00b7 round {ev.round} \u00b7 {k} \u00b7 {tps:.1f} tok/s \u00b7 "
                                  f"acceptance {acc}")
 
     def _update_actions(self) -> None:
-        busy, ready = self.host.busy, self.host.ready
+        c = self.controller
+        busy, ready = c.busy, c.ready
         self.send_button.setEnabled(ready and not busy)
         self.send_action.setEnabled(ready and not busy)
         self.stop_button.setEnabled(busy)
         self.stop_action.setEnabled(busy)
-        self.compare_action.setEnabled(ready and not busy and self.last_request is not None)
+        self.compare_action.setEnabled(ready and not busy and c.last_request is not None)
+        self.banner.reload_button.setEnabled(not c.loading)
 
     # ---- compare -------------------------------------------------------------------------------------------
     def compare(self) -> CompareDialog | None:
-        if self.last_request is None or self.host.busy or not self.host.ready:
+        replay = self.controller.compare_request()
+        if replay is None:
             self.statusBar().showMessage("Send a message first; Compare replays the last prompt.", 4000)
             return None
-        messages, sampling, _ = self.last_request
-        if sampling.seed is None:  # both sides need the same seed
-            sampling = sampling.with_(seed=random.randrange(2**31))
         if self.compare_dialog is not None:
             self.compare_dialog.deleteLater()
-        dlg = CompareDialog(self.host, self.stats, messages, sampling, self.controls.spec_params(), self)
+        dlg = CompareDialog(self.controller, *replay, self)
         dlg.completed.connect(self._on_compare_done)
         self.compare_dialog = dlg
         dlg.show()
         dlg.start()
-        self._update_actions()
         return dlg
 
     def _on_compare_done(self, _verdict) -> None:
-        self.charts.set_plain_reference(self.stats.totals().plain_ms_per_token)
+        self.charts.set_plain_reference(self.controller.plain_ms_per_token)
         self.charts.flush()
 
-    # ---- models --------------------------------------------------------------------------------------------
+    # ---- models and the engine process ---------------------------------------------------------------------
     def load_models(self, target: str | None = None, draft: str | None = None, device: str | None = None) -> None:
         """Load in the background behind a progress dialog (None: the embedded pair)."""
-        if self.host.loading is not None:
+        if self.controller.load(target, draft, device):
+            self._open_load_dialog(target)
+
+    def reload_models(self) -> None:
+        """After a crash: a new engine process with the same models."""
+        if self.controller.loading:
             return
-        self.host.load(target, draft, device)
+        self.banner.hide()
+        req = self.controller.reload()
+        self._open_load_dialog(req.target)
+
+    def _open_load_dialog(self, target: str | None) -> None:
         self.controls.set_loading(True)
         what = "the embedded model pair" if target is None else Path(target).name
         dlg = QProgressDialog(f"Loading {what}\u2026", "Cancel", 0, 1000, self)
@@ -420,7 +417,7 @@ class MainWindow(QMainWindow):
         self.statusBar().showMessage(f"Loading {what}\u2026")
 
     def _cancel_load(self) -> None:
-        self.host.cancel_load()
+        self.controller.cancel_load()
         self.statusBar().showMessage("Cancelling the load\u2026")
 
     def _close_load_dialog(self) -> None:
@@ -443,8 +440,7 @@ class MainWindow(QMainWindow):
 
     def _on_loaded(self, info: EngineInfo) -> None:
         self._close_load_dialog()
-        settle_heap(collect=self._loads > 0)
-        self._loads += 1
+        self.banner.hide()
         self.controls.set_loaded(info.target_name, info.draft_name, info.device, info.dtype_name)
         pair = info.target_name + (f" + {info.draft_name}" if info.draft_name else "")
         self.model_label.setText(f"{pair} \u00b7 {info.device} \u00b7 {info.dtype_name}")
@@ -459,7 +455,15 @@ class MainWindow(QMainWindow):
     def _on_load_cancelled(self) -> None:
         self._close_load_dialog()
         self.statusBar().showMessage("Loading cancelled" + ("; the current model stays loaded."
-                                                            if self.host.ready else "."), 5000)
+                                                            if self.controller.ready else "."), 5000)
+
+    def _on_engine_died(self, sentence: str) -> None:
+        """The window stays: one sentence in the banner and the status bar, and a way to reload."""
+        self._close_load_dialog()
+        self.banner.show_message(sentence)
+        self.model_label.setText("Engine stopped")
+        self.statusBar().showMessage(sentence, 10000)
+        self._update_actions()
 
     def _on_models(self, models: list) -> None:
         self.controls.set_local_models(models)
@@ -479,14 +483,15 @@ class MainWindow(QMainWindow):
             if not path:
                 return False
         try:
-            main, side = self.stats.write_csv(path)
+            main, side = self.controller.stats.write_csv(path)
         except OSError as e:
             self.show_error("Could not export the session stats",
                             f"{path} could not be written:\n{e.strerror or e}\n\nThe session is kept; "
                             "try another folder.")
             return False
         self.settings.setValue("export/dir", str(Path(path).parent))
-        self.statusBar().showMessage(f"Wrote {main.name} ({len(self.stats.round_rows())} rounds) and {side.name}",
+        self.statusBar().showMessage(f"Wrote {main.name} ({len(self.controller.stats.round_rows())} rounds) and "
+                                     f"{side.name}",
                                      6000)
         return True
 
@@ -533,7 +538,7 @@ class MainWindow(QMainWindow):
 
     def closeEvent(self, event: QCloseEvent) -> None:
         self.save_settings()
-        self.host.cancel_all()
+        self.controller.stop()
         if self.compare_dialog is not None:
             self.compare_dialog.close()
         super().closeEvent(event)

@@ -1,47 +1,39 @@
-"""Shared fixtures for the app tests: a scripted fake engine, hand-made events, an isolated QSettings.
+"""Shared fixtures for the app tests: a scripted engine and its loaders (they run in the engine process), hand-made
+events, hosts and windows, an isolated QSettings.
 
 Import with `from tests.app_fixtures import *` (pytest finds the fixtures in the importing module).
-Qt runs headless: QT_QPA_PLATFORM is set to offscreen before anything imports Qt.
+Qt runs headless: QT_QPA_PLATFORM is set to offscreen before anything imports Qt. The engine process imports this
+module to build its engine (engine.service.Factory paths "tests.app_fixtures:..."), so nothing at module level
+imports Qt or torch: the scripted engine's process starts in a fraction of a second.
 """
 from __future__ import annotations
 
+import json
 import os
+import pickle
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
-import threading  # noqa: E402
-import time  # noqa: E402
-from dataclasses import dataclass  # noqa: E402
-
 import pytest  # noqa: E402
-
-import app  # noqa: E402,F401  (applies app.compat before Qt does much work)
-from PySide6.QtCore import QCoreApplication, QSettings  # noqa: E402
-from PySide6.QtWidgets import QMessageBox  # noqa: E402
 
 from engine.config import SamplingParams, SpecParams  # noqa: E402
 from engine.events import CommittedToken, DraftToken, Origin, RoundEvent, Summary  # noqa: E402
+from engine.service import Controls, Factory  # noqa: E402
 
 __all__ = [
-    "FakeControls", "FakeEngine", "SeenRound", "SignalLog", "make_round", "make_summary", "CODE_REPLY",
-    "_isolated_qsettings", "qt_settings", "fake_engine", "make_host", "window", "dialogs", "wait_idle",
+    "FakeEngine", "SeenRound", "EngineLog", "make_round", "make_summary", "CODE_REPLY", "fake", "tiny",
+    "_isolated_qsettings", "qt_settings", "engine_log", "make_host", "make_window", "window", "dialogs",
+    "wait_idle", "LOAD_TIMEOUT_MS",
 ]
+
+LOAD_TIMEOUT_MS = 30_000  # a spawned Python plus its imports; the tiny models also build with transformers
 
 CODE_REPLY = ("Here is the function you asked for:\n```python\ndef fib(n):\n    a, b = 0, 1\n    for _ in range(n):\n"
               "        a, b = b, a + b\n    return a\n```\nIt runs in linear time and constant memory, which is "
               "fine for any n that fits in memory.")
-
-
-class FakeControls:
-    """Same surface as engine.engine.Controls."""
-
-    def __init__(self, sampling: SamplingParams, spec: SpecParams) -> None:
-        self.sampling = sampling
-        self.spec = spec
-        self.cancelled = False
-
-    def cancel(self) -> None:
-        self.cancelled = True
 
 
 @dataclass(frozen=True)
@@ -81,37 +73,49 @@ class FakeEngine:
     The reply is always `script` (so plain and speculative runs agree, as greedy decoding must). Each round
     reads Controls first and records it in `seen`; with speculation on it drafts K tokens of which
     `accept_pattern[round % len]` (capped at K) are right, then commits a correction (or a bonus when all
-    pass). `round_delay` sleeps per round; `work_ms` burns one core in numpy (GIL released, like torch)."""
+    pass). `round_delay` sleeps per round; `work_ms` burns one core in numpy (GIL released, like torch).
+    `fail_at_round` raises in that round of the first `fail_requests` requests (None: of every one). With `log`,
+    what it saw (requests, rounds' controls, resets) is appended to that file as JSON lines (see EngineLog):
+    it runs in the engine process, and that is how a test looks inside."""
 
     def __init__(self, script: str = CODE_REPLY, *, round_delay: float = 0.0, work_ms: float = 0.0,
                  accept_pattern: tuple[int, ...] = (3, 1, 4, 0, 2, 4), fail_at_round: int | None = None,
-                 draft_name: str | None = "fake-draft") -> None:
+                 fail_requests: int | None = None, draft_name: str | None = "fake-draft",
+                 log: str | None = None) -> None:
         self.tokens = split_tokens(script)
         self.round_delay = round_delay
         self.work_ms = work_ms
         self.accept_pattern = accept_pattern
         self.fail_at_round = fail_at_round
+        self.fail_requests = fail_requests
         self.target_name = "fake-target"
         self.draft_name = draft_name
         self.device = "cpu"
         self.dtype_name = "float32"
+        self.log = log
         self.seen: list[SeenRound] = []
         self.requests: list[list[dict[str, str]]] = []
         self.resets = 0
-        self.started = threading.Event()
         self._cached: list[int] = []
         self._vocab: dict[str, int] = {}
+
+    def _note(self, kind: str, value) -> None:
+        if self.log:
+            with open(self.log, "a", encoding="utf-8") as f:
+                f.write(json.dumps({kind: value}) + "\n")
 
     def _id(self, piece: str) -> int:
         return self._vocab.setdefault(piece, len(self._vocab) + 10)
 
     def encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
         self.requests.append([dict(m) for m in messages])
+        self._note("request", self.requests[-1])
         text = "".join(f"<{m['role']}>{m['content']}" for m in messages) + "<assistant>"
         return [self._id(w) for w in split_tokens(text)]
 
     def reset(self) -> None:
         self.resets += 1
+        self._note("reset", self.resets)
         self._cached = []
 
     def _burn(self) -> None:
@@ -125,8 +129,10 @@ class FakeEngine:
                 np.sort(data, kind="stable")
 
     def generate(self, prompt_ids, sampling: SamplingParams, spec: SpecParams, controls=None):
-        controls = controls or FakeControls(sampling, spec)
-        self.started.set()
+        controls = controls or Controls(sampling, spec)
+        self._note("generate", {"seed": sampling.seed, "enabled": spec.enabled})
+        failing = self.fail_at_round is not None and (self.fail_requests is None
+                                                      or len(self.requests) <= self.fail_requests)
         reused = 0
         while reused < min(len(self._cached), len(prompt_ids) - 1) and self._cached[reused] == prompt_ids[reused]:
             reused += 1
@@ -146,7 +152,8 @@ class FakeEngine:
             s, sp = controls.sampling, controls.spec
             rounds += 1
             self.seen.append(SeenRound(rounds, s.temperature, s.top_p, sp.k, sp.enabled, sp.drafter, sp.adaptive))
-            if self.fail_at_round == rounds:
+            self._note("seen", asdict(self.seen[-1]))
+            if failing and self.fail_at_round == rounds:
                 raise RuntimeError("scripted engine failure")
             t_round = time.perf_counter()
             budget = sampling.max_new_tokens - len(ids)
@@ -208,20 +215,115 @@ class FakeEngine:
         )
 
 
-class SignalLog:
-    """Records every emission of a signal, from whichever thread emits it.
+class ModelLoadError(Exception):
+    """Named as the engine's, so its message reaches the window as it is."""
 
-    For the worker's signals use this with qtbot.waitUntil, not qtbot.waitSignal: a signal emitted in the
-    worker thread calls waitSignal's (context-free) slot in that thread, which races the wait."""
 
-    def __init__(self, signal) -> None:
-        self.calls: list[tuple] = []
-        signal.connect(lambda *args: self.calls.append(args))
+def fake(**engine_kw) -> Factory:
+    """The engine-process loader for a FakeEngine with these arguments (plus fake_loader's own, below)."""
+    return Factory("tests.app_fixtures:fake_loader", engine_kw)
 
-    def wait(self, qtbot, count: int = 1, timeout: int = 5000) -> tuple:
-        """The `count`-th emission's arguments, once it has happened."""
-        qtbot.waitUntil(lambda: len(self.calls) >= count, timeout=timeout)
-        return self.calls[count - 1]
+
+def fake_loader(target, draft, device, progress, cancelled, *, steps: int = 0, gate: str | None = None,
+                expect: tuple | None = None, **engine_kw) -> FakeEngine:
+    """Runs in the engine process. `steps` progress reports; `gate`: wait (up to 10 s) until that file exists,
+    then raise if the load was cancelled meanwhile (what provisioning does); `expect`: the (target, draft,
+    device) it must be given. A target path, except one that is `expect`ed, does not exist here."""
+    for i in range(steps):
+        progress(f"step {i}", i / max(steps - 1, 1))
+    if gate:
+        progress("Converting target", 0.25)
+        end = time.monotonic() + 10
+        while not Path(gate).exists() and time.monotonic() < end:
+            time.sleep(0.01)
+        if cancelled():
+            raise RuntimeError("cancelled")
+        progress("Loading weights", 1.0)
+    if expect is not None:
+        assert (target, draft, device) == tuple(expect), (target, draft, device)
+    elif target is not None:
+        raise ModelLoadError(f"{target}: no config.json, *.safetensors or .gguf found")
+    return FakeEngine(**engine_kw)
+
+
+def listed_models(names=()) -> list[str]:
+    return list(names)
+
+
+def tiny(**kw) -> Factory:
+    return Factory("tests.app_fixtures:tiny_loader", kw)
+
+
+def tiny_loader(target, draft, device, progress, cancelled, *, max_seq_len: int = 256, no_eos: bool = True,
+                spy: str | None = None):
+    """Runs in the engine process: the tiny random pair of tests/tiny.py on one thread (tiny models only pay
+    for more). `no_eos`: a random model says EOS early, run to the token limit instead. `spy`: every request's
+    yielded events are appended to that file, pickled, one list per request (see `spied`)."""
+    import torch
+
+    from tests.tiny import tiny_engine
+
+    torch.set_num_threads(1)
+    engine = tiny_engine(max_seq_len=max_seq_len)
+    if no_eos:
+        engine.eos_ids = set()
+    if spy:
+        original = engine.generate
+
+        def generate(*args, **kwargs):
+            seen = []
+            try:
+                for ev in original(*args, **kwargs):
+                    seen.append(ev)
+                    yield ev
+            finally:
+                with open(spy, "ab") as f:
+                    pickle.dump(seen, f)
+
+        engine.generate = generate
+    return engine
+
+
+def spied(path) -> list[list[RoundEvent | Summary]]:
+    """What tiny_loader(spy=path)'s engine yielded, per request."""
+    out = []
+    if Path(path).exists():
+        with open(path, "rb") as f:
+            while True:
+                try:
+                    out.append(pickle.load(f))
+                except EOFError:
+                    return out
+    return out
+
+
+class EngineLog:
+    """What a FakeEngine(log=path) in the engine process saw, read back from its file."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def _records(self, kind: str) -> list:
+        if not self.path.exists():
+            return []
+        lines = self.path.read_text(encoding="utf-8").splitlines()
+        return [r[kind] for r in map(json.loads, lines) if kind in r]
+
+    @property
+    def seen(self) -> list[SeenRound]:
+        return [SeenRound(**r) for r in self._records("seen")]
+
+    @property
+    def requests(self) -> list[list[dict[str, str]]]:
+        return self._records("request")
+
+    @property
+    def resets(self) -> int:
+        return len(self._records("reset"))
+
+    @property
+    def generates(self) -> list[tuple]:
+        return [(g["seed"], g["enabled"]) for g in self._records("generate")]
 
 
 def make_round(round_: int = 1, accepted=("Hello",), rejected=(), final=" world", origin: Origin = Origin.CORRECTED,
@@ -253,6 +355,8 @@ def make_summary(events: list[RoundEvent], reused: int = 0, prompt_tokens: int =
 @pytest.fixture(scope="session", autouse=True)
 def _isolated_qsettings(tmp_path_factory):
     """No test may touch the user's real settings: default QSettings go to a temp folder."""
+    from PySide6.QtCore import QCoreApplication, QSettings
+
     root = tmp_path_factory.mktemp("qsettings")
     QCoreApplication.setOrganizationName("SpecLensTests")
     QCoreApplication.setApplicationName("SpecLensTests")
@@ -264,52 +368,73 @@ def _isolated_qsettings(tmp_path_factory):
 
 
 @pytest.fixture
-def qt_settings(tmp_path) -> QSettings:
+def qt_settings(tmp_path):
+    from PySide6.QtCore import QSettings
+
     return QSettings(str(tmp_path / "speclens.ini"), QSettings.Format.IniFormat)
 
 
 @pytest.fixture
-def fake_engine() -> FakeEngine:
-    return FakeEngine()
+def engine_log(tmp_path) -> EngineLog:
+    return EngineLog(tmp_path / "engine-log.jsonl")
 
 
 @pytest.fixture
-def make_host(qapp):
-    """Factory: an EngineHost over a given engine (or loader); shut down after the test."""
-    from app.worker import EngineHost
+def make_host(qapp, qtbot):
+    """Factory: a started EngineHost whose process runs `loader` (default: a FakeEngine), loaded unless
+    load=False. Every host's process is shut down after the test."""
+    from app.host import EngineHost
 
     hosts = []
 
-    def make(engine=None, **kw):
-        kw.setdefault("controls_factory", FakeControls)
-        kw.setdefault("lister", lambda: [])
-        host = EngineHost(engine, **kw)
+    def make(loader: Factory | None = None, *, load: bool = True, models=()):
+        host = EngineHost(loader or fake(), Factory("tests.app_fixtures:listed_models", {"names": list(models)}))
         hosts.append(host)
+        host.start()
+        if load:
+            host.load()
+            qtbot.waitUntil(lambda: host.ready or host.loading is None, timeout=LOAD_TIMEOUT_MS)
+            assert host.ready, "the engine did not load"
         return host
 
     yield make
     for h in hosts:
-        assert h.shutdown(5000), "engine thread did not stop"
+        assert h.shutdown(5), "the engine process did not stop in time"
 
 
 @pytest.fixture
-def window(qtbot, qt_settings, fake_engine, make_host):
+def make_window(qtbot, qt_settings, make_host):
+    """Factory: a shown MainWindow over a ChatController over a host (default: make_host(loader))."""
+    from app.controller import ChatController
     from app.window import MainWindow
 
-    w = MainWindow(make_host(fake_engine), qt_settings)
-    qtbot.addWidget(w)
-    w.show()
-    qtbot.waitExposed(w)
+    def make(loader: Factory | None = None, *, host=None, load: bool = True, show: bool = True, settings=None):
+        host = host or make_host(loader, load=load)
+        w = MainWindow(ChatController(host), settings if settings is not None else qt_settings)
+        qtbot.addWidget(w)
+        if show:
+            w.show()
+            qtbot.waitExposed(w)
+        return w
+
+    return make
+
+
+@pytest.fixture
+def window(make_window, engine_log):
+    w = make_window(fake(log=str(engine_log.path)))
     yield w
-    w.host.cancel_all()
+    w.controller.stop()
 
 
 @pytest.fixture
 def dialogs(monkeypatch) -> list[tuple[str, str, str]]:
     """QMessageBox static dialogs record (kind, title, text) instead of blocking."""
+    from PySide6.QtWidgets import QMessageBox
+
     seen: list[tuple[str, str, str]] = []
 
-    def fake(kind):
+    def fake_box(kind):
         def show(parent, title, text, *args, **kwargs):
             seen.append((kind, title, text))
             return QMessageBox.StandardButton.Ok
@@ -317,11 +442,11 @@ def dialogs(monkeypatch) -> list[tuple[str, str, str]]:
         return show
 
     for kind in ("critical", "warning", "information", "question"):
-        monkeypatch.setattr(QMessageBox, kind, staticmethod(fake(kind)))
+        monkeypatch.setattr(QMessageBox, kind, staticmethod(fake_box(kind)))
     return seen
 
 
 def wait_idle(qtbot, window, timeout: int = 10000) -> None:
     """Until the window's requests have all finished and their last frame is painted."""
-    qtbot.waitUntil(lambda: not window.host.busy and window.active is None, timeout=timeout)
+    qtbot.waitUntil(lambda: not window.controller.busy, timeout=timeout)
     window.repaint_frame()

@@ -6,10 +6,9 @@ import pytest
 from PySide6.QtCore import Qt
 from PySide6.QtTest import QTest
 
-from app.window import MainWindow
 from engine.stats import ROUND_COLUMNS
 from tests.app_fixtures import *  # noqa: F401,F403
-from tests.app_fixtures import CODE_REPLY, FakeEngine, wait_idle
+from tests.app_fixtures import CODE_REPLY, LOAD_TIMEOUT_MS, fake, wait_idle
 
 
 def send(qtbot, window, text):
@@ -18,19 +17,19 @@ def send(qtbot, window, text):
     wait_idle(qtbot, window)
 
 
-def test_reply_streams_and_is_recorded(qtbot, window, fake_engine):
+def test_reply_streams_and_is_recorded(qtbot, window):
     window.input.setPlainText("Write fib")
     window.send()
-    assert window.host.busy and not window.send_button.isEnabled() and window.stop_button.isEnabled()
+    assert window.controller.busy and not window.send_button.isEnabled() and window.stop_button.isEnabled()
     assert window.input.toPlainText() == ""
     wait_idle(qtbot, window)
     assert window.chat.reply_text() == CODE_REPLY
     assert "nope" in window.chat.toPlainText()  # the fake's rejected drafts, struck through
     window.rejected_action.setChecked(False)
     assert CODE_REPLY in window.chat.toPlainText()
-    assert window.conversation == [{"role": "user", "content": "Write fib"},
-                                   {"role": "assistant", "content": CODE_REPLY}]
-    rec = window.stats.records[0]
+    assert window.controller.conversation == [{"role": "user", "content": "Write fib"},
+                                              {"role": "assistant", "content": CODE_REPLY}]
+    rec = window.controller.stats.records[0]
     assert rec.summary is not None and len(rec.rounds) == rec.summary.rounds
     assert "reused 0 of" in window.chat.toPlainText()
     assert window.round_label.text().startswith("Done") and "tok/s" in window.round_label.text()
@@ -39,40 +38,37 @@ def test_reply_streams_and_is_recorded(qtbot, window, fake_engine):
     assert len(window.charts.curves["tokens"].getData()[0]) == len(rec.rounds)
 
 
-def test_follow_up_uses_history_system_prompt_and_shows_reuse(qtbot, window, fake_engine):
+def test_follow_up_uses_history_system_prompt_and_shows_reuse(qtbot, window, engine_log):
     window.controls.system_edit.setPlainText("Be terse.")
     send(qtbot, window, "first")
     send(qtbot, window, "second")
-    assert fake_engine.requests[1] == [
+    assert engine_log.requests[1] == [
         {"role": "system", "content": "Be terse."}, {"role": "user", "content": "first"},
         {"role": "assistant", "content": CODE_REPLY}, {"role": "user", "content": "second"},
     ]
-    reused = window.stats.records[1].summary.reused_prefix_tokens
+    reused = window.controller.stats.records[1].summary.reused_prefix_tokens
     assert reused > 0
     assert window.reuse_label.text() == f"reused {reused} prompt tokens"
-    assert window.stats.summary_rows()[1]["reused_prefix_tokens"] == reused
+    assert window.controller.stats.summary_rows()[1]["reused_prefix_tokens"] == reused
 
 
-def test_stop_button_and_escape_cancel_within_a_round(qtbot, qt_settings, make_host):
-    engine = FakeEngine(round_delay=0.05)
-    w = MainWindow(make_host(engine), qt_settings)
-    qtbot.addWidget(w)
-    w.show()
-    qtbot.waitExposed(w)
+def test_stop_button_and_escape_cancel_within_a_round(qtbot, make_window, engine_log):
+    w = make_window(fake(round_delay=0.05, log=str(engine_log.path)))
     w.activateWindow()
     for how in ("button", "escape"):
         w.input.setPlainText("long one")
         w.send()
-        qtbot.waitUntil(lambda: len(w.record.rounds) >= 2, timeout=5000)
-        n = len(engine.seen)
+        record = w.controller.active.record
+        qtbot.waitUntil(lambda: len(record.rounds) >= 2, timeout=5000)
+        n = len(engine_log.seen)
         if how == "button":
             qtbot.mouseClick(w.stop_button, Qt.MouseButton.LeftButton)
         else:
             w.input.setFocus()
             QTest.keyClick(w.input, Qt.Key.Key_Escape)
         wait_idle(qtbot, w)
-        assert len(engine.seen) <= n + 1, how
-        assert w.record.summary.stop_reason == "cancelled", how
+        assert len(engine_log.seen) <= n + 1, how
+        assert record.summary.stop_reason == "cancelled", how
         assert "stopped" in w.chat.toPlainText()
         assert len(w.chat.reply_text()) < len(CODE_REPLY)
 
@@ -82,34 +78,32 @@ def test_enter_sends_shift_enter_newline(qtbot, window):
     QTest.keyClicks(window.input, "line one")
     QTest.keyClick(window.input, Qt.Key.Key_Return, Qt.KeyboardModifier.ShiftModifier)
     QTest.keyClicks(window.input, "line two")
-    assert window.input.toPlainText() == "line one\nline two" and not window.host.busy
+    assert window.input.toPlainText() == "line one\nline two" and not window.controller.busy
     QTest.keyClick(window.input, Qt.Key.Key_Return)
-    assert window.host.busy
+    assert window.controller.busy
     wait_idle(qtbot, window)
-    assert window.conversation[0]["content"] == "line one\nline two"
+    assert window.controller.conversation[0]["content"] == "line one\nline two"
 
 
-def test_new_chat_clears_and_resets_engine(qtbot, window, fake_engine):
+def test_new_chat_clears_and_resets_engine(qtbot, window, engine_log):
     send(qtbot, window, "hello")
     window.new_chat()
-    qtbot.waitUntil(lambda: fake_engine.resets == 1, timeout=5000)
-    assert window.conversation == [] and window.chat.turns == [] and window.chat.toPlainText() == ""
+    qtbot.waitUntil(lambda: engine_log.resets == 1, timeout=5000)
+    assert window.controller.conversation == [] and window.chat.turns == [] and window.chat.toPlainText() == ""
     assert window.charts.buffer.x == []
     assert not window.compare_action.isEnabled()
     send(qtbot, window, "again")
-    assert fake_engine.requests[-1] == [{"role": "user", "content": "again"}]
-    assert [r.chat for r in window.stats.records] == [1, 2]  # the session's stats survive New chat
+    assert engine_log.requests[-1] == [{"role": "user", "content": "again"}]
+    assert [r.chat for r in window.controller.stats.records] == [1, 2]  # the session's stats survive New chat
 
 
-def test_new_chat_while_generating(qtbot, qt_settings, make_host):
-    engine = FakeEngine(round_delay=0.03)
-    w = MainWindow(make_host(engine), qt_settings)
-    qtbot.addWidget(w)
+def test_new_chat_while_generating(qtbot, make_window, engine_log):
+    w = make_window(fake(round_delay=0.03, log=str(engine_log.path)), show=False)
     w.input.setPlainText("hi")
     w.send()
-    qtbot.waitUntil(lambda: len(engine.seen) >= 2, timeout=5000)
+    qtbot.waitUntil(lambda: len(engine_log.seen) >= 2, timeout=5000)
     w.new_chat()
-    qtbot.waitUntil(lambda: not w.host.busy and engine.resets == 1, timeout=5000)
+    qtbot.waitUntil(lambda: not w.controller.busy and engine_log.resets == 1, timeout=5000)
     w.repaint_frame()
     assert w.chat.toPlainText() == ""  # late rounds of the old reply are dropped
 
@@ -122,7 +116,7 @@ def test_export_csv_matches_session(qtbot, window, tmp_path):
     assert window.export_stats(str(path))
     with path.open(newline="") as f:
         rows = list(csv.DictReader(f))
-    records = window.stats.records
+    records = window.controller.stats.records
     assert len(rows) == sum(len(r.rounds) for r in records)
     assert list(rows[0]) == list(ROUND_COLUMNS)
     flat = [(rec, ev) for rec in records for ev in rec.rounds]
@@ -159,19 +153,12 @@ def test_unwritable_export_shows_error_and_keeps_session(qtbot, window, tmp_path
     kind, title, text = dialogs[-1]
     assert kind == "critical" and title == "Could not export the session stats"
     assert str(bad) in text and "session is kept" in text
-    assert len(window.stats.records) == 1 and window.chat.reply_text() == CODE_REPLY
+    assert len(window.controller.stats.records) == 1 and window.chat.reply_text() == CODE_REPLY
 
 
-def test_bad_model_path_shows_error_and_keeps_everything(qtbot, qt_settings, make_host, dialogs):
-    class ModelLoadError(Exception):
-        pass
-
-    def loader(target, *_):
-        raise ModelLoadError(f"{target}: no config.json, *.safetensors or .gguf found")
-
-    engine = FakeEngine()
-    w = MainWindow(make_host(engine, loader=loader), qt_settings)
-    qtbot.addWidget(w)
+def test_bad_model_path_shows_error_and_keeps_everything(qtbot, make_window, dialogs):
+    w = make_window(show=False)  # fake_loader: the default pair loads, a named path does not exist
+    pid = w.controller.host.pid
     send(qtbot, w, "keep me")
     w.load_models("/does/not/exist")
     assert w.load_dialog is not None and not w.controls.load_button.isEnabled()
@@ -179,73 +166,51 @@ def test_bad_model_path_shows_error_and_keeps_everything(qtbot, qt_settings, mak
     assert dialogs[-1] == ("critical", "Could not load the model",
                            "/does/not/exist: no config.json, *.safetensors or .gguf found")
     assert w.load_dialog is None and w.controls.load_button.isEnabled()
-    assert w.host.ready and w.host.worker.engine is engine
-    assert w.chat.reply_text() == CODE_REPLY and len(w.stats.records) == 1
+    assert w.controller.ready and w.controller.host.pid == pid  # the same engine, in the same process
+    assert w.chat.reply_text() == CODE_REPLY and len(w.controller.stats.records) == 1
     send(qtbot, w, "still works")
-    assert len(w.stats.records) == 2
+    assert len(w.controller.stats.records) == 2
 
 
-def test_engine_error_shows_dialog_and_keeps_chat(qtbot, qt_settings, make_host, dialogs):
-    engine = FakeEngine(fail_at_round=4)
-    w = MainWindow(make_host(engine), qt_settings)
-    qtbot.addWidget(w)
+def test_engine_error_shows_dialog_and_keeps_chat(qtbot, make_window, dialogs):
+    w = make_window(fake(fail_at_round=4, fail_requests=1), show=False)  # only the first request fails
     send(qtbot, w, "boom")
     assert dialogs == [("critical", "Generation failed", "RuntimeError: scripted engine failure")]
     partial = w.chat.reply_text()
     assert partial and "failed: RuntimeError" in w.chat.toPlainText()
-    assert w.conversation[-1] == {"role": "assistant", "content": partial}
+    assert w.controller.conversation[-1] == {"role": "assistant", "content": partial}
     assert w.send_button.isEnabled()
-    engine.fail_at_round = None
     send(qtbot, w, "again")
-    assert w.stats.records[-1].summary is not None
+    assert w.controller.stats.records[-1].summary is not None
 
 
-def test_load_progress_dialog_and_success(qtbot, qt_settings, make_host):
-    import threading
-
-    gate = threading.Event()
-    engine = FakeEngine(draft_name=None)
-
-    def loader(target, draft, device, progress, cancelled):
-        progress("Converting target", 0.25)
-        gate.wait(5)
-        progress("Loading weights", 1.0)
-        return engine
-
-    w = MainWindow(make_host(None, loader=loader), qt_settings)
-    qtbot.addWidget(w)
+def test_load_progress_dialog_and_success(qtbot, make_window, tmp_path):
+    gate = tmp_path / "gate"
+    w = make_window(fake(gate=str(gate), draft_name=None), load=False, show=False)
     assert not w.send_button.isEnabled()
     w.load_models(None)
     qtbot.waitUntil(lambda: w.load_dialog is not None and w.load_dialog.labelText() == "Converting target",
-                    timeout=5000)
+                    timeout=LOAD_TIMEOUT_MS)
     assert w.load_dialog.value() == 250
-    gate.set()
-    qtbot.waitUntil(lambda: w.host.ready, timeout=5000)
+    gate.touch()
+    qtbot.waitUntil(lambda: w.controller.ready, timeout=5000)
     qtbot.waitUntil(lambda: w.load_dialog is None, timeout=5000)
     assert "fake-target" in w.model_label.text() and w.send_button.isEnabled()
     assert w.controls.spec_params().drafter == "ngram"  # no draft model in this pair
 
 
-def test_cancel_load_from_dialog(qtbot, qt_settings, make_host):
-    import threading
-
-    gate = threading.Event()
-
-    def loader(target, draft, device, progress, cancelled):
-        gate.wait(5)
-        if cancelled():
-            raise RuntimeError("cancelled")
-        return FakeEngine()
-
-    w = MainWindow(make_host(None, loader=loader), qt_settings)
-    qtbot.addWidget(w)
+def test_cancel_load_from_dialog(qtbot, make_window, tmp_path):
+    gate = tmp_path / "gate"
+    w = make_window(fake(gate=str(gate)), load=False, show=False)
     w.load_models(None)
+    qtbot.waitUntil(lambda: w.load_dialog.labelText() == "Converting target", timeout=LOAD_TIMEOUT_MS)
     from PySide6.QtWidgets import QPushButton
 
     qtbot.mouseClick(w.load_dialog.findChild(QPushButton), Qt.MouseButton.LeftButton)  # its Cancel button
-    gate.set()
+    qtbot.wait(100)  # the cancel reaches the engine process before the gate opens
+    gate.touch()
     qtbot.waitUntil(lambda: w.load_dialog is None, timeout=5000)
-    assert not w.host.ready and "cancelled" in w.statusBar().currentMessage()
+    assert not w.controller.ready and "cancelled" in w.statusBar().currentMessage()
 
 
 def test_menus_and_shortcuts(window):

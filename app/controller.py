@@ -1,0 +1,286 @@
+"""The app's state apart from its views: the conversation, the requests, the session stats and the engine host.
+
+`ChatController` turns the host's per-request signals into what the views need. The window subscribes to the
+chat signals, `CompareDialog` to the request signals of the requests it submitted; neither talks to the host.
+
+Chat reply (the main window's conversation), in order for one reply:
+
+    replyStarted(str, str)      the user's text, the title of the reply (the target's name)
+    roundsArrived(list)         RoundEvents of the reply, in order
+    then one of:
+      replyDone(object)         its Summary (also for a cancelled reply)
+      replyFailed(str)          the engine raised: the reply ends with the rounds that did arrive
+      replyInterrupted(str)     the engine process died: its one-sentence cause
+    replyFinished()             always last
+
+Any request (chat and Compare): requestRounds(int, list), requestSummary(int, object), requestFailed(int, str),
+requestFinished(int) (always last; also when the engine process died).
+
+Models and the process: loadProgress(str, float), loaded(object) (EngineInfo), loadFailed(str),
+loadCancelled(), modelsListed(list), engineDied(str) (one sentence; the chat, the charts and the stats stay),
+chatCleared(), stateChanged() (busy, ready or loading changed).
+"""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+from PySide6.QtCore import QObject, Signal
+
+from app.host import EngineHost, LoadRequest
+from app.host import Request as HostRequest
+from engine.config import SamplingParams, SpecParams
+from engine.events import RoundEvent, Summary
+from engine.stats import MessageRecord, SessionStats
+
+Messages = list[dict[str, str]]
+
+
+@dataclass
+class Request:
+    """One reply the controller asked for, and where its rounds are recorded."""
+
+    id: int
+    kind: str  # the stats record kind: "chat", "compare-plain", "compare-speculative"
+    messages: Messages
+    sampling: SamplingParams
+    spec: SpecParams
+    record: MessageRecord
+    handle: HostRequest = field(repr=False)
+
+    def cancel(self) -> None:
+        self.handle.cancel()
+
+
+class ChatController(QObject):
+    replyStarted = Signal(str, str)
+    roundsArrived = Signal(list)
+    replyDone = Signal(object)
+    replyFailed = Signal(str)
+    replyInterrupted = Signal(str)
+    replyFinished = Signal()
+    requestRounds = Signal(int, list)
+    requestSummary = Signal(int, object)
+    requestFailed = Signal(int, str)
+    requestFinished = Signal(int)
+    loadProgress = Signal(str, float)
+    loaded = Signal(object)
+    loadFailed = Signal(str)
+    loadCancelled = Signal()
+    modelsListed = Signal(list)
+    engineDied = Signal(str)
+    chatCleared = Signal()
+    stateChanged = Signal()
+
+    def __init__(self, host: EngineHost, parent: QObject | None = None) -> None:
+        super().__init__(parent)
+        self.host = host
+        host.setParent(self)
+        self.stats = SessionStats()
+        self.conversation: Messages = []
+        self.requests: dict[int, Request] = {}  # running or queued
+        self.active: Request | None = None  # the chat reply running now
+        self.last_request: tuple[Messages, SamplingParams, SpecParams] | None = None  # what Compare replays
+        self.death: str | None = None  # why the engine process ended, until it is reloaded
+        host.roundsReady.connect(self._on_rounds)
+        host.summaryReady.connect(self._on_summary)
+        host.errored.connect(self._on_error)
+        host.finished.connect(self._on_finished)
+        host.died.connect(self._on_died)
+        host.loadProgress.connect(self.loadProgress)
+        host.loaded.connect(self._on_loaded)
+        host.loadFailed.connect(self._on_load_failed)
+        host.loadCancelled.connect(self._on_load_cancelled)
+        host.modelsListed.connect(self.modelsListed)
+
+    # ---- state ---------------------------------------------------------------------------------------------
+    @property
+    def busy(self) -> bool:
+        return bool(self.requests)
+
+    @property
+    def ready(self) -> bool:
+        return self.host.ready
+
+    @property
+    def loading(self) -> bool:
+        return self.host.loading is not None
+
+    @property
+    def info(self):
+        return self.host.info
+
+    @property
+    def plain_ms_per_token(self) -> float | None:
+        """The session's plain-decode rate (any speculation-off round), the speedup charts' reference."""
+        return self.stats.totals().plain_ms_per_token
+
+    # ---- chat ----------------------------------------------------------------------------------------------
+    def messages_for(self, text: str, system: str = "") -> Messages:
+        head = [{"role": "system", "content": system}] if system else []
+        return head + self.conversation + [{"role": "user", "content": text}]
+
+    def send(self, text: str, sampling: SamplingParams, spec: SpecParams, system: str = "") -> bool:
+        """Start a chat reply; False (and nothing changes) while no model is ready or a request runs."""
+        if not text or not self.ready or self.busy:
+            return False
+        messages = self.messages_for(text, system)
+        self.conversation.append({"role": "user", "content": text})
+        self.active = self.submit(messages, sampling, spec, "chat", text)
+        self.last_request = (messages, sampling, spec)
+        self.replyStarted.emit(text, self.info.target_name if self.info else "Assistant")
+        self.stateChanged.emit()
+        return True
+
+    def submit(self, messages: Messages, sampling: SamplingParams, spec: SpecParams, kind: str,
+               prompt: str | None = None) -> Request:
+        """Any request: its rounds go into the session stats as `kind`."""
+        if prompt is None:
+            prompt = next((m["content"] for m in reversed(messages) if m["role"] == "user"), "")
+        handle = self.host.generate(messages, sampling, spec, tag=kind)
+        req = Request(handle.id, kind, messages, sampling, spec, self.stats.begin(prompt, kind), handle)
+        self.requests[req.id] = req
+        return req
+
+    def update_controls(self, sampling: SamplingParams, spec: SpecParams) -> None:
+        """Live settings reach the running chat reply at its next round."""
+        if self.active is not None:
+            self.active.handle.update(sampling, spec)
+
+    def cancel(self, rid: int) -> None:
+        if rid in self.requests:
+            self.requests[rid].cancel()
+
+    def stop(self) -> bool:
+        """Cancel every running request; returns whether there was one."""
+        if not self.busy:
+            return False
+        self.host.cancel_all()
+        return True
+
+    def new_chat(self) -> None:
+        """Clear the conversation and the engine's cached prefix; the session's stats stay."""
+        self.host.cancel_all()
+        if self.active is not None:  # its late rounds are dropped; the request still finishes
+            self.active = None
+        self.conversation.clear()
+        self.last_request = None
+        self.stats.new_chat()
+        self.host.reset()
+        self.chatCleared.emit()
+        self.stateChanged.emit()
+
+    def compare_request(self) -> tuple[Messages, SamplingParams, SpecParams] | None:
+        """What Compare replays: the last prompt and its settings, with a fixed seed (both sides need the same
+        one); None before any message, or while busy or not ready."""
+        if self.last_request is None or self.busy or not self.ready:
+            return None
+        messages, sampling, spec = self.last_request
+        if sampling.seed is None:
+            sampling = sampling.with_(seed=random.randrange(2**31))
+        return messages, sampling, spec
+
+    # ---- models --------------------------------------------------------------------------------------------
+    def load(self, target: str | None = None, draft: str | None = None, device: str | None = None) -> bool:
+        """Load in the engine process (None: the embedded pair); False while a load runs already."""
+        if self.loading:
+            return False
+        if not self.host.running:
+            self.host.start()
+        self.host.load(target, draft, device)
+        self.stateChanged.emit()
+        return True
+
+    def reload(self) -> LoadRequest:
+        """A fresh engine process loading the pair in use before (after a crash)."""
+        self.death = None
+        req = self.host.reload()
+        self.stateChanged.emit()
+        return req
+
+    @property
+    def last_load(self) -> LoadRequest | None:
+        return self.host.loading or self.host.last_load
+
+    def cancel_load(self) -> None:
+        self.host.cancel_load()
+
+    def scan_models(self) -> None:
+        if not self.host.running:
+            self.host.start()
+        self.host.scan_models()
+
+    def shutdown(self) -> bool:
+        return self.host.shutdown()
+
+    # ---- host signals --------------------------------------------------------------------------------------
+    def _on_rounds(self, rid: int, events: list[RoundEvent]) -> None:
+        req = self.requests.get(rid)
+        if req is None:
+            return
+        req.record.rounds.extend(events)
+        self.requestRounds.emit(rid, events)
+        if req is self.active:
+            self.roundsArrived.emit(events)
+
+    def _on_summary(self, rid: int, s: Summary) -> None:
+        req = self.requests.get(rid)
+        if req is None:
+            return
+        req.record.summary = s
+        self.requestSummary.emit(rid, s)
+        if req is self.active:
+            self.conversation.append({"role": "assistant", "content": s.text})
+            self.replyDone.emit(s)
+
+    def _on_error(self, rid: int, message: str) -> None:
+        req = self.requests.get(rid)
+        if req is None:
+            return
+        self.requestFailed.emit(rid, message)
+        if req is self.active:
+            self._keep_partial(req)
+            self.replyFailed.emit(message)
+
+    def _keep_partial(self, req: Request) -> None:
+        """A reply that ended without a Summary: what did arrive stays in the context."""
+        partial = "".join(ev.text_delta for ev in req.record.rounds)
+        if partial:
+            self.conversation.append({"role": "assistant", "content": partial})
+        elif self.conversation and self.conversation[-1]["role"] == "user":
+            self.conversation.pop()  # nothing came back: drop the turn from the context, keep it on screen
+
+    def _on_finished(self, rid: int) -> None:
+        req = self.requests.pop(rid, None)
+        if req is None:
+            return
+        self.requestFinished.emit(rid)
+        if req is self.active:
+            self.active = None
+            self.replyFinished.emit()
+        self.stateChanged.emit()
+
+    def _on_died(self, sentence: str) -> None:
+        self.death = sentence
+        self.engineDied.emit(sentence)
+        for rid, req in list(self.requests.items()):
+            if req is self.active:
+                self._keep_partial(req)
+                self.replyInterrupted.emit(sentence)
+            else:
+                self.requestFailed.emit(rid, sentence)
+            self._on_finished(rid)
+        self.stateChanged.emit()
+
+    def _on_loaded(self, info) -> None:
+        self.death = None
+        self.loaded.emit(info)
+        self.stateChanged.emit()
+
+    def _on_load_failed(self, message: str) -> None:
+        self.loadFailed.emit(message)
+        self.stateChanged.emit()
+
+    def _on_load_cancelled(self) -> None:
+        self.loadCancelled.emit()
+        self.stateChanged.emit()

@@ -1,0 +1,314 @@
+"""The engine's own process: a command loop over a multiprocessing Pipe. No Qt here, and no torch at import.
+
+The GUI (app/host.py) starts `serve` in a child made with the "spawn" context, so the GUI's interpreter never
+hosts torch, and a crash, a segfault in native code or an OOM kill here cannot take the window down.
+
+Protocol: every message is a tuple whose first item names it; the payloads are plain values and the
+dataclasses of engine.config / engine.events (they pickle as they are).
+
+Commands (GUI -> engine). Load, scan, generate and reset run one at a time in the order sent; the others act
+at once, so they reach a running request between two of its rounds.
+
+    ("load", target, draft, device)      target None: the embedded default pair
+    ("cancel_load",)                     the running load stops at its next progress check
+    ("scan",)                            list the local models for the picker
+    ("generate", rid, messages, sampling, spec)
+    ("controls", rid, sampling, spec)    live settings, read by the engine at the start of its next round
+    ("cancel", rid)                      rid None: every request, running or queued
+    ("reset",)                           forget the cached conversation
+    ("status",)                          answered at once with ("status", dict), even mid-request
+    ("shutdown",)                        cancel everything, then exit
+
+Events (engine -> GUI):
+
+    ("started", pid)                               first, once the loop runs
+    ("load_progress", stage, fraction)             zero or more (at most ~20/s), then exactly one of:
+    ("loaded", EngineInfo) | ("load_failed", message) | ("load_cancelled",)
+    ("models", [engine.hub.LocalModel])            answers "scan"
+    ("rounds", rid, [RoundEvent])                  in order; batched to at most ~60 messages/s
+    ("summary", rid, Summary)                      once per request that reached a stop or a cancel ...
+    ("errored", rid, message)                      ... or once per request that failed
+    ("finished", rid)                              always, last for every request (also one cancelled in
+                                                   the queue, which sends nothing else)
+    ("status", {"pid", "rss_bytes", "target_free_blocks", "target_total_blocks",
+                "draft_free_blocks", "draft_total_blocks", "busy"})   blocks None where the engine has none
+    ("fatal", message)                             the loop itself failed; the process exits with status 1
+
+The engine factory and the model lister are given as import paths ("package.module:function") plus picklable
+keyword arguments (`Factory`), so tests can run a scripted engine or tiny models here.
+"""
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import queue
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from engine.events import Summary
+
+log = logging.getLogger(__name__)
+
+Progress = Callable[[str, float], None]
+
+PROGRESS_INTERVAL_S = 0.05  # at most ~20 progress messages a second
+BATCH_S = 0.016  # at most ~60 round messages a second: each one wakes the GUI thread
+
+
+@dataclass(frozen=True)
+class EngineInfo:
+    target_name: str
+    draft_name: str | None
+    device: str
+    dtype_name: str
+
+
+@dataclass(frozen=True)
+class Factory:
+    """A callable named by import path, with keyword arguments: what a spawned process can be given."""
+
+    path: str  # "package.module:function"
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+    def resolve(self) -> Callable[..., Any]:
+        module, _, name = self.path.partition(":")
+        fn = getattr(importlib.import_module(module), name)
+        return lambda *args: fn(*args, **self.kwargs)
+
+
+DEFAULT_LOADER = Factory("engine.service:default_loader")
+DEFAULT_LISTER = Factory("engine.service:default_lister")
+
+
+def default_loader(target: str | None, draft: str | None, device: str | None, progress: Progress,
+                   cancelled: Callable[[], bool]) -> Any:
+    """Provision the embedded pair when no target is given, then Engine.load."""
+    from engine.engine import Engine
+
+    if target is None:
+        from engine.provision import default_pair
+
+        target_dir, draft_dir = default_pair(progress, cancelled)
+        target, draft = str(target_dir), str(draft_dir)
+    return Engine.load(target, draft, device=device, progress=progress)
+
+
+def default_lister() -> list[Any]:
+    from engine.hub import list_local_models
+
+    return list_local_models()
+
+
+def describe_error(e: BaseException) -> str:
+    """One line for the user: known engine errors speak for themselves, anything else names its type."""
+    name = type(e).__name__
+    if name in ("ModelLoadError", "ProvisionError", "FileNotFoundError"):
+        return str(e) or name
+    return f"{name}: {e}" if str(e) else name
+
+
+def info_of(engine: Any) -> EngineInfo:
+    return EngineInfo(str(engine.target_name), engine.draft_name, str(getattr(engine, "device", "cpu")),
+                      str(getattr(engine, "dtype_name", "")))
+
+
+class Controls:
+    """What engine.engine.Controls is (same attributes), without importing torch: the reader thread replaces
+    `sampling` / `spec` whole and sets `cancelled`; the engine reads them at the start of every round."""
+
+    def __init__(self, sampling: Any, spec: Any) -> None:
+        self.sampling = sampling
+        self.spec = spec
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+def rss_bytes() -> int:
+    """This process's resident set size (Linux /proc; elsewhere the peak from getrusage)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def _blocks(pool: Any) -> tuple[int | None, int | None]:
+    manager = getattr(pool, "manager", None)
+    return (manager.num_free, manager.num_blocks) if manager is not None else (None, None)
+
+
+class Service:
+    """The child's state: one engine, a job queue run by the main thread, a reader thread for commands."""
+
+    def __init__(self, conn: Any, loader: Factory, lister: Factory) -> None:
+        self.conn = conn
+        self.loader = loader.resolve()
+        self.lister = lister.resolve()
+        self.engine: Any = None
+        self.jobs: queue.Queue[tuple] = queue.Queue()
+        self.requests: dict[int, Controls] = {}  # queued or running generate requests
+        self.load_cancel: threading.Event | None = None
+        self._send_lock = threading.Lock()
+        self._busy = False
+
+    def send(self, *message: Any) -> None:
+        with self._send_lock:  # both threads send: one message at a time on the pipe
+            self.conn.send(message)
+
+    # ---- reader thread ---------------------------------------------------------------------------------------
+    def read_commands(self) -> None:
+        while True:
+            try:
+                cmd = self.conn.recv()
+            except (EOFError, OSError):  # the GUI went away: stop what runs and leave
+                cmd = ("shutdown",)
+            kind = cmd[0]
+            if kind == "controls":
+                c = self.requests.get(cmd[1])
+                if c is not None:
+                    c.sampling, c.spec = cmd[2], cmd[3]
+            elif kind == "cancel":
+                self._cancel(cmd[1])
+            elif kind == "cancel_load":
+                if self.load_cancel is not None:
+                    self.load_cancel.set()
+            elif kind == "status":
+                self.send("status", self.status())
+            else:
+                if kind == "generate":  # registered now, so a cancel that follows finds it in the queue
+                    self.requests[cmd[1]] = Controls(cmd[3], cmd[4])
+                elif kind == "load":
+                    self.load_cancel = threading.Event()
+                    cmd = (*cmd, self.load_cancel)
+                elif kind == "shutdown":
+                    self._cancel(None)
+                    if self.load_cancel is not None:
+                        self.load_cancel.set()
+                self.jobs.put(cmd)
+                if kind == "shutdown":
+                    return
+
+    def _cancel(self, rid: int | None) -> None:
+        for key, c in list(self.requests.items()):
+            if rid is None or key == rid:
+                c.cancel()
+
+    def status(self) -> dict[str, Any]:
+        e = self.engine
+        target = _blocks(getattr(e, "target_pool", None))
+        drafter = getattr(e, "model_drafter", None)
+        draft = _blocks(getattr(drafter, "pool", None))
+        return {"pid": os.getpid(), "rss_bytes": rss_bytes(), "busy": self._busy,
+                "target_free_blocks": target[0], "target_total_blocks": target[1],
+                "draft_free_blocks": draft[0], "draft_total_blocks": draft[1]}
+
+    # ---- main thread -----------------------------------------------------------------------------------------
+    def run(self) -> None:
+        reader = threading.Thread(target=self.read_commands, name="speclens-commands", daemon=True)
+        reader.start()
+        self.send("started", os.getpid())
+        while True:
+            cmd = self.jobs.get()
+            kind = cmd[0]
+            if kind == "shutdown":
+                return
+            self._busy = True
+            try:
+                if kind == "load":
+                    self.load(*cmd[1:])
+                elif kind == "generate":
+                    self.generate(*cmd[1:])
+                elif kind == "reset":
+                    if self.engine is not None:
+                        self.engine.reset()
+                elif kind == "scan":
+                    self.scan()
+            finally:
+                self._busy = False
+
+    def load(self, target: str | None, draft: str | None, device: str | None, cancel: threading.Event) -> None:
+        last = [0.0, ""]
+
+        def progress(stage: str, fraction: float) -> None:
+            now = time.monotonic()
+            if stage != last[1] or now - last[0] >= PROGRESS_INTERVAL_S or fraction >= 1.0:
+                last[0], last[1] = now, stage
+                self.send("load_progress", stage, float(fraction))
+
+        try:
+            engine = self.loader(target, draft, device, progress, cancel.is_set)
+        except Exception as e:  # noqa: BLE001 - every failure becomes a message, never a crash
+            if cancel.is_set():
+                self.send("load_cancelled")
+            else:
+                log.warning("model load failed:\n%s", traceback.format_exc())
+                self.send("load_failed", describe_error(e))
+            return
+        if cancel.is_set():  # Engine.load itself cannot be interrupted: drop what it built
+            del engine
+            self.send("load_cancelled")
+            return
+        self.engine = engine
+        self.send("loaded", info_of(engine))
+
+    def scan(self) -> None:
+        try:
+            models = list(self.lister())
+        except Exception:  # noqa: BLE001 - an unreadable cache only empties the picker
+            log.warning("listing local models failed:\n%s", traceback.format_exc())
+            models = []
+        self.send("models", models)
+
+    def generate(self, rid: int, messages: list[dict[str, str]], sampling: Any, spec: Any) -> None:
+        controls = self.requests[rid]
+        batch: list = []
+        try:
+            if controls.cancelled:  # cancelled while it waited in the queue
+                return
+            if self.engine is None:
+                raise RuntimeError("no model is loaded yet")
+            ids = self.engine.encode_chat(messages)
+            sent = 0.0
+            for item in self.engine.generate(ids, sampling, spec, controls):
+                if isinstance(item, Summary):
+                    if batch:
+                        self.send("rounds", rid, batch)
+                        batch = []
+                    self.send("summary", rid, item)
+                    continue
+                batch.append(item)
+                now = time.monotonic()
+                if now - sent >= BATCH_S:
+                    self.send("rounds", rid, batch)
+                    batch, sent = [], now
+        except Exception as e:  # noqa: BLE001
+            log.warning("generation failed:\n%s", traceback.format_exc())
+            if batch:  # the rounds that did complete still reach the GUI, before the error
+                self.send("rounds", rid, batch)
+            self.send("errored", rid, describe_error(e))
+        finally:
+            self.requests.pop(rid, None)
+            self.send("finished", rid)
+
+
+def serve(conn: Any, loader: Factory = DEFAULT_LOADER, lister: Factory = DEFAULT_LISTER) -> None:
+    """The child process's entry point."""
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s engine %(name)s: %(message)s")
+    try:
+        Service(conn, loader, lister).run()
+    except BaseException as e:  # noqa: BLE001 - tell the GUI why, then exit non-zero
+        log.error("engine loop failed:\n%s", traceback.format_exc())
+        try:
+            conn.send(("fatal", describe_error(e)))
+        except OSError:
+            pass
+        raise SystemExit(1) from e
