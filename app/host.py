@@ -36,7 +36,7 @@ from engine.config import SamplingParams, SpecParams
 from engine.service import DEFAULT_LISTER, DEFAULT_LOADER, EngineInfo, Factory, serve
 
 _SPAWN = multiprocessing.get_context("spawn")
-_LOST = "__lost__"  # posted by the reader thread when the pipe closes: (_LOST, sentence)
+_LOST = "__lost__"  # posted by the reader thread when the pipe closes: (_LOST, fatal message or None)
 
 
 @dataclass
@@ -108,7 +108,6 @@ class EngineHost(QObject):
         self.process: Any = None
         self._conn: Any = None
         self._reader: threading.Thread | None = None
-        self._stopping = False
 
     # ---- process -------------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -120,7 +119,7 @@ class EngineHost(QObject):
                               daemon=True)
         proc.start()
         child.close()  # our copy: the pipe reports EOF once the child's end is gone
-        self.process, self._conn, self._stopping = proc, parent, False
+        self.process, self._conn = proc, parent
         self._reader = threading.Thread(target=self._read, args=(proc, parent), name="speclens-engine-reader",
                                         daemon=True)
         self._reader.start()
@@ -135,7 +134,6 @@ class EngineHost(QObject):
         proc = self.process
         if proc is None:
             return True
-        self._stopping = True
         self.send("shutdown")
         proc.join(wait_s)
         clean = proc.exitcode is not None
@@ -164,7 +162,8 @@ class EngineHost(QObject):
         self.info = None
 
     def _read(self, proc: Any, conn: Any) -> None:
-        """Reader thread: every message goes to the GUI thread as it is. Touches no Qt object but the signal."""
+        """Reader thread: every message goes to the GUI thread as it is. It touches no Qt object but the signal,
+        and never reaps the process: two threads waiting on one child can each miss its exit status."""
         fatal = None
         while True:
             try:
@@ -174,8 +173,7 @@ class EngineHost(QObject):
             if msg[0] == "fatal":
                 fatal = msg[1]
             self._message.emit((proc, msg))
-        proc.join(5)  # the pipe closes as the process ends; its exit status follows shortly
-        self._message.emit((proc, (_LOST, death_sentence(proc.exitcode, fatal))))
+        self._message.emit((proc, (_LOST, fatal)))
 
     # ---- commands ------------------------------------------------------------------------------------------
     def send(self, *cmd: Any) -> bool:
@@ -268,10 +266,12 @@ class EngineHost(QObject):
             self.statusReady.emit(msg[1])
         elif kind == "started":
             self.pid = msg[1]
-        elif kind == _LOST:
-            stopping = self._stopping
+        elif kind == _LOST:  # the pipe closed: the process has ended, or is about to
+            proc.join(2)
+            if proc.exitcode is None:  # closed its end yet still runs: it cannot be trusted any more
+                proc.kill()
+                proc.join(2)
             if self.loading is not None:  # it died loading: a reload tries that pair again
                 self.last_load = self.loading
             self._forget_process()
-            if not stopping:
-                self.died.emit(msg[1])
+            self.died.emit(death_sentence(proc.exitcode, msg[1]))
