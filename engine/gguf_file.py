@@ -19,7 +19,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
 from gguf.quants import dequantize
 
 from .config import ModelConfig
-from .weights import ModelLoadError
+from .errors import ModelLoadError
 
 _MAGIC = b"GGUF"
 _SCALARS = {  # value type -> struct format (little-endian)
@@ -256,13 +256,34 @@ class GGUFFile:
     def read(self, name: str) -> np.ndarray:
         """A tensor by GGUF name, float32, in Hugging Face layout."""
         arr = self.read_raw(name)
-        if self.arch == "llama" and name.split(".")[-2] in ("attn_q", "attn_k"):
-            # llama.cpp's converter interleaves the two rotary halves of each head for llama; undo that.
-            n = self._meta("attention.head_count")
-            if name.split(".")[-2] == "attn_k":
-                n = self._meta("attention.head_count_kv", None) or n
-            arr = _unpermute(arr, n)
-        return arr
+        heads = self._permuted_heads(name)
+        return _unpermute(arr, heads) if heads else arr
+
+    def blocks(self, name: str) -> np.ndarray:
+        """A 2-D tensor's quantized blocks as stored, (rows, bytes per row) uint8, rows in Hugging Face order.
+        A read-only view of the file's memory map, except for llama's q/k, whose rows are reordered (a copy):
+        the permutation moves whole rows, so every quantization block stays intact."""
+        t = self.tensors[name]
+        if len(t.shape) != 2:
+            raise ModelLoadError(f"{self.path}: tensor {name!r} has shape {t.shape}, expected a matrix")
+        if t.offset + t.nbytes > len(self._mm):
+            raise ModelLoadError(f"{self.path}: file is truncated inside tensor {name!r}")
+        rows = t.shape[0]
+        raw = np.frombuffer(self._mm, dtype=np.uint8, count=t.nbytes, offset=t.offset).reshape(rows, t.nbytes // rows)
+        heads = self._permuted_heads(name)
+        if heads:
+            order = _unpermute(np.arange(rows)[:, None], heads)[:, 0]
+            raw = raw[order]
+        return raw
+
+    def _permuted_heads(self, name: str) -> int:
+        """llama.cpp's converter interleaves the two rotary halves of each head of llama's q and k: over how many
+        heads (0: not permuted)."""
+        kind = name.split(".")[-2] if name.count(".") >= 2 else ""
+        if self.arch != "llama" or kind not in ("attn_q", "attn_k"):
+            return 0
+        n = self._meta("attention.head_count")
+        return (self._meta("attention.head_count_kv", None) or n) if kind == "attn_k" else n
 
     def iter_hf(self) -> Iterator[tuple[str, np.ndarray]]:
         for name in self.tensors:

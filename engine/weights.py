@@ -14,9 +14,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from .config import ModelConfig
+from .errors import ModelLoadError
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
+
+    from .gguf_file import GGUFFile
 
 Progress = Callable[[str, float], None]
 
@@ -24,28 +27,26 @@ _DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "
 _SIZES = {"F32": 4, "F16": 2, "BF16": 2, "F64": 8}
 
 
-class ModelLoadError(Exception):
-    """A model could not be loaded; the message names the path and the problem."""
-
-
 @dataclass
 class Checkpoint:
     name: str  # human label: folder name, file stem or repo id
     path: Path
     config: ModelConfig
-    tensors: dict[str, torch.Tensor]  # HF names, on CPU
+    tensors: dict[str, torch.Tensor] | None  # HF names, on CPU; None: a GGUF to run quantized (see `gguf`)
     tokenizer: PreTrainedTokenizerBase
+    gguf: GGUFFile | None = None
 
 
-def load_checkpoint(spec: str | Path, progress: Progress | None = None) -> Checkpoint:
-    """Load a model. Safetensors are memory-mapped (no copy), so a converted folder loads in well under a second."""
+def load_checkpoint(spec: str | Path, progress: Progress | None = None, *, dequantize: bool = True) -> Checkpoint:
+    """Load a model. Safetensors are memory-mapped (no copy). A GGUF is dequantized to float32 tensors, or with
+    dequantize=False only opened (memory-mapped), for the quantized kernels to run as it is."""
     from .hub import label, resolve  # hub imports ModelLoadError from here
 
     path = resolve(spec)
     name = label(spec, path)
     report = progress or (lambda stage, frac: None)
     if path.suffix == ".gguf":
-        return _load_gguf(path, name, report)
+        return _load_gguf(path, name, report, dequantize)
     config = _read_config(path)
     shards = safetensors_files(path)
     tensors: dict[str, torch.Tensor] = {}
@@ -67,7 +68,10 @@ def load_tokenizer(spec: str | Path) -> PreTrainedTokenizerBase:
     path = resolve(spec)
     try:
         if path.suffix == ".gguf":
-            return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+            from .gguf_file import GGUFFile
+            from .gguf_tokenizer import tokenizer_from_gguf
+
+            return tokenizer_from_gguf(path, GGUFFile(path, check_data=False).metadata)
         if not any((path / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
             raise ModelLoadError(f"{path}: no tokenizer files (tokenizer.json / tokenizer_config.json)")
         return AutoTokenizer.from_pretrained(str(path))
@@ -212,11 +216,15 @@ def check_tensors(config: ModelConfig, tensors: dict[str, torch.Tensor], path: P
         raise ModelLoadError(f"{path}: weights do not match config.json: {'; '.join(problems[:5])}{more}")
 
 
-def _load_gguf(path: Path, name: str, report: Progress) -> Checkpoint:
+def _load_gguf(path: Path, name: str, report: Progress, dequantize: bool) -> Checkpoint:
     from .gguf_file import GGUFFile
+    from .gguf_tokenizer import tokenizer_from_gguf
 
     gf = GGUFFile(path)
     config = gf.config()
+    tokenizer = tokenizer_from_gguf(path, gf.metadata)
+    if not dequantize:
+        return Checkpoint(name, path, config, None, tokenizer, gf)
     names = [n for n in gf.tensors if gf.hf_name(n) is not None]
     tensors: dict[str, torch.Tensor] = {}
     for i, n in enumerate(names):
@@ -225,4 +233,4 @@ def _load_gguf(path: Path, name: str, report: Progress) -> Checkpoint:
         tensors[gf.hf_name(n)] = torch.from_numpy(gf.read(n))
     report(f"Loading {name}: 100%", 1.0)
     check_tensors(config, tensors, path)
-    return Checkpoint(name, path, config, tensors, load_tokenizer(path))
+    return Checkpoint(name, path, config, tensors, tokenizer, gf)

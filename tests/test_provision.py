@@ -14,7 +14,7 @@ import torch
 
 from engine import provision
 from engine.gguf_file import GGUFFile
-from engine.provision import MANIFEST, PartSet, ProvisionError, is_valid, locate_part
+from engine.provision import PartSet, ProvisionError, is_trusted, locate_part
 from engine.weights import load_checkpoint
 
 try:
@@ -54,52 +54,39 @@ def leftovers(root: Path) -> list[str]:
     return sorted(p.name for p in root.iterdir() if p.name != ".lock") if root.exists() else []
 
 
-def test_end_to_end_provision_converts_once_and_loads(tmp_path, parts, tiny_gguf):
+def test_end_to_end_provision_assembles_once_and_loads(tmp_path, parts, tiny_gguf):
     ps, locate = parts
     root = tmp_path / "cache"
     seen = []
-    folder = provision.provision(ps, root=root, locate=locate, progress=lambda s, f: seen.append((s, f)), label="draft")
-    assert folder == root / "tiny-model" and is_valid(folder, ps)
-    assert leftovers(root) == ["tiny-model"]  # the assembled .gguf is deleted by default
-    stages = {s.split(":")[0] for s, _ in seen}
-    assert {"Assembling draft model", "Converting draft model"} <= stages
+    path = provision.provision(ps, root=root, locate=locate, progress=lambda s, f: seen.append((s, f)), label="draft")
+    assert path == root / "tiny-model.gguf" and is_trusted(path, ps)
+    assert path.read_bytes() == tiny_gguf.read_bytes()
+    assert leftovers(root) == ["tiny-model.gguf"]  # nothing but the assembled file
+    assert {s.split(":")[0] for s, _ in seen} == {"Assembling draft model", "Preparing draft model"}
     assert all(0.0 <= f <= 1.0 for _, f in seen) and seen[-1][1] == 1.0
-    manifest = json.loads((folder / MANIFEST).read_text())
-    assert manifest["source_sha256"] == ps.sha256 and manifest["format_version"] == provision.FORMAT_VERSION
-    assert manifest["files"]["model.safetensors"] == (folder / "model.safetensors").stat().st_size
 
-    ck = load_checkpoint(folder)
-    gf = GGUFFile(tiny_gguf)
-    assert ck.config == gf.config()
-    for name, arr in gf.iter_hf():
-        assert ck.tensors[name].dtype == torch.float32
-        assert np.array_equal(ck.tensors[name].numpy(), arr), name  # float32: nothing lost
+    ck = load_checkpoint(path)
+    assert ck.config == GGUFFile(tiny_gguf).config()
     msgs = [{"role": "user", "content": "hi"}]
     assert ck.tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True) == \
         "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
 
-    def boom(*a, **k):
-        raise AssertionError("a valid folder must not be rebuilt")
-    orig = provision.convert
-    provision.convert = boom
-    try:
-        assert provision.provision(ps, root=root, locate=locate) == folder
-    finally:
-        provision.convert = orig
-
-
-def test_keep_gguf_keeps_a_verified_copy_and_reuses_it(tmp_path, parts, tiny_gguf):
-    ps, _ = parts
-    root = tmp_path / "cache"
-    provision.provision(ps, root=root, locate=parts[1], keep_gguf=True)
-    kept = root / "tiny-model.gguf"
-    assert kept.read_bytes() == tiny_gguf.read_bytes()
-    (root / "tiny-model" / MANIFEST).unlink()  # force a rebuild: parts are no longer needed
-
     def nowhere(pkg):
-        raise ProvisionError("gone")
-    provision.provision(ps, root=root, locate=nowhere, keep_gguf=True)
-    assert is_valid(root / "tiny-model", ps)
+        raise AssertionError("a trusted file must not be assembled again")
+    assert provision.provision(ps, root=root, locate=nowhere) == path
+
+
+def test_an_earlier_versions_fp32_conversion_is_removed(tmp_path, parts):
+    ps, locate = parts
+    root = tmp_path / "cache"
+    old = root / "tiny-model"
+    old.mkdir(parents=True)
+    (old / "model.safetensors").write_bytes(b"gigabytes")
+    (old / "speclens.json").write_text("{}")
+    mine = root / "tiny-model-notes"  # not ours: left alone
+    mine.mkdir()
+    provision.provision(ps, root=root, locate=locate)
+    assert leftovers(root) == ["tiny-model-notes", "tiny-model.gguf"]
 
 
 def test_corrupted_part_is_detected_and_nothing_is_trusted(tmp_path, parts):
@@ -149,65 +136,52 @@ def test_locate_part_uses_distribution_metadata(tmp_path, monkeypatch):
         locate_part("speclens-fake-part8")
 
 
-@pytest.mark.parametrize("when", ["assembling", "converting"])
-def test_cancel_leaves_nothing_trusted_and_a_later_run_rebuilds(tmp_path, parts, when):
+def test_cancel_leaves_nothing_trusted_and_a_later_run_assembles(tmp_path, parts):
     ps, locate = parts
     root = tmp_path / "cache"
-    state = {"stage": ""}
-
-    def progress(stage, frac):
-        state["stage"] = stage
+    seen = []
 
     def cancel():
-        return state["stage"].lower().startswith(when)
+        return len(seen) > 0  # after the first chunk
     with pytest.raises(ProvisionError, match="^cancelled$"):
-        provision.provision(ps, root=root, locate=locate, progress=progress, cancel=cancel)
+        provision.provision(ps, root=root, locate=locate, progress=lambda s, f: seen.append(s), cancel=cancel)
     assert leftovers(root) == []
-    assert provision.provision(ps, root=root, locate=locate) == root / "tiny-model"
-    assert is_valid(root / "tiny-model", ps)
+    assert provision.provision(ps, root=root, locate=locate) == root / "tiny-model.gguf"
+    assert is_trusted(root / "tiny-model.gguf", ps)
 
 
-def test_crash_mid_conversion_leaves_nothing_trusted(tmp_path, parts, monkeypatch):
+def test_crash_mid_assembly_leaves_nothing_trusted(tmp_path, parts, monkeypatch):
     ps, locate = parts
     root = tmp_path / "cache"
-    calls = {"n": 0}
-    real_read = GGUFFile.read
+    real_fsync = provision.os.fsync
 
-    def flaky(self, name):
-        calls["n"] += 1
-        if calls["n"] == 5:
-            raise RuntimeError("simulated crash")
-        return real_read(self, name)
-    monkeypatch.setattr(GGUFFile, "read", flaky)
+    def crash(fd):
+        raise RuntimeError("simulated crash")
+    monkeypatch.setattr(provision.os, "fsync", crash)
     with pytest.raises(RuntimeError, match="simulated crash"):
         provision.provision(ps, root=root, locate=locate)
     assert leftovers(root) == []
-    monkeypatch.setattr(GGUFFile, "read", real_read)
+    monkeypatch.setattr(provision.os, "fsync", real_fsync)
     provision.provision(ps, root=root, locate=locate)
-    assert is_valid(root / "tiny-model", ps)
+    assert is_trusted(root / "tiny-model.gguf", ps)
 
 
-def test_leftovers_of_a_killed_run_are_rebuilt(tmp_path, parts):
-    """A folder without a valid manifest, or with a file of the wrong size, is never trusted."""
+def test_leftovers_of_a_killed_run_are_never_trusted(tmp_path, parts):
+    """A temp file of a dead run is removed; a final file of the wrong size is assembled again."""
     ps, locate = parts
     root = tmp_path / "cache"
-    final = root / "tiny-model"
-    final.mkdir(parents=True)
-    (final / "model.safetensors").write_bytes(b"half")
-    (root / ".tiny-model.staging-99999").mkdir()
+    root.mkdir()
     (root / ".tiny-model.gguf.tmp-99999").write_bytes(b"half")
-    assert not is_valid(final, ps)
+    final = root / "tiny-model.gguf"
+    final.write_bytes(b"half")
+    assert not is_trusted(final, ps)
     provision.provision(ps, root=root, locate=locate)
-    assert is_valid(final, ps) and leftovers(root) == ["tiny-model"]
-
-    st = final / "model.safetensors"
-    st.write_bytes(st.read_bytes()[:-4])  # truncated after the manifest was written
-    assert not is_valid(final, ps)
+    assert is_trusted(final, ps) and leftovers(root) == ["tiny-model.gguf"]
+    good = final.read_bytes()
+    final.write_bytes(good[:-4])  # truncated later, e.g. a disk that filled up while copying it elsewhere
+    assert not is_trusted(final, ps)
     provision.provision(ps, root=root, locate=locate)
-    assert is_valid(final, ps)
-    m = json.loads((final / MANIFEST).read_text())
-    (final / MANIFEST).write_text(json.dumps({**m, "source_sha256": "0" * 64}))  # built from other parts
-    assert not is_valid(final, ps)
+    assert final.read_bytes() == good
 
 
 def test_full_disk_gives_a_clear_error_and_cleans_up(tmp_path, parts, monkeypatch):
@@ -216,7 +190,7 @@ def test_full_disk_gives_a_clear_error_and_cleans_up(tmp_path, parts, monkeypatc
 
     def full(*a, **k):
         raise OSError(errno.ENOSPC, "No space left on device")
-    monkeypatch.setattr(provision, "_write_safetensors", full)
+    monkeypatch.setattr(provision.os, "fsync", full)
     with pytest.raises(ProvisionError, match="is full"):
         provision.provision(ps, root=root, locate=locate)
     assert leftovers(root) == []
@@ -252,7 +226,7 @@ def test_default_pair_uses_the_default_cache(tmp_path, monkeypatch, parts):
     monkeypatch.setattr(provision, "locate_part", locate)
     assert not provision.is_provisioned()
     target, draft = provision.default_pair()
-    assert (target, draft) == (tmp_path / "c" / "tiny-model", tmp_path / "c" / "tiny-draft")
+    assert (target, draft) == (tmp_path / "c" / "tiny-model.gguf", tmp_path / "c" / "tiny-draft.gguf")
     assert provision.is_provisioned()
 
 
