@@ -52,14 +52,18 @@ def rolling_mean(values: np.ndarray, window: int = ROLLING_WINDOW) -> np.ndarray
     return (c[n] - c[lo]) / (n - lo)
 
 
-def _cap_min_width(label: pg.LabelItem, width: float) -> None:
-    """A title asks for its text's width as its minimum; cap that, so a long title overflows its own plot
-    instead of widening the whole grid past the pane (pyqtgraph recomputes the minimum on every change)."""
+def _steady_title(label: pg.LabelItem, width: float) -> None:
+    """A title asks for its text's size; ask for a fixed one instead. The titles change with the data (every
+    draw), and a changed size hint re-lays out the whole grid, which re-renders all twelve axes in one paint
+    (~50-100 ms on a 2-vCPU machine). A long title overflows its own plot instead of widening the grid."""
     compute = label.updateMin
 
     def update_min() -> None:
-        compute()
-        label.setMinimumWidth(min(label.minimumWidth(), width))
+        compute()  # pyqtgraph fills label._sizeHint from the text, then asks the layout to update
+        height = label.minimumHeight()
+        label.setMinimumWidth(width)
+        for hint in (Qt.SizeHint.MinimumSize, Qt.SizeHint.PreferredSize):
+            label._sizeHint[hint] = (width, height)
 
     label.updateMin = update_min
 
@@ -204,7 +208,7 @@ class ChartsPanel(QWidget):
             p.setMenuEnabled(False)
             p.setMouseEnabled(x=False, y=False)
             p.hideButtons()
-            _cap_min_width(p.titleLabel, TITLE_MIN_WIDTH)
+            _steady_title(p.titleLabel, TITLE_MIN_WIDTH)
             # No grid: pyqtgraph draws it as part of each axis, across the whole plot, which doubles the cost
             # of every axis re-render. Axes repaint from a pixmap until their range changes, and no SI-prefix
             # relabelling re-lays them out when it does.
@@ -276,10 +280,10 @@ class ChartsPanel(QWidget):
     # every single stretch of GUI-thread work short (the budget above bounds their total).
     GROUPS = (("acceptance",), ("tokens",), ("histogram",), ("position",), ("speedup",), ("k",))
 
-    def flush(self, full: bool = False) -> bool:
-        """Redraw the next plot that is behind the buffer, when the time budget allows (all of them, budget
-        or not, with full=True). Returns whether it drew."""
-        if not full and not self.budget.allow():
+    def flush(self, full: bool = False, budgeted: bool = True) -> bool:
+        """Redraw the next plot that is behind the buffer, when the time budget allows (budgeted=False: even
+        when it does not; full=True: all of them, budget or not). Returns whether it drew."""
+        if budgeted and not full and not self.budget.allow():
             return False
         t = time.perf_counter()
         drew = False

@@ -190,18 +190,20 @@ class ChatView(QTextEdit):
         t = self.turns[-1] if self.turns else None
         return t is not None and (t.rendered < len(t.rounds) or (t.footer is not None and not t.footer_rendered))
 
-    def flush(self) -> int:
-        """Paint queued rounds; returns how many."""
+    def flush(self, limit: int | None = None) -> int:
+        """Paint queued rounds (at most `limit` of them: a bound on this call's layout work; the rest wait for
+        the next call); returns how many."""
         if not self.pending:
             return 0
         bar = self.verticalScrollBar()
         at_bottom = bar.value() >= bar.maximum() - 8
         turn = self.turns[-1]
-        n = len(turn.rounds) - turn.rendered
+        n = len(turn.rounds) - turn.rendered if limit is None else min(limit, len(turn.rounds) - turn.rendered)
         cursor = self._end_cursor()
         cursor.beginEditBlock()
-        self._render_rounds(cursor, turn)
-        self._render_footer(cursor, turn)
+        self._render_rounds(cursor, turn, n)
+        if turn.rendered == len(turn.rounds):
+            self._render_footer(cursor, turn)
         cursor.endEditBlock()
         if at_bottom:
             bar.setValue(bar.maximum())
@@ -386,10 +388,11 @@ class ChatView(QTextEdit):
         cursor.insertBlock(self._footer_block, self._footer_char)
         cursor.insertText(turn.footer, self._footer_char)
 
-    def _render_rounds(self, cursor: QTextCursor, turn: _Turn) -> None:
-        for ev in turn.rounds[turn.rendered:]:
+    def _render_rounds(self, cursor: QTextCursor, turn: _Turn, limit: int | None = None) -> None:
+        end = len(turn.rounds) if limit is None else turn.rendered + limit
+        for ev in turn.rounds[turn.rendered:end]:
             self._render_round(cursor, turn, ev)
-        turn.rendered = len(turn.rounds)
+        turn.rendered = min(end, len(turn.rounds))
 
     def _render_round(self, cursor: QTextCursor, turn: _Turn, ev: RoundEvent) -> None:
         accepted = [c for c in ev.committed if c.origin == Origin.ACCEPTED]

@@ -129,7 +129,6 @@ class ChatController(QObject):
         self.active = self.submit(messages, sampling, spec, "chat", text)
         self.last_request = (messages, sampling, spec)
         self.replyStarted.emit(text, self.info.target_name if self.info else "Assistant")
-        self.stateChanged.emit()
         return True
 
     def submit(self, messages: Messages, sampling: SamplingParams, spec: SpecParams, kind: str,
@@ -140,6 +139,7 @@ class ChatController(QObject):
         handle = self.host.generate(messages, sampling, spec, tag=kind)
         req = Request(handle.id, kind, messages, sampling, spec, self.stats.begin(prompt, kind), handle)
         self.requests[req.id] = req
+        self.stateChanged.emit()
         return req
 
     def update_controls(self, sampling: SamplingParams, spec: SpecParams) -> None:

@@ -43,7 +43,8 @@ from engine.service import EngineInfo
 
 
 FRAME_MS = 50  # repaint timer, 20 Hz: one chart per frame within the charts' time budget ...
-TEXT_FRAME_S = 0.09  # ... and the chat at most every other frame (about 10 Hz) while rounds keep coming
+TEXT_FRAME_S = 0.09  # ... and the chat at most every other frame (about 10 Hz) while rounds keep coming ...
+TEXT_ROUNDS_PER_FRAME = 24  # ... and at most this many rounds of text per frame: one frame's layout stays short
 
 
 def reply_footer(s: Summary) -> str:
@@ -328,21 +329,25 @@ class MainWindow(QMainWindow):
     def _on_finished(self) -> None:
         self._status_dirty = True
         self.repaint_frame()
+        self.frame_timer.start()  # on until the last rounds are painted
 
     def repaint_frame(self) -> None:
-        """One frame: paint what the buffers gathered since the last one. While rounds stream in faster than
-        the frame rate, the chat (which scrolls, so repaints whole) and the status line take every other
-        frame; a round that follows a pause is painted at the next frame."""
+        """One frame: paint part of what the buffers gathered. While rounds stream in faster than the frame
+        rate, the chat (which scrolls, so repaints whole) and the status line take every other frame; a round
+        that follows a pause is painted at the next frame. No frame does everything at once, even at the end of
+        a reply: the chat takes a bounded number of rounds, the charts one plot (see app/charts.py), and the
+        timer runs on until both have caught up."""
         now = time.monotonic()
         final = self.controller.active is None
         if final or now - self._last_text_frame >= TEXT_FRAME_S:
-            if self.chat.flush():
+            if self.chat.flush(TEXT_ROUNDS_PER_FRAME):
                 self._last_text_frame = now
             if self._status_dirty:
                 self._status_dirty = False
                 self._update_status()
-        self.charts.flush(full=final)
-        if final:
+        # Once the reply is over the budget no longer applies: the engine is idle, and the charts catch up.
+        charted = self.charts.flush(budgeted=not final)
+        if final and not charted and not self.chat.pending:
             self.frame_timer.stop()
 
     def _update_status(self) -> None:
@@ -384,7 +389,7 @@ class MainWindow(QMainWindow):
 
     def _on_compare_done(self, _verdict) -> None:
         self.charts.set_plain_reference(self.controller.plain_ms_per_token)
-        self.charts.flush()
+        self.frame_timer.start()
 
     # ---- models and the engine process ---------------------------------------------------------------------
     def load_models(self, target: str | None = None, draft: str | None = None, device: str | None = None) -> None:

@@ -447,6 +447,5 @@ def dialogs(monkeypatch) -> list[tuple[str, str, str]]:
 
 
 def wait_idle(qtbot, window, timeout: int = 10000) -> None:
-    """Until the window's requests have all finished and their last frame is painted."""
-    qtbot.waitUntil(lambda: not window.controller.busy, timeout=timeout)
-    window.repaint_frame()
+    """Until the window's requests have all finished and the window has painted all they brought."""
+    qtbot.waitUntil(lambda: not window.controller.busy and not window.frame_timer.isActive(), timeout=timeout)

@@ -2,12 +2,11 @@
 import pytest
 
 from app.compare import compare
-from app.window import MainWindow
 from tests.app_fixtures import *  # noqa: F401,F403
-from tests.app_fixtures import CODE_REPLY, FakeEngine, make_round, make_summary, wait_idle
+from tests.app_fixtures import CODE_REPLY, fake, make_round, make_summary, wait_idle
 
 
-def test_compare_replays_last_prompt_off_then_on(qtbot, window, fake_engine):
+def test_compare_replays_last_prompt_off_then_on(qtbot, window, engine_log):
     window.controls.system_edit.setPlainText("Be terse.")
     window.input.setPlainText("Write fib")
     window.send()
@@ -18,7 +17,8 @@ def test_compare_replays_last_prompt_off_then_on(qtbot, window, fake_engine):
     assert dlg is not None and not window.send_button.isEnabled()
     qtbot.waitUntil(lambda: dlg.verdict is not None, timeout=10000)
     plain, spec = dlg.sides
-    assert fake_engine.requests[-1] == fake_engine.requests[-2] == fake_engine.requests[0]
+    requests = engine_log.requests
+    assert requests[-1] == requests[-2] == requests[0]
     assert {r.mode for r in plain.record.rounds} == {"plain"}
     assert "speculative" in {r.mode for r in spec.record.rounds}
     v = dlg.verdict
@@ -28,51 +28,42 @@ def test_compare_replays_last_prompt_off_then_on(qtbot, window, fake_engine):
     assert plain.view.reply_text() == spec.view.reply_text() == CODE_REPLY
     assert "tok/s" in plain.stats_label.text() and "acceptance" in spec.stats_label.text()
     # Both runs are in the session stats, labelled, and the charts now know the plain-decode rate.
-    assert [r.kind for r in window.stats.records] == ["chat", "compare-plain", "compare-speculative"]
-    assert window.charts.buffer.plain_reference_ms == pytest.approx(window.stats.totals().plain_ms_per_token)
+    stats = window.controller.stats
+    assert [r.kind for r in stats.records] == ["chat", "compare-plain", "compare-speculative"]
+    assert plain.record is stats.records[1] and spec.record is stats.records[2]
+    assert plain.record.summary is plain.summary and spec.record.summary is spec.summary
+    assert window.charts.buffer.plain_reference_ms == pytest.approx(stats.totals().plain_ms_per_token)
     qtbot.waitUntil(lambda: window.send_button.isEnabled(), timeout=5000)
     dlg.close()
 
 
-def test_compare_uses_one_seed_for_both_sides(qtbot, qt_settings, make_host):
-    engine = FakeEngine()
-    seen = []
-    original = engine.generate
-
-    def spy(ids, sampling, spec, controls=None):
-        seen.append((sampling.seed, spec.enabled))
-        return original(ids, sampling, spec, controls)
-
-    engine.generate = spy
-    w = MainWindow(make_host(engine), qt_settings)
-    qtbot.addWidget(w)
+def test_compare_uses_one_seed_for_both_sides(qtbot, make_window, engine_log):
+    w = make_window(fake(log=str(engine_log.path)), show=False)
     w.controls.temp_slider.setValue(70)  # sampling, seed "random"
     w.input.setPlainText("hi")
     w.send()
     wait_idle(qtbot, w)
     dlg = w.compare()
     qtbot.waitUntil(lambda: not dlg.running, timeout=10000)
-    (_, first), (s1, off), (s2, on) = seen
+    (_, first), (s1, off), (s2, on) = engine_log.generates
     assert s1 == s2 and s1 is not None and (off, on) == (False, True)
     assert not dlg.verdict.greedy and "distribution" in dlg.verdict.note
     dlg.close()
 
 
-def test_compare_stop(qtbot, qt_settings, make_host):
-    engine = FakeEngine(round_delay=0.03)
-    w = MainWindow(make_host(engine), qt_settings)
-    qtbot.addWidget(w)
+def test_compare_stop(qtbot, make_window, engine_log):
+    w = make_window(fake(round_delay=0.03, log=str(engine_log.path)), show=False)
     w.controls.max_tokens_spin.setValue(6)
     w.input.setPlainText("hi")
     w.send()
     wait_idle(qtbot, w)
     w.controls.max_tokens_spin.setValue(256)
     dlg = w.compare()
-    qtbot.waitUntil(lambda: len(engine.seen) > 4, timeout=5000)
+    qtbot.waitUntil(lambda: len(engine_log.seen) > 4, timeout=5000)
     dlg.stop()
     qtbot.waitUntil(lambda: not dlg.running, timeout=5000)
     assert dlg.verdict is None and "incomplete" in dlg.verdict_label.text()
-    assert not w.host.busy
+    assert not w.controller.busy
 
 
 def test_compare_needs_a_prompt(window):

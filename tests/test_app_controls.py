@@ -2,10 +2,9 @@
 from PySide6.QtCore import QSettings
 
 from app.controls import ControlsPanel, describe_model
-from app.window import MainWindow
 from engine.config import SamplingParams, SpecParams
 from tests.app_fixtures import *  # noqa: F401,F403
-from tests.app_fixtures import FakeEngine, wait_idle
+from tests.app_fixtures import fake, wait_idle
 
 
 def test_panel_values(qtbot):
@@ -41,31 +40,31 @@ def test_every_live_control_emits_changed(qtbot):
             change()
 
 
-def test_changes_reach_engine_at_next_round(qtbot, qt_settings, make_host):
-    engine = FakeEngine(round_delay=0.03)
-    w = MainWindow(make_host(engine), qt_settings)
-    qtbot.addWidget(w)
+def test_changes_reach_engine_at_next_round(qtbot, make_window, engine_log):
+    w = make_window(fake(round_delay=0.03, log=str(engine_log.path)), show=False)
     w.input.setPlainText("go")
     w.send()
-    qtbot.waitUntil(lambda: len(engine.seen) >= 3, timeout=5000)
-    assert all(s.k == 4 and s.enabled and s.temperature == 0.0 for s in engine.seen)
-    n = len(engine.seen)  # rounds started so far; the next one may already have read the old values
+    record = w.controller.active.record
+    qtbot.waitUntil(lambda: len(engine_log.seen) >= 3, timeout=5000)
+    assert all(s.k == 4 and s.enabled and s.temperature == 0.0 for s in engine_log.seen)
+    n = len(engine_log.seen)  # rounds started so far; the next one may already have read the old values
     w.controls.k_slider.setValue(7)
     w.controls.temp_slider.setValue(80)
     w.controls.top_p_slider.setValue(90)
     w.controls.adaptive_check.setChecked(True)
-    qtbot.waitUntil(lambda: len(engine.seen) >= n + 3, timeout=5000)
-    m = len(engine.seen)
+    qtbot.waitUntil(lambda: len(engine_log.seen) >= n + 3, timeout=5000)
+    m = len(engine_log.seen)
     w.controls.spec_toggle.setChecked(False)
     w.controls.drafter_combo.setCurrentIndex(1)
     wait_idle(qtbot, w)
-    later = engine.seen[n + 1:]
+    seen = engine_log.seen
+    later = seen[n + 1:]
     assert later and all((s.k, s.temperature, s.top_p, s.adaptive) == (7, 0.8, 0.9, True) for s in later)
-    off = engine.seen[m + 1:]
+    off = seen[m + 1:]
     assert off and all(not s.enabled and s.drafter == "ngram" for s in off)
     # ... and the engine really ran plain rounds from then on.
-    assert all(r.mode == "plain" for r in w.record.rounds[m + 1:])
-    assert any(r.mode == "speculative" and r.temperature == 0.8 for r in w.record.rounds)
+    assert all(r.mode == "plain" for r in record.rounds[m + 1:])
+    assert any(r.mode == "speculative" and r.temperature == 0.8 for r in record.rounds)
 
 
 def test_no_draft_model_switches_to_ngram(qtbot):
@@ -122,15 +121,14 @@ def test_settings_persist(qtbot, tmp_path):
     assert q.system_prompt() == "Be brief."
 
 
-def test_window_settings_round_trip(qtbot, qt_settings, make_host):
-    w = MainWindow(make_host(FakeEngine()), qt_settings)
-    qtbot.addWidget(w)
+def test_window_settings_round_trip(qtbot, make_host, make_window):
+    host = make_host()
+    w = make_window(host=host, show=False)
     w.controls.k_slider.setValue(6)
     w.rejected_action.setChecked(False)
     w.set_theme("dark")
     w.close()  # saves
-    w2 = MainWindow(make_host(FakeEngine()), qt_settings)
-    qtbot.addWidget(w2)
+    w2 = make_window(host=host, show=False)
     assert w2.controls.k_slider.value() == 6
     assert not w2.rejected_action.isChecked() and not w2.chat.show_rejected
     assert w2.theme == "dark" and w2.theme_actions["dark"].isChecked()
