@@ -24,7 +24,7 @@ from engine.events import CommittedToken, DraftToken, Origin, RoundEvent, Summar
 from engine.service import Controls, Factory  # noqa: E402
 
 __all__ = [
-    "FakeEngine", "SeenRound", "EngineLog", "make_round", "make_summary", "CODE_REPLY", "fake", "tiny",
+    "FakeEngine", "SeenRound", "EngineLog", "make_round", "make_summary", "CODE_REPLY", "fake", "tiny", "spy", "spied",
     "_isolated_qsettings", "qt_settings", "engine_log", "make_host", "make_window", "window", "dialogs",
     "wait_idle", "LOAD_TIMEOUT_MS",
 ]
@@ -254,11 +254,9 @@ def tiny(**kw) -> Factory:
     return Factory("tests.app_fixtures:tiny_loader", kw)
 
 
-def tiny_loader(target, draft, device, progress, cancelled, *, max_seq_len: int = 256, no_eos: bool = True,
-                spy: str | None = None):
+def tiny_loader(target, draft, device, progress, cancelled, *, max_seq_len: int = 256, no_eos: bool = True):
     """Runs in the engine process: the tiny random pair of tests/tiny.py on one thread (tiny models only pay
-    for more). `no_eos`: a random model says EOS early, run to the token limit instead. `spy`: every request's
-    yielded events are appended to that file, pickled, one list per request (see `spied`)."""
+    for more). `no_eos`: a random model says EOS early, run to the token limit instead."""
     import torch
 
     from tests.tiny import tiny_engine
@@ -267,25 +265,34 @@ def tiny_loader(target, draft, device, progress, cancelled, *, max_seq_len: int 
     engine = tiny_engine(max_seq_len=max_seq_len)
     if no_eos:
         engine.eos_ids = set()
-    if spy:
-        original = engine.generate
+    return engine
 
-        def generate(*args, **kwargs):
-            seen = []
-            try:
-                for ev in original(*args, **kwargs):
-                    seen.append(ev)
-                    yield ev
-            finally:
-                with open(spy, "ab") as f:
-                    pickle.dump(seen, f)
 
-        engine.generate = generate
+def spy(inner: Factory, path) -> Factory:
+    """`inner`'s engine, with every request's yielded events appended to `path` (read them with `spied`)."""
+    return Factory("tests.app_fixtures:spy_loader", {"inner": inner, "path": str(path)})
+
+
+def spy_loader(target, draft, device, progress, cancelled, *, inner: Factory, path: str):
+    engine = inner.resolve()(target, draft, device, progress, cancelled)
+    original = engine.generate
+
+    def generate(*args, **kwargs):
+        seen = []
+        try:
+            for ev in original(*args, **kwargs):
+                seen.append(ev)
+                yield ev
+        finally:
+            with open(path, "ab") as f:
+                pickle.dump(seen, f)
+
+    engine.generate = generate
     return engine
 
 
 def spied(path) -> list[list[RoundEvent | Summary]]:
-    """What tiny_loader(spy=path)'s engine yielded, per request."""
+    """What a spy(inner, path) engine yielded, per request."""
     out = []
     if Path(path).exists():
         with open(path, "rb") as f:
@@ -387,13 +394,13 @@ def make_host(qapp, qtbot):
 
     hosts = []
 
-    def make(loader: Factory | None = None, *, load: bool = True, models=()):
+    def make(loader: Factory | None = None, *, load: bool = True, models=(), load_timeout_ms: int = LOAD_TIMEOUT_MS):
         host = EngineHost(loader or fake(), Factory("tests.app_fixtures:listed_models", {"names": list(models)}))
         hosts.append(host)
         host.start()
         if load:
             host.load()
-            qtbot.waitUntil(lambda: host.ready or host.loading is None, timeout=LOAD_TIMEOUT_MS)
+            qtbot.waitUntil(lambda: host.ready or host.loading is None, timeout=load_timeout_ms)
             assert host.ready, "the engine did not load"
         return host
 
@@ -408,8 +415,9 @@ def make_window(qtbot, qt_settings, make_host):
     from app.controller import ChatController
     from app.window import MainWindow
 
-    def make(loader: Factory | None = None, *, host=None, load: bool = True, show: bool = True, settings=None):
-        host = host or make_host(loader, load=load)
+    def make(loader: Factory | None = None, *, host=None, load: bool = True, show: bool = True, settings=None,
+             **host_kw):
+        host = host or make_host(loader, load=load, **host_kw)
         w = MainWindow(ChatController(host), settings if settings is not None else qt_settings)
         qtbot.addWidget(w)
         if show:
