@@ -47,6 +47,7 @@ class Request:
     spec: SpecParams
     record: MessageRecord
     handle: HostRequest = field(repr=False)
+    failed: bool = False  # ended with an error or the engine's death
 
     def cancel(self) -> None:
         self.handle.cancel()
@@ -237,6 +238,7 @@ class ChatController(QObject):
         req = self.requests.get(rid)
         if req is None:
             return
+        req.failed = True
         self.requestFailed.emit(rid, message)
         if req is self.active:
             self._keep_partial(req)
@@ -256,6 +258,8 @@ class ChatController(QObject):
             return
         self.requestFinished.emit(rid)
         if req is self.active:
+            if req.record.summary is None and not req.failed:  # cancelled before its first round
+                self._keep_partial(req)
             self.active = None
             self.replyFinished.emit()
         self.stateChanged.emit()
@@ -264,6 +268,7 @@ class ChatController(QObject):
         self.death = sentence
         self.engineDied.emit(sentence)
         for rid, req in list(self.requests.items()):
+            req.failed = True
             if req is self.active:
                 self._keep_partial(req)
                 self.replyInterrupted.emit(sentence)

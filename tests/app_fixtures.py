@@ -254,9 +254,11 @@ def tiny(**kw) -> Factory:
     return Factory("tests.app_fixtures:tiny_loader", kw)
 
 
-def tiny_loader(target, draft, device, progress, cancelled, *, max_seq_len: int = 256, no_eos: bool = True):
+def tiny_loader(target, draft, device, progress, cancelled, *, max_seq_len: int = 256, no_eos: bool = True,
+                round_delay: float = 0.0):
     """Runs in the engine process: the tiny random pair of tests/tiny.py on one thread (tiny models only pay
-    for more). `no_eos`: a random model says EOS early, run to the token limit instead."""
+    for more). `no_eos`: a random model says EOS early, run to the token limit instead. `round_delay`: sleep
+    that long after each round, so that a test can act mid-reply."""
     import torch
 
     from tests.tiny import tiny_engine
@@ -265,6 +267,15 @@ def tiny_loader(target, draft, device, progress, cancelled, *, max_seq_len: int 
     engine = tiny_engine(max_seq_len=max_seq_len)
     if no_eos:
         engine.eos_ids = set()
+    if round_delay:
+        original = engine.generate
+
+        def generate(*args, **kwargs):
+            for ev in original(*args, **kwargs):
+                yield ev
+                time.sleep(round_delay)
+
+        engine.generate = generate
     return engine
 
 
