@@ -165,15 +165,18 @@ class EngineHost(QObject):
         """Reader thread: every message goes to the GUI thread as it is. It touches no Qt object but the signal,
         and never reaps the process: two threads waiting on one child can each miss its exit status."""
         fatal = None
-        while True:
-            try:
-                msg = conn.recv()
-            except (EOFError, OSError):
-                break
-            if msg[0] == "fatal":
-                fatal = msg[1]
-            self._message.emit((proc, msg))
-        self._message.emit((proc, (_LOST, fatal)))
+        try:
+            while True:
+                try:
+                    msg = conn.recv()
+                except (EOFError, OSError):
+                    break
+                if msg[0] == "fatal":
+                    fatal = msg[1]
+                self._message.emit((proc, msg))
+            self._message.emit((proc, (_LOST, fatal)))
+        except RuntimeError:  # the host itself was deleted (its owner is gone): nobody is left to tell
+            pass
 
     # ---- commands ------------------------------------------------------------------------------------------
     def send(self, *cmd: Any) -> bool:

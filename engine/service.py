@@ -31,7 +31,8 @@ Events (engine -> GUI):
     ("finished", rid)                              always, last for every request (also one cancelled in
                                                    the queue, which sends nothing else)
     ("status", {"pid", "rss_bytes", "target_free_blocks", "target_total_blocks",
-                "draft_free_blocks", "draft_total_blocks", "busy"})   blocks None where the engine has none
+                "draft_free_blocks", "draft_total_blocks",    blocks None where the engine has none
+                "busy"})                                       a job runs or waits (load, generate, reset, scan)
     ("fatal", message)                             the loop itself failed; the process exits with status 1
 
 The engine factory and the model lister are given as import paths ("package.module:function") plus picklable
@@ -207,7 +208,7 @@ class Service:
         target = _blocks(getattr(e, "target_pool", None))
         drafter = getattr(e, "model_drafter", None)
         draft = _blocks(getattr(drafter, "pool", None))
-        return {"pid": os.getpid(), "rss_bytes": rss_bytes(), "busy": self._busy,
+        return {"pid": os.getpid(), "rss_bytes": rss_bytes(), "busy": self._busy or not self.jobs.empty(),
                 "target_free_blocks": target[0], "target_total_blocks": target[1],
                 "draft_free_blocks": draft[0], "draft_total_blocks": draft[1]}
 
