@@ -11,7 +11,9 @@ Speedup, measured vs theoretical (Leviathan et al.): theory = (1 - a^(K+1)) / ((
 measured acceptance rate, K the mean number of tokens drafted per drafting round, and
 c = (mean draft ms per drafted token) / (mean plain-decode ms per token) once the session has a plain rate
 (any round with speculation off, e.g. from Run > Compare), else / (mean verify ms per round). The measured
-figure is speculative tokens/s over plain tokens/s with the same fallback. See engine.stats.SpeedTotals.
+figure is speculative tokens/s over plain tokens/s, and only that: before the session has a plain rate the panel
+says it needs one instead of showing an estimate (a stand-in that could exceed the bound it is compared with).
+When a plain rate arrives, the whole measured curve is drawn from it. See engine.stats.SpeedTotals.
 """
 from __future__ import annotations
 
@@ -91,7 +93,7 @@ class ChartBuffer:
         self.acceptance: list[float] = []  # NaN for rounds that drafted nothing
         self.tokens_per_s: list[float] = []
         self.k: list[float] = []  # NaN in plain mode
-        self.measured: list[float] = []
+        self.spec_progress: list[tuple[int, float]] = []  # so far: speculative tokens committed, their draft+verify ms
         self.theoretical: list[float] = []
         self.accepted_len: list[int] = []  # histogram counts, index = accepted drafts in a round
         self.pos_drafted: list[int] = []
@@ -130,11 +132,21 @@ class ChartBuffer:
             for i, d in enumerate(ev.drafted):
                 self.pos_drafted[i] += 1
                 self.pos_accepted[i] += d.accepted
-        ref = self.plain_ms
-        m, t = self.totals.measured_speedup(ref), self.totals.theoretical_speedup(ref)
-        self.measured.append(NAN if m is None else m)
-        self.theoretical.append(NAN if t is None else t)
+        t = self.totals
+        self.spec_progress.append((t.spec_committed, t.draft_ms + t.spec_verify_ms))
+        theory = t.theoretical_speedup(self.plain_ms)
+        self.theoretical.append(NAN if theory is None else theory)
         self.version += 1
+
+    def measured(self) -> np.ndarray:
+        """Speculative over plain tokens/s after each round; all NaN while the session has no plain rate."""
+        ref = self.plain_ms
+        progress = np.asarray(self.spec_progress, dtype=float).reshape(-1, 2)
+        committed, spent = progress[:, 0], progress[:, 1]
+        if not ref:
+            return np.full(len(committed), NAN)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.where(spent > 0, committed * ref / spent, NAN)
 
     def position_rates(self) -> list[float]:
         return [a / d if d else 0.0 for a, d in zip(self.pos_accepted, self.pos_drafted)]
@@ -351,21 +363,29 @@ class ChartsPanel(QWidget):
         self._title("position", "Accepted by position")
 
     def _draw_speedup(self, b: ChartBuffer, x: np.ndarray, x_hi: float) -> None:
-        measured, theory = np.asarray(b.measured, dtype=float), np.asarray(b.theoretical, dtype=float)
-        self.curves["measured"].setData(x, measured)
+        measured, theory = b.measured(), np.asarray(b.theoretical, dtype=float)
+        finite = np.isfinite(measured)
+        self.curves["measured"].setData(x[finite], measured[finite])
         self.curves["theoretical"].setData(x, theory)
         both = np.concatenate([measured, theory])
         top = float(np.nanmax(both)) if np.isfinite(both).any() else 1.0
         self._range("speedup", "x", 0, x_hi)
         self._range("speedup", "y", 0, max(nice_ceiling(top * 1.1), 2.0))
-        m, th = _last(b.measured), _last(b.theoretical)
-        est = "" if b.plain_ms else "~"
-        ms = f"{est}{m:.2f}\u00d7" if m is not None else "measured"
-        ts = f"{th:.2f}\u00d7" if th is not None else ""
-        self._title("speedup", f"Speedup {_span('measured', ms)} vs {_span('theoretical', ('theory ' + ts).strip())}")
+        m, th = _last(list(measured)), _last(b.theoretical)
+        ts = _span("theoretical", f"theory {th:.2f}\u00d7" if th is not None else "theory")
+        if b.plain_ms:
+            ms = _span("measured", f"{m:.2f}\u00d7" if m is not None else "measured")
+            self._title("speedup", f"Speedup {ms} vs {ts}")
+        else:
+            self._title("speedup", f"Speedup: {ts}")
         t = b.totals
-        inputs = (f"\u03b1 {t.alpha:.2f}  K {t.mean_k:.1f}  c {t.cost_ratio(b.plain_ms):.2f}"
-                  if t.draft_rounds else "")
+        inputs = ""
+        if t.draft_rounds:
+            # Without a plain rate, c divides by the verify pass instead of a plain step: say so.
+            c = f"c {t.cost_ratio(b.plain_ms):.2f}" if b.plain_ms else f"c\u2248{t.cost_ratio():.2f} (verify as step)"
+            inputs = f"\u03b1 {t.alpha:.2f}  K {t.mean_k:.1f}  {c}"
+        if t.spec_rounds and not b.plain_ms:
+            inputs += "\nmeasured speedup: needs a plain run \u2014 Run \u203a Compare"
         if self._shown.get(("speedup", "note")) != inputs:
             self._shown[("speedup", "note")] = inputs
             self.speedup_note.setText(inputs)

@@ -110,8 +110,8 @@ class ControlsPanel(QWidget):
         self.k_slider.setToolTip("Tokens drafted per round")
         self.k_label = QLabel()
         self.adaptive_check = QCheckBox("Adaptive K")
-        self.adaptive_check.setToolTip("Let the engine pick K each round from recent acceptance (the slider is "
-                                       "where it starts)")
+        self.adaptive_check.setToolTip("Let the engine pick K each round from recent acceptance; the K slider is "
+                                       "the upper bound")
         form.addRow(self.spec_toggle)
         form.addRow("Drafter", self.drafter_combo)
         form.addRow("K", _with_value(self.k_slider, self.k_label))

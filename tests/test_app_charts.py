@@ -46,12 +46,32 @@ def test_charts_receive_points(panel):
     assert list(hist) == [1, 1, 0, 1, 1]  # accepted 0, 1, 3, 4 once each
     pos = panel.bars["position"].opts["height"]
     assert np.allclose(pos, [3 / 4, 2 / 4, 2 / 4, 1 / 3])
-    _, measured = panel.curves["measured"].getData()
     _, theory = panel.curves["theoretical"].getData()
-    assert len(measured) == len(theory) == 4
+    assert len(theory) == 4
     t = panel.buffer.totals
     assert theory[-1] == pytest.approx(theoretical_speedup(t.alpha, t.mean_k, t.cost_ratio()))
     assert "Speedup" in panel.plots["speedup"].titleLabel.text
+
+
+def test_speedup_shows_only_what_is_measured(panel):
+    """Before the session has a plain rate there is no measured speedup, only a plain word on what is missing;
+    once there is one (Run > Compare), the whole measured curve is drawn from it."""
+    for ev in rounds():
+        panel.feed(ev)
+    panel.flush(full=True)
+    title = panel.plots["speedup"].titleLabel.text
+    assert "theory" in title and " vs " not in title and "~" not in title
+    assert len(panel.curves["measured"].getData()[0] or []) == 0
+    assert "measured speedup: needs a plain run \u2014 Run \u203a Compare" in panel.speedup_note.toPlainText()
+    panel.set_plain_reference(20.0)  # 20 ms per plain token
+    panel.flush(full=True)
+    x, measured = panel.curves["measured"].getData()
+    spent = np.cumsum([14.0, 14.0, 14.0, 13.0])
+    committed = np.cumsum([4, 5, 1, 2])
+    assert list(x) == [1, 2, 3, 4] and np.allclose(measured, committed * 20.0 / spent)
+    title = panel.plots["speedup"].titleLabel.text
+    assert f"{measured[-1]:.2f}\u00d7</span> vs" in title and "theory" in title
+    assert "needs a plain run" not in panel.speedup_note.toPlainText()
 
 
 def test_flush_only_redraws_on_change(panel):
