@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import json
+import math
+import numbers
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -116,9 +118,13 @@ class SamplingParams:
     repetition_penalty: float = 1.0  # 1: off
     max_new_tokens: int = 256
     seed: int | None = None
-    stop: tuple[str, ...] = ()
+    stop: tuple[str, ...] = ()  # a single str is taken as one stop string
 
     def __post_init__(self) -> None:
+        for name in ("temperature", "top_p", "repetition_penalty"):
+            _check_finite(type(self).__name__, name, getattr(self, name))
+        for name in ("top_k", "max_new_tokens"):
+            _check_int(type(self).__name__, name, getattr(self, name))
         if not (0.0 <= self.temperature <= 10.0):
             raise ValueError(f"temperature must be in [0, 10], got {self.temperature}")
         if self.top_k < 0:
@@ -129,7 +135,11 @@ class SamplingParams:
             raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
-        object.__setattr__(self, "stop", tuple(s for s in self.stop if s))
+        if self.seed is not None:
+            _check_int(type(self).__name__, "seed", self.seed)
+            if not 0 <= self.seed < 2**64:  # what torch.Generator.manual_seed takes
+                raise ValueError(f"seed must be in [0, 2**64), got {self.seed}")
+        object.__setattr__(self, "stop", _stop_strings(self.stop))
 
     @property
     def greedy(self) -> bool:
@@ -137,6 +147,32 @@ class SamplingParams:
 
     def with_(self, **kw: Any) -> SamplingParams:
         return replace(self, **kw)
+
+
+def _check_finite(owner: str, name: str, value: object) -> None:
+    """NaN slips through every range comparison, so non-finite values are refused first."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ValueError(f"{owner}.{name} must be a number, got {value!r}")
+    if not math.isfinite(value):
+        raise ValueError(f"{owner}.{name} must be a finite number, got {value!r}")
+
+
+def _check_int(owner: str, name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ValueError(f"{owner}.{name} must be an integer, got {value!r}")
+
+
+def _stop_strings(stop: str | tuple[str, ...] | list[str]) -> tuple[str, ...]:
+    """A single string is one stop string (iterating it would make every character a stop)."""
+    items = (stop,) if isinstance(stop, str) else stop
+    try:
+        items = tuple(items)
+    except TypeError:
+        raise ValueError(f"stop must be a string or a sequence of strings, got {stop!r}") from None
+    bad = [s for s in items if not isinstance(s, str)]
+    if bad:
+        raise ValueError(f"stop strings must be str, got {bad[0]!r}")
+    return tuple(s for s in items if s)
 
 
 Drafter = Literal["model", "ngram"]
@@ -155,6 +191,8 @@ class SpecParams:
     ngram_min: int = 1
 
     def __post_init__(self) -> None:
+        for name in ("k", "k_max", "ngram_max", "ngram_min"):
+            _check_int(type(self).__name__, name, getattr(self, name))
         if self.k < 1:
             raise ValueError(f"K must be >= 1, got {self.k}")
         if self.k > self.k_max:
@@ -175,6 +213,8 @@ class CacheConfig:
     max_seq_len: int = 4096
 
     def __post_init__(self) -> None:
+        for name in ("block_size", "num_blocks", "max_seq_len"):
+            _check_int(type(self).__name__, name, getattr(self, name))
         if self.block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {self.block_size}")
         if self.max_seq_len < 2:

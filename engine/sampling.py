@@ -6,6 +6,8 @@ argmax, which makes the accept rule reduce to an exact-match test with no specia
 """
 from __future__ import annotations
 
+import sys
+
 import torch
 
 from .config import SamplingParams
@@ -52,13 +54,34 @@ def probs_for_positions(
     return torch.stack([probs_from_logits(logits[i], params, torch.cat([context, drafted[:i]])) for i in range(len(logits))])
 
 
+def tempered_softmax(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """softmax(logits / T) on the last dim, finite for every T > 0. (..., V) float32 -> (..., V) float32
+
+    Subtracting the maximum first is exact algebra (softmax is shift-invariant) and makes every scaled
+    logit <= 0 with the maximum at exactly 0, so a tiny T sends the others to -inf (probability 0) instead
+    of overflowing to inf - inf = NaN. A T below float32's smallest normal number (which would round to 0 or
+    a denormal) is applied in float64, where every Python float is exact. As T -> 0 this tends to the
+    uniform distribution over the tied maxima, which is exactly what it returns: no greedy cut-off.
+    Below float64's smallest normal number even the closest float32 logits are > 1e262 apart once
+    scaled, so the result is that limit, computed directly (no denormal divisor, whatever the FPU mode).
+    """
+    shifted = logits - logits.amax(-1, keepdim=True)
+    if temperature < sys.float_info.min:
+        ties = (shifted == 0).float()
+        return ties / ties.sum(-1, keepdim=True)
+    if temperature < torch.finfo(torch.float32).tiny:
+        return torch.softmax(shifted.double() / temperature, dim=-1).float()
+    return torch.softmax(shifted / temperature, dim=-1)
+
+
 def _rows(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """Temperature (or argmax), top-k, softmax, top-p, on the last dim. (..., V) -> (..., V)"""
     logits = logits.float()
     if params.greedy:
         return torch.zeros_like(logits).scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
-    logits = top_k_filter(logits / params.temperature, params.top_k)
-    return top_p_filter(torch.softmax(logits, dim=-1), params.top_p)
+    # top-k keeps the same set before or after dividing by T > 0; before, no scaled value is yet -inf.
+    logits = top_k_filter(logits, params.top_k)
+    return top_p_filter(tempered_softmax(logits, params.temperature), params.top_p)
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
