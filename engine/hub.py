@@ -5,6 +5,7 @@ Nothing here downloads: a repo id must already be in the local Hugging Face cach
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 from dataclasses import dataclass, replace
@@ -13,6 +14,10 @@ from pathlib import Path
 from .weights import ModelLoadError, safetensors_files, safetensors_header
 
 COMPATIBLE = ("llama", "qwen2", "mistral")
+# What a malformed entry can raise while being described (a nested GGUF array where a number belongs
+# surfaces as TypeError; absurd nesting as RecursionError). Listing skips such an entry, never fails.
+_BAD_ENTRY = (ModelLoadError, OSError, KeyError, ValueError, TypeError, RecursionError)
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -108,6 +113,8 @@ def describe(path: Path, source: str, name: str | None = None) -> LocalModel:
             cfg = json.loads((path / "config.json").read_text())
         except (OSError, ValueError) as e:
             raise ModelLoadError(f"{path}: unreadable config.json: {e}") from e
+        if not isinstance(cfg, dict):
+            raise ModelLoadError(f"{path}: config.json holds a JSON {type(cfg).__name__}, not an object")
         from .config import ModelConfig
 
         try:
@@ -133,11 +140,17 @@ def list_local_models() -> list[LocalModel]:
             else:  # not converted yet: read the GGUF header from the first installed part
                 m = describe(provision.locate_part(ps.packages[0]), "embedded", ps.name)
             out.append(replace(m, path=folder))
-        except (ModelLoadError, provision.ProvisionError, OSError):
+        except (*_BAD_ENTRY, provision.ProvisionError) as e:
+            if not isinstance(e, provision.ProvisionError):  # not installed is normal; broken is worth a line
+                log.warning("skipping embedded model %s: %s", ps.name, e)
             continue
     cache = hf_cache_dir()
     for repo in sorted(cache.glob("models--*")) if cache.is_dir() else []:
-        snap = snapshot(repo)
+        try:
+            snap = snapshot(repo)
+        except _BAD_ENTRY as e:  # e.g. an unreadable refs/main
+            log.warning("skipping %s: %s", repo, e)
+            continue
         if snap is None:
             continue
         candidates = [(snap, "hf-cache")] if (snap / "config.json").is_file() else []
@@ -145,7 +158,8 @@ def list_local_models() -> list[LocalModel]:
         for path, source in candidates:
             try:
                 m = describe(path, source)
-            except (ModelLoadError, OSError, KeyError, ValueError):
+            except _BAD_ENTRY as e:
+                log.warning("skipping %s: %s", path, e)
                 continue
             if m.arch in COMPATIBLE:
                 out.append(m)
