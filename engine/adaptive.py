@@ -32,4 +32,5 @@ class AdaptiveK:
             self.c = 0.7 * self.c + 0.3 * (draft_s_per_token / verify_s)
 
     def choose(self, spec: SpecParams) -> int:
-        return max(range(1, spec.k_max + 1), key=lambda k: expected_speedup(self.alpha, k, self.c))
+        """The best K in 1..spec.k: the K the user set is the ceiling (k_max only bounds what may be set)."""
+        return max(range(1, spec.k + 1), key=lambda k: expected_speedup(self.alpha, k, self.c))

@@ -28,3 +28,10 @@ class Detokenizer:
             self.prefix, self.read = self.read, len(self.ids)
             return delta
         return ""
+
+    def flush(self) -> str:
+        """At the end of a reply: the text of ids not yet emitted (an unfinished character decodes to U+FFFD)."""
+        before = self._decode(self.ids[self.prefix : self.read])
+        after = self._decode(self.ids[self.prefix :])
+        self.prefix = self.read = len(self.ids)
+        return after[len(before) :] if len(after) > len(before) else ""

@@ -6,6 +6,7 @@ what followed; its proposal is a point mass, so q(t) = 1 and rejection sampling 
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -18,12 +19,16 @@ from .sampling import probs_from_logits, sample
 from .speculative import point_mass
 
 PREFILL_CHUNK = 512  # long prompts go through in chunks to bound the attention mask's memory
+# A regular round leaves the draft cache at most one token behind the committed ids (the last drafted
+# token after a bonus round); more than that is a prompt, or text another drafter made, to prefill.
+MAX_ROUND_LAG = 1
 
 
 @dataclass(frozen=True)
 class Proposal:
     tokens: torch.Tensor  # (n,), n <= K; n == 0 means "nothing to propose: decode plainly"
     q: torch.Tensor  # (n, V)
+    prefill_s: float = 0.0  # part of the propose() time spent catching the drafter's cache up (prompt prefill)
 
 
 class Drafter(Protocol):
@@ -46,13 +51,21 @@ def common_prefix(a: list[int], b: list[int]) -> int:
 
 
 def forward_chunked(model: Transformer, pool: KVPool, seq: int, ids: list[int], device) -> torch.Tensor:
-    """Append ids to seq's cache and return the last position's logits (V,)."""
+    """Append ids to seq's cache and return the last position's logits (V,).
+
+    If a chunk's forward pass fails (e.g. out of memory), that chunk's positions are given back before the
+    error propagates: the cache never claims positions whose KV was not written. Earlier chunks stay.
+    """
     logits = None
     for s in range(0, len(ids), PREFILL_CHUNK):
         chunk = ids[s : s + PREFILL_CHUNK]
         start, end = pool.manager.append(seq, len(chunk))
         x = torch.tensor(chunk, dtype=torch.long, device=device)
-        logits = model(x, start, pool.view(seq, start, end), last_only=True)
+        try:
+            logits = model(x, start, pool.view(seq, start, end), last_only=True)
+        except BaseException:
+            pool.manager.truncate_to(seq, start)
+            raise
     assert logits is not None
     return logits[0]
 
@@ -71,8 +84,21 @@ class ModelDrafter:
         self.pool.manager.truncate_to(self.seq, keep)
         del self.cached[keep:]
 
+    def _prefill(self, ids: list[int]) -> float:
+        """Bring the draft cache up to ids[:-1] when it lags by more than a round leaves; returns seconds."""
+        behind = ids[len(self.cached) : -1]
+        if len(behind) <= MAX_ROUND_LAG:
+            return 0.0  # fed together with the last token, as part of drafting
+        t0 = time.perf_counter()
+        forward_chunked(self.model, self.pool, self.seq, behind, self.device)
+        self.cached.extend(behind)
+        if self.device.type == "cuda":  # kernels run asynchronously: time them, not their launch
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter() - t0
+
     def propose(self, ids: list[int], k: int, params: SamplingParams, gen: torch.Generator | None) -> Proposal:
-        self._sync(ids)  # lazy prefill: the first round feeds the whole prompt here
+        self._sync(ids)
+        prefill_s = self._prefill(ids)  # lazy prefill: the first round catches up with the whole prompt here
         context = torch.tensor(ids, dtype=torch.long, device=self.device)
         feed = ids[len(self.cached) :]
         tokens: list[int] = []
@@ -86,7 +112,7 @@ class ModelDrafter:
             tokens.append(t)
             qs.append(q)
             feed = [t]
-        return Proposal(torch.tensor(tokens, dtype=torch.long, device=self.device), torch.stack(qs))
+        return Proposal(torch.tensor(tokens, dtype=torch.long, device=self.device), torch.stack(qs), prefill_s)
 
     def rollback(self, ids: list[int]) -> None:
         self._sync(ids)

@@ -59,14 +59,12 @@ class Engine:
             raise ValueError(
                 f"vocabulary mismatch: draft has {draft.cfg.vocab_size} tokens, target has {self.vocab}"
             )
-        self.cache_cfg = cache or CacheConfig(max_seq_len=min(target.cfg.max_position_embeddings, 4096))
+        models = {"target": target} | ({"draft": draft} if draft is not None else {})
+        default_len = min([m.cfg.max_position_embeddings for m in models.values()] + [4096])
+        self.cache_cfg = cache or CacheConfig(max_seq_len=default_len)
         self.max_seq_len = self.cache_cfg.max_seq_len
-        for role, model in (("target", target), ("draft", draft)):
-            if model is not None and self.max_seq_len > model.rope.cos.shape[0]:
-                raise ValueError(
-                    f"context length {self.max_seq_len} exceeds the {role} model's "
-                    f"{model.rope.cos.shape[0]} positions"
-                )
+        for role, model in models.items():
+            check_context(role, model, self.max_seq_len)
         if eos_ids is None:  # default: the config's and the tokenizer's EOS
             eos_ids = set(target.cfg.eos_token_ids) | {getattr(tokenizer, "eos_token_id", None)} - {None}
         self.eos_ids = set(eos_ids)
@@ -77,6 +75,7 @@ class Engine:
             ModelDrafter(draft, self._pool(draft), self.vocab, self.device) if draft is not None else None
         )
         self.ngram_drafter = NGramDrafter(self.vocab, self.device)
+        self._active: object | None = None  # the running generate() call, if any (one at a time)
 
     def _pool(self, model: Transformer) -> KVPool:
         c = self.cache_cfg
@@ -135,14 +134,22 @@ class Engine:
             )
 
     def _prefill(self, prompt: list[int]) -> int:
-        """Bring the target cache to prompt[:-1], reusing the longest cached prefix. Returns tokens reused."""
+        """Bring the target cache to prompt[:-1], reusing the longest cached prefix. Returns tokens reused.
+
+        If the forward pass fails (e.g. out of memory on a long paste), `ids` is cut back to what the cache
+        really holds, so a retry recomputes the rest instead of reusing positions that were never written.
+        """
         m = self.target_pool.manager
         reused = min(common_prefix(self.ids[: m.length(0)], prompt), len(prompt) - 1)
         m.truncate_to(0, reused)
-        self.ids = list(prompt)
         feed = prompt[reused:-1]
-        if feed:
-            forward_chunked(self.target, self.target_pool, 0, feed, self.device)
+        try:
+            if feed:
+                forward_chunked(self.target, self.target_pool, 0, feed, self.device)
+        except BaseException:
+            self.ids = list(prompt[: m.length(0)])  # forward_chunked gave back the failed chunk's positions
+            raise
+        self.ids = list(prompt)
         return reused
 
     # -- generation ---------------------------------------------------------------------------------
@@ -155,7 +162,25 @@ class Engine:
         Invariant between rounds: the target cache holds ids[:-1]; the last committed token g is fed
         with the next round's verify pass [g, t1..tK]. Closing the iterator between rounds leaves
         both caches consistent.
+
+        One request at a time: both requests would share the caches and `ids`, so a second generator
+        started while one is active raises RuntimeError at its first next(); the first one is unaffected.
+        Finishing, closing or an error releases the engine.
         """
+        if self._active is not None:
+            raise RuntimeError(
+                "this engine is already running a generate() request; finish or close() it before starting another"
+            )
+        owner = self._active = object()
+        try:
+            yield from self._generate(prompt_ids, sampling, spec, controls)
+        finally:
+            if self._active is owner:
+                self._active = None
+
+    def _generate(
+        self, prompt_ids: list[int], sampling: SamplingParams, spec: SpecParams, controls: Controls | None,
+    ) -> Iterator[RoundEvent | Summary]:
         self._check_prompt(prompt_ids, sampling)
         if spec.enabled:
             self._drafter(spec)  # fail fast on a drafter that cannot run
@@ -176,14 +201,16 @@ class Engine:
         pos_drafted: list[int] = []
         pos_accepted: list[int] = []
         drafted_total = accepted_total = rounds = 0
-        draft_ms_total = verify_ms_total = 0.0
+        draft_ms_total = verify_ms_total = draft_prefill_ms_total = 0.0
         ttft = None
         stop_reason: str | None = None
+        tail = ""  # text released at a cancel, after the last RoundEvent
 
         try:
             while stop_reason is None:
                 if controls.cancelled:
                     stop_reason = "cancelled"
+                    tail = release_text(detok, stops)  # what was held back now belongs to the reply
                     break
                 # Per-round controls; the seed and the length budget belong to the request.
                 params = replace(controls.sampling, seed=sampling.seed, max_new_tokens=max_new, stop=sampling.stop)
@@ -220,7 +247,7 @@ class Engine:
                     elif len(self.ids) - prompt_len >= max_new or len(self.ids) >= self.max_seq_len:
                         stop_reason = "length"
                     if stop_reason and stop_reason != "stop":
-                        piece += stops.flush()  # text held back as a possible stop-string start
+                        piece += release_text(detok, stops)  # held back as a possible stop-string start
                     q = verdict.q_drafted[i] if i < n_acc else None
                     p = verdict.p_drafted[i] if i < n_acc else verdict.p_next
                     committed.append(CommittedToken(tok, piece, origin, i, p, q))
@@ -246,11 +273,14 @@ class Engine:
                     pos_accepted[i] += d.accepted
                 drafted_total += len(draft_tokens)
                 accepted_total += n_acc
+                # The draft's prompt prefill is reported on its own: it is not a cost of drafting K tokens.
+                prefill_ms = proposal.prefill_s * 1e3 if proposal is not None else 0.0
+                d_ms, v_ms = max(0.0, (t_drafted - t_round) * 1e3 - prefill_ms), (t_verified - t_drafted) * 1e3
                 if spec.adaptive and draft_tokens:
-                    adaptive.observe(len(draft_tokens), n_acc, (t_drafted - t_round) / len(draft_tokens), t_verified - t_drafted)
-                d_ms, v_ms = (t_drafted - t_round) * 1e3, (t_verified - t_drafted) * 1e3
+                    adaptive.observe(len(draft_tokens), n_acc, d_ms / 1e3 / len(draft_tokens), v_ms / 1e3)
                 draft_ms_total += d_ms
                 verify_ms_total += v_ms
+                draft_prefill_ms_total += prefill_ms
                 delta = "".join(delta_parts)
                 text.append(delta)
                 yield RoundEvent(
@@ -258,7 +288,7 @@ class Engine:
                     drafter=drafter.name if drafter else None, k=k if drafter else 0,
                     temperature=params.temperature, drafted=draft_tokens, committed=tuple(committed),
                     text_delta=delta, draft_ms=d_ms, verify_ms=v_ms, elapsed_s=time.perf_counter() - t0,
-                    new_tokens=len(self.ids) - prompt_len, stop_reason=stop_reason,
+                    new_tokens=len(self.ids) - prompt_len, stop_reason=stop_reason, draft_prefill_ms=prefill_ms,
                 )
         finally:
             # Whatever happened (cancel, an exception, the consumer closing us), leave the caches consistent.
@@ -276,7 +306,8 @@ class Engine:
             tokens_per_s=len(new_ids) / (total - prefill_s) if total > prefill_s else 0.0, ttft_s=ttft if ttft is not None else total,
             total_s=total, prompt_tokens=prompt_len, reused_prefix_tokens=reused,
             draft_ms=draft_ms_total, verify_ms=verify_ms_total, stop_reason=stop_reason or "cancelled",
-            text="".join(text), token_ids=tuple(new_ids), prefill_s=prefill_s,
+            text="".join(text) + tail, token_ids=tuple(new_ids), prefill_s=prefill_s,
+            draft_prefill_ms=draft_prefill_ms_total, text_tail=tail,
         )
 
     def _verify(self, drafted: torch.Tensor, proposal: Proposal | None, params: SamplingParams, gen):
@@ -299,3 +330,22 @@ class Engine:
 
     def _piece(self, token: int) -> str:
         return self.tokenizer.decode([token], skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+
+def check_context(role: str, model: Transformer, max_seq_len: int) -> None:
+    """A cache longer than the model was trained for (or than its RoPE table) is refused up front."""
+    limit = model.cfg.max_position_embeddings
+    if max_seq_len > limit:
+        raise ValueError(
+            f"context length {max_seq_len} exceeds the {role} model's max_position_embeddings ({limit}); "
+            f"use a cache of at most {limit} positions"
+        )
+    table = model.rope.cos.shape[0]
+    if max_seq_len > table:
+        raise ValueError(f"context length {max_seq_len} exceeds the {role} model's {table} RoPE positions")
+
+
+def release_text(detok: Detokenizer, stops: StopChecker) -> str:
+    """At a non-stop ending: the text still held back (an unfinished character, a possible stop-string start)."""
+    piece, hit = stops.feed(detok.flush())
+    return piece if hit else piece + stops.flush()

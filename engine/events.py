@@ -58,6 +58,7 @@ class RoundEvent:
     elapsed_s: float  # since the request started
     new_tokens: int  # committed so far in this request, this round included
     stop_reason: str | None = None  # set on the last round: "eos", "stop", "length", "cancelled"
+    draft_prefill_ms: float = 0.0  # the draft model catching up with the prompt; not part of draft_ms
 
     @property
     def accepted(self) -> int:
@@ -92,3 +93,5 @@ class Summary:
     text: str
     token_ids: tuple[int, ...] = field(default=())
     prefill_s: float = 0.0  # target prefill of the uncached prompt suffix
+    draft_prefill_ms: float = 0.0  # summed draft-model prefill (excluded from draft_ms)
+    text_tail: str = ""  # text released at a cancel that no RoundEvent carried: text == deltas + text_tail

@@ -14,14 +14,14 @@ from engine.events import RoundEvent, Summary
 
 ROUND_COLUMNS: tuple[str, ...] = (
     "chat", "message", "kind", "round", "mode", "drafter", "k", "temperature", "drafted", "accepted",
-    "committed", "final_origin", "final_token_id", "final_token", "draft_ms", "verify_ms", "tokens_per_s",
-    "elapsed_s", "stop_reason",
+    "committed", "final_origin", "final_token_id", "final_token", "draft_ms", "verify_ms", "draft_prefill_ms",
+    "tokens_per_s", "elapsed_s", "stop_reason",
 )
 SUMMARY_COLUMNS: tuple[str, ...] = (
     "chat", "message", "kind", "prompt", "mode", "drafter", "k_mean", "temperature", "prompt_tokens",
     "reused_prefix_tokens", "new_tokens", "rounds", "target_forwards", "drafted", "accepted", "acceptance_rate",
     "mean_tokens_per_round", "per_position_acceptance", "tokens_per_s", "ttft_s", "total_s", "draft_ms",
-    "verify_ms", "stop_reason",
+    "verify_ms", "draft_prefill_ms", "stop_reason",
 )
 
 
@@ -142,6 +142,7 @@ def round_row(record: MessageRecord, event: RoundEvent) -> dict[str, object]:
         "final_token": final.text if final else "",
         "draft_ms": round(event.draft_ms, 3),
         "verify_ms": round(event.verify_ms, 3),
+        "draft_prefill_ms": round(event.draft_prefill_ms, 3),
         "tokens_per_s": round(round_tokens_per_s(event), 2),
         "elapsed_s": round(event.elapsed_s, 4),
         "stop_reason": event.stop_reason or "",
@@ -190,6 +191,7 @@ def summary_row(record: MessageRecord) -> dict[str, object]:
         total_s=round(s.total_s, 4),
         draft_ms=round(s.draft_ms, 3),
         verify_ms=round(s.verify_ms, 3),
+        draft_prefill_ms=round(s.draft_prefill_ms, 3),
         stop_reason=s.stop_reason,
     )
     return row

@@ -261,14 +261,14 @@ def test_adaptive_estimates():
 
 
 def test_adaptive_k_follows_acceptance():
-    spec = SpecParams(adaptive=True, k_max=16)
+    spec = SpecParams(adaptive=True, k=16, k_max=16)
     a = AdaptiveK()
     for _ in range(30):  # everything accepted, cheap draft
         a.observe(8, 8, 0.001, 0.01)
     assert a.alpha == pytest.approx(0.999)
     high = a.choose(spec)
     assert high == 16
-    assert a.choose(SpecParams(adaptive=True, k=2, k_max=8)) == 8  # bounded by k_max
+    assert a.choose(SpecParams(adaptive=True, k=2, k_max=8)) == 2  # bounded by the K the user set
     ks = []
     for _ in range(30):  # the text changes: nothing is accepted any more
         a.observe(high, 0, 0.001, 0.01)
@@ -283,10 +283,10 @@ def test_adaptive_k_follows_acceptance():
 
 def test_adaptive_choice_is_the_argmax_of_the_model():
     a = AdaptiveK(alpha=0.7, c=0.2)
-    spec = SpecParams(adaptive=True)
-    best = max(range(1, spec.k_max + 1), key=lambda k: expected_speedup(0.7, k, 0.2))
+    spec = SpecParams(adaptive=True, k=16)
+    best = max(range(1, spec.k + 1), key=lambda k: expected_speedup(0.7, k, 0.2))
     assert a.choose(spec) == best
-    assert 1 < best < spec.k_max  # an interior optimum: the test means something
+    assert 1 < best < spec.k  # an interior optimum: the test means something
 
 
 def test_adaptive_in_the_engine_stays_lossless(engine, prompt, plain):

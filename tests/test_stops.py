@@ -298,4 +298,7 @@ def test_cancel_with_held_back_text_keeps_stream_and_summary_in_step(engine, bas
             controls.cancel()
     assert s.stop_reason == "cancelled" and s.rounds == 2
     assert "".join(deltas) == shown[:-1]  # held back while the request ran
-    assert s.text == "".join(deltas)
+    # At the cancel the held-back character is released: into Summary.text, and as text_tail, the part no
+    # RoundEvent carried, so a consumer that streamed the deltas can append exactly what it missed.
+    assert s.text_tail == shown[-1]
+    assert s.text == "".join(deltas) + s.text_tail == shown
