@@ -7,12 +7,19 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import NoReturn
 
 from .config import SamplingParams, SpecParams
 from .engine import Engine
 from .events import Summary
 
 MODES = ("plain", "draft", "ngram")
+PROG = "speclens-bench"
+
+
+def fail(reason: str) -> NoReturn:
+    """Every usage error ends the same way: one line on stderr (Python prints a SystemExit's text), status 1."""
+    raise SystemExit(f"{PROG}: {reason}")
 
 
 @dataclass
@@ -29,24 +36,70 @@ class Result:
     outputs: list[list[int]] = field(default_factory=list)
 
 
+def check_messages(row: object) -> None:
+    """A prompt line must be {"messages": [{"role": str, "content": str}, ...]} (plus any other keys)."""
+    if not isinstance(row, dict):
+        raise ValueError(f"expected a JSON object, got a {type(row).__name__}")
+    messages = row.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise ValueError("needs a non-empty 'messages' list")
+    for i, m in enumerate(messages, 1):
+        if not (isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)):
+            raise ValueError(f"message {i} must be an object with string 'role' and 'content', got {m!r}")
+
+
 def read_prompts(path: str | Path) -> list[dict]:
     p = Path(path)
     if not p.is_file():
-        raise SystemExit(f"speclens-bench: prompts file not found: {p}")
+        fail(f"prompts file not found: {p}")
+    try:
+        text = p.read_bytes().decode("utf-8")
+    except OSError as e:
+        fail(f"cannot read prompts file {p}: {e.strerror or e}")
+    except UnicodeDecodeError as e:
+        fail(f"{p} is not UTF-8 text (byte {e.start}: {e.reason})")
     prompts = []
-    for n, line in enumerate(p.read_text().splitlines(), 1):
+    for n, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         try:
             row = json.loads(line)
-            if not isinstance(row.get("messages"), list) or not row["messages"]:
-                raise ValueError("needs a non-empty 'messages' list")
-        except (json.JSONDecodeError, ValueError, AttributeError) as e:
-            raise SystemExit(f"speclens-bench: {p}:{n}: bad prompt line ({e})") from e
+            check_messages(row)
+        except ValueError as e:  # json.JSONDecodeError is a ValueError
+            fail(f"{p}:{n}: bad prompt line ({e})")
         prompts.append(row)
     if not prompts:
-        raise SystemExit(f"speclens-bench: {p} holds no prompts")
+        fail(f"{p} holds no prompts")
     return prompts
+
+
+def check_writable(path: str | Path) -> None:
+    """Fail now, not after the whole benchmark, when the results file cannot be written. Opening for append
+    leaves an existing file as it is; a file created only for the check is removed again."""
+    p = Path(path)
+    if p.is_dir():
+        fail(f"--json {p} is a directory")
+    existed = p.exists()
+    try:
+        with open(p, "a", encoding="utf-8"):
+            pass
+    except OSError as e:
+        fail(f"cannot write --json file {p}: {e.strerror or e}")
+    if not existed:
+        p.unlink(missing_ok=True)
+
+
+def check_device(device: str | None) -> None:
+    if device is None:
+        return
+    import torch
+
+    try:
+        dev = torch.device(device)
+    except RuntimeError as e:
+        fail(f"--device {device!r} is not a device ({str(e).splitlines()[0]})")
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        fail(f"--device {device!r}: CUDA is not available on this machine")
 
 
 def run_mode(engine: Engine, prompts: list[list[int]], mode: str, k: int, sampling: SamplingParams) -> Result:
@@ -68,10 +121,20 @@ def parse_ks(text: str) -> list[int]:
     try:
         ks = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
-        raise SystemExit(f"speclens-bench: --k must be an integer or a list like 1,2,4,8 (got {text!r})")
+        fail(f"--k must be an integer or a list like 1,2,4,8 (got {text!r})")
     if not ks or min(ks) < 1:
-        raise SystemExit(f"speclens-bench: every K must be >= 1 (got {text!r})")
+        fail(f"every K must be >= 1 (got {text!r})")
+    for k in ks:  # the engine's own limits, checked before anything loads
+        try:
+            SpecParams(k=k)
+        except ValueError as e:
+            fail(f"--k {text}: {e}")
     return ks
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        fail(message)  # one line, like every other usage error (argparse prints the usage first)
 
 
 def table(results: list[Result]) -> str:
@@ -84,8 +147,25 @@ def table(results: list[Result]) -> str:
     return "\n".join(lines)
 
 
+def load(target: str | None, draft: str | None, device: str | None) -> Engine:
+    """The given pair, or the embedded one; a model that cannot be found or read ends in one line too."""
+    from .provision import ProvisionError
+    from .weights import ModelLoadError
+
+    try:
+        if target is None:
+            from .provision import default_pair
+
+            t_dir, d_dir = default_pair(progress=lambda s, f: print(f"\r{s}", end="", file=sys.stderr, flush=True))
+            target, draft = str(t_dir), str(d_dir)
+            print(file=sys.stderr)
+        return Engine.load(target, draft, device=device)
+    except (ModelLoadError, ProvisionError) as e:
+        fail(str(e).replace("\n", " "))
+
+
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="speclens-bench", description=__doc__)
+    ap = _Parser(prog=PROG, description=__doc__)
     ap.add_argument("--target", help="folder, .gguf or HF-cache repo id (default: the embedded pair)")
     ap.add_argument("--draft", help="folder, .gguf or HF-cache repo id (default: the embedded pair)")
     ap.add_argument("--prompts", required=True, help="JSONL, one {id, messages} per line")
@@ -99,26 +179,30 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", dest="json_out", help="write the results here")
     a = ap.parse_args(argv)
 
+    # Every argument is checked before anything loads: a mistake costs no model load and no benchmark run.
     modes = [m.strip() for m in a.modes.split(",") if m.strip()]
     unknown = [m for m in modes if m not in MODES]
     if unknown:
-        raise SystemExit(f"speclens-bench: unknown mode(s) {unknown}; choose from {', '.join(MODES)}")
+        fail(f"unknown mode(s) {unknown}; choose from {', '.join(MODES)}")
+    if not modes:
+        fail("--modes names no mode")
     ks = parse_ks(a.k)
-    sampling = SamplingParams(temperature=a.temperature, top_p=a.top_p, max_new_tokens=a.max_new_tokens, seed=a.seed)
+    try:
+        sampling = SamplingParams(temperature=a.temperature, top_p=a.top_p, max_new_tokens=a.max_new_tokens,
+                                  seed=a.seed)
+    except ValueError as e:
+        fail(f"bad sampling settings: {e}")
     prompts = read_prompts(a.prompts)
-
+    if a.json_out:
+        check_writable(a.json_out)
+    check_device(a.device)
     target, draft = a.target, a.draft
-    if target is None and draft is None:
-        from .provision import default_pair
+    if target is None and draft is not None:
+        fail("--draft given without --target")
+    if "draft" in modes and target is not None and draft is None:
+        fail("mode 'draft' needs --draft")
 
-        t_dir, d_dir = default_pair(progress=lambda s, f: print(f"\r{s}", end="", file=sys.stderr, flush=True))
-        target, draft = str(t_dir), str(d_dir)
-        print(file=sys.stderr)
-    elif target is None:
-        raise SystemExit("speclens-bench: --draft given without --target")
-    if "draft" in modes and draft is None:
-        raise SystemExit("speclens-bench: mode 'draft' needs --draft")
-    engine = Engine.load(target, draft, device=a.device)
+    engine = load(target, draft, a.device)
     print(f"loaded in {engine.load_seconds:.1f} s on {engine.device} ({engine.dtype_name})", file=sys.stderr)
     ids = [engine.encode_chat(p["messages"]) for p in prompts]
     for _ in engine.generate(ids[0], sampling.with_(max_new_tokens=4), SpecParams(enabled=False)):
@@ -134,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.json_out:
         out = {"device": str(engine.device), "target": engine.target_name, "draft": engine.draft_name,
                "results": [asdict(r) for r in results]}
-        Path(a.json_out).write_text(json.dumps(out, indent=1))
+        Path(a.json_out).write_text(json.dumps(out, indent=1), encoding="utf-8")
     return 0
 
 
