@@ -1,0 +1,17 @@
+"""Quantized linear layers over GGUF blocks (Q4_K, Q5_K, Q6_K, Q8_0, Q5_0, F16, F32) for the CPU.
+
+formats: block layouts and a numpy reference dequantizer; ext: the C++/OpenMP kernels (built on first
+use, with a pure-torch fallback); linear: QuantLinear and QuantEmbedding. No Qt, no engine imports.
+"""
+from .formats import FORMATS, UnsupportedType, dequantize, fmt
+from .linear import QuantEmbedding, QuantLinear
+
+
+def kernels_available() -> bool:
+    """True when the compiled kernels load (else the modules run the slow pure-torch fallback)."""
+    from . import ext
+
+    return ext.load() is not None
+
+
+__all__ = ["FORMATS", "QuantEmbedding", "QuantLinear", "UnsupportedType", "dequantize", "fmt", "kernels_available"]

@@ -1,0 +1,147 @@
+// Python bindings and run-time dispatch. The only file that includes torch.
+#include <torch/extension.h>
+
+#include <string>
+#include <vector>
+
+#include "quant.h"
+
+namespace {
+
+using namespace sq;
+
+enum Isa { SCALAR = 0, AVX2 = 1, AVX512 = 2 };
+const char* const ISA_NAMES[] = {"scalar", "avx2", "avx512vnni"};
+
+bool isa_supported(int isa) {
+    switch (isa) {
+        case SCALAR: return true;
+        case AVX2:
+            return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+        case AVX512:
+            return isa_supported(AVX2) && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                   __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
+        default: return false;
+    }
+}
+
+int best_isa() {
+    for (int i = AVX512; i > SCALAR; --i)
+        if (isa_supported(i)) return i;
+    return SCALAR;
+}
+
+int g_isa = best_isa();
+
+std::string get_isa() { return ISA_NAMES[g_isa]; }
+
+std::vector<std::string> supported_isas() {
+    std::vector<std::string> out;
+    for (int i = SCALAR; i <= AVX512; ++i)
+        if (isa_supported(i)) out.emplace_back(ISA_NAMES[i]);
+    return out;
+}
+
+void set_isa(const std::string& name) {
+    for (int i = SCALAR; i <= AVX512; ++i)
+        if (name == ISA_NAMES[i]) {
+            TORCH_CHECK(isa_supported(i), "this CPU does not support ", name);
+            g_isa = i;
+            return;
+        }
+    TORCH_CHECK(false, "unknown instruction set ", name, " (scalar, avx2, avx512vnni)");
+}
+
+Layout checked_layout(int64_t qtype, int64_t K) {
+    Layout L;
+    TORCH_CHECK(layout_of(static_cast<int>(qtype), &L), "unsupported ggml type ", qtype);
+    TORCH_CHECK(K > 0 && K % L.unit_k == 0, "input features ", K, " must be a multiple of ", L.unit_k);
+    return L;
+}
+
+torch::Tensor py_repack(int64_t raw_addr, int64_t raw_rows, int64_t qtype, int64_t N, int64_t K,
+                     std::optional<torch::Tensor> rows, int64_t nthreads) {
+    checked_layout(qtype, K);
+    const int64_t* rp = nullptr;
+    if (rows) {
+        TORCH_CHECK(rows->dtype() == torch::kInt64 && rows->is_contiguous() && rows->numel() == N, "rows: (N,) int64");
+        rp = rows->data_ptr<int64_t>();
+    }
+    auto packed = torch::empty({packed_bytes(qtype, N, K)}, torch::kUInt8);
+    {
+        pybind11::gil_scoped_release nogil;
+        sq::repack(static_cast<int>(qtype), reinterpret_cast<const uint8_t*>(raw_addr), raw_rows, N, K, rp,
+                   packed.data_ptr<uint8_t>(), static_cast<int>(nthreads));
+    }
+    return packed;
+}
+
+torch::Tensor py_dequant_cols(const torch::Tensor& packed, int64_t qtype, int64_t N, int64_t K, const torch::Tensor& idx) {
+    checked_layout(qtype, K);
+    TORCH_CHECK(idx.dtype() == torch::kInt64 && idx.dim() == 1, "idx: (n,) int64");
+    auto ix = idx.contiguous();
+    const int64_t* ip = ix.data_ptr<int64_t>();
+    for (int64_t i = 0; i < ix.numel(); ++i) TORCH_CHECK(ip[i] >= 0 && ip[i] < N, "index ", ip[i], " out of range ", N);
+    auto out = torch::empty({ix.numel(), K}, torch::kFloat32);
+    sq::dequant_cols(static_cast<int>(qtype), packed.data_ptr<uint8_t>(), N, K, ip, ix.numel(), out.data_ptr<float>());
+    return out;
+}
+
+// y = x W^T (+ bias); exact: fp32 activations, else int8 activations per 32-input block.
+torch::Tensor matmul(const torch::Tensor& packed, int64_t qtype, int64_t N, int64_t K, const torch::Tensor& x,
+                     std::optional<torch::Tensor> bias, bool exact, int64_t nthreads) {
+    const Layout L = checked_layout(qtype, K);
+    TORCH_CHECK(packed.dtype() == torch::kUInt8 && packed.numel() == packed_bytes(qtype, N, K), "packed weight size");
+    TORCH_CHECK(x.dim() == 2 && x.size(1) == K && x.dtype() == torch::kFloat32, "x: (R, ", K, ") float32");
+    TORCH_CHECK(exact || (qtype != F16 && qtype != F32), "F16/F32 weights run only with exact activations");
+    auto xc = x.contiguous();
+    const int64_t R = xc.size(0);
+    auto out = torch::empty({R, N}, torch::kFloat32);
+    const float* bp = nullptr;
+    torch::Tensor bc;
+    if (bias) {
+        bc = bias->contiguous();
+        TORCH_CHECK(bc.dtype() == torch::kFloat32 && bc.numel() == N, "bias: (N,) float32");
+        bp = bc.data_ptr<float>();
+    }
+    const int isa = g_isa;
+    const int64_t nb = K / ABLK;
+    std::vector<int8_t> q(exact ? 0 : MAX_ROWS * K);
+    std::vector<float> dx(exact ? 0 : MAX_ROWS * nb), xs(dx.size());
+    std::vector<int32_t> bs16(dx.size()), bs32(dx.size());
+    pybind11::gil_scoped_release nogil;
+    // Rows are independent, so chunks of MAX_ROWS give every row the same result as any other batching.
+    for (int64_t r0 = 0; r0 < R; r0 += MAX_ROWS) {
+        const int rn = static_cast<int>(std::min<int64_t>(MAX_ROWS, R - r0));
+        const float* xp = xc.data_ptr<float>() + r0 * K;
+        MatArgs a{static_cast<int>(qtype), packed.data_ptr<uint8_t>(), N, K, bp, out.data_ptr<float>() + r0 * N,
+                  static_cast<int>(nthreads)};
+        if (exact) {
+            if (isa == AVX512) avx512::matmul_f32(a, xp, rn);
+            else if (isa == AVX2) avx2::matmul_f32(a, xp, rn);
+            else scalar::matmul_f32(a, xp, rn);
+            continue;
+        }
+        ActQ aq{rn, K, q.data(), dx.data(), xs.data(), bs16.data(), bs32.data()};
+        auto quant = isa == SCALAR ? scalar::quantize_acts : isa == AVX2 ? avx2::quantize_acts : avx512::quantize_acts;
+        quant(xp, rn, K, q.data(), dx.data(), xs.data(), bs16.data(), bs32.data());
+        if (isa == AVX512) avx512::matmul_q8(a, aq);
+        else if (isa == AVX2) avx2::matmul_q8(a, aq);
+        else scalar::matmul_q8(a, aq);
+    }
+    (void)L;
+    return out;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+    m.doc() = "SpecLens quantized linear kernels (GGML block types, batch-invariant)";
+    m.def("repack", &py_repack, "GGUF blocks at raw_addr -> packed units");
+    m.def("dequant_cols", &py_dequant_cols, "exact fp32 weights of the given output features");
+    m.def("matmul", &matmul, "y = x W^T (+ bias)");
+    m.def("isa", &get_isa);
+    m.def("set_isa", &set_isa);
+    m.def("supported_isas", &supported_isas);
+    m.def("packed_bytes", [](int64_t qtype, int64_t N, int64_t K) { return packed_bytes(qtype, N, K); });
+}

@@ -1,0 +1,434 @@
+// x86 kernels, included once per instruction set inside its own namespace, after a `#pragma GCC target`.
+// SQ_VNNI = 1 swaps the AVX2 integer dot (maddubs -> int16 sums -> madd) for vpdpbusd; everything else
+// is shared. The semantics (and so the bits) are those of kernels_scalar.cpp.
+//
+// Why int16 sums: maddubs gives per column pairs q*x + q'*x' as int16; adding several steps before
+// widening with madd halves the multiply-port work. The number of steps per int16 sum is bounded so it
+// cannot overflow: |pair| <= 2*qmax*127, so Q4 (qmax 15) takes 8 steps, Q5 (31) 4, Q6 (63) 2.
+// Q8_0 uses the sign trick (|w| times sign(w)*x, pair <= 2*128*127) and widens every step.
+//
+// Rows come in tiles of up to 8 (one register of int16 sums each); R > 8 runs as balanced tiles over the
+// same unit, which is then in L1. Threads own contiguous ranges of output groups, never parts of K.
+
+struct Tile {  // activations of a row tile, positioned at the current unit
+    const int8_t* q;
+    const float* dx;
+    const float* xs;
+    const int32_t* bs16;
+    const int32_t* bs32;
+    int64_t qs, bs;  // row strides of q and of the per-block arrays
+};
+
+static inline __m256i bc4(const int8_t* p) {
+    int32_t v;
+    std::memcpy(&v, p, 4);
+    return _mm256_set1_epi32(v);
+}
+static inline __m256i ld(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+static inline __m256 ph8(const uint8_t* p) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+static inline __m128i ld8(const uint8_t* p) { return _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)); }
+static inline __m256i u8x8(const uint8_t* p) { return _mm256_cvtepu8_epi32(ld8(p)); }
+static inline __m256i i8x8(const uint8_t* p) { return _mm256_cvtepi8_epi32(ld8(p)); }
+static inline __m256i dup16(__m256i v) {  // int32 lanes v -> int16 pairs (v, v), for madd
+    return _mm256_or_si256(_mm256_and_si256(v, _mm256_set1_epi32(0xFFFF)), _mm256_slli_epi32(v, 16));
+}
+static inline __m256i nib(__m256i v, int hi) {
+    const __m256i m4 = _mm256_set1_epi8(15);
+    return hi ? _mm256_and_si256(_mm256_srli_epi16(v, 4), m4) : _mm256_and_si256(v, m4);
+}
+// bit `bit` of every byte of h, moved to bit position `to` (mask `m` keeps it)
+static inline __m256i hbits(__m256i h, int bit, int to, int m) {
+    const __m256i s = bit < to ? _mm256_slli_epi16(h, to - bit) : _mm256_srli_epi16(h, bit - to);
+    return _mm256_and_si256(s, _mm256_set1_epi8(static_cast<char>(m)));
+}
+
+#if SQ_VNNI
+static inline __m256i dot4(__m256i acc, __m256i w, __m256i x) { return _mm256_dpbusd_epi32(acc, w, x); }
+#endif
+static inline __m256i mad2(__m256i w0, __m256i x0, __m256i w1, __m256i x1) {  // int16 pair sums of 2 steps
+    return _mm256_add_epi16(_mm256_maddubs_epi16(w0, x0), _mm256_maddubs_epi16(w1, x1));
+}
+
+// ---- int8-activation tiles: one unit, RT rows, accumulate into acc[RT] (8 columns each) ------------
+// Loop order: decode the 8 steps of one scale block into registers, then run every row against them.
+// (Rows inside the step loop made GCC keep all products alive and spill them.)
+
+// sum over the 8 steps of one 32-input block, int16 sums of `per` steps widened with madd by `sc2`
+template <int per>
+static inline __m256i dot8(const __m256i* w, const int8_t* x, __m256i sc2) {
+#if SQ_VNNI
+    (void)sc2;
+    __m256i acc = _mm256_setzero_si256();
+    for (int s = 0; s < 8; ++s) acc = dot4(acc, w[s], bc4(x + 4 * s));
+    return acc;  // not yet scaled: the caller multiplies by the scale
+#else
+    __m256i I = _mm256_setzero_si256();
+    for (int s0 = 0; s0 < 8; s0 += per) {
+        __m256i p = _mm256_maddubs_epi16(w[s0], bc4(x + 4 * s0));
+        for (int s = s0 + 1; s < s0 + per; ++s) p = _mm256_add_epi16(p, _mm256_maddubs_epi16(w[s], bc4(x + 4 * s)));
+        I = _mm256_add_epi32(I, _mm256_madd_epi16(p, sc2));
+    }
+    return I;
+#endif
+}
+
+template <int RT, bool Q5>
+static void tile_q45k(const uint8_t* u, const Tile& x, __m256* acc) {
+    __m256 S[RT], Mn[RT];
+    for (int r = 0; r < RT; ++r) S[r] = Mn[r] = _mm256_setzero_ps();
+#pragma GCC unroll 1
+    for (int j = 0; j < 8; ++j) {
+        const uint8_t* qs = u + 160 + 128 * j;
+        const __m256i h = Q5 ? ld(u + 1184 + 32 * j) : _mm256_setzero_si256();
+        __m256i w[8];
+        for (int t = 0; t < 4; ++t) {  // steps t and t + 4
+            const __m256i v = ld(qs + 32 * t);
+            w[t] = nib(v, 0), w[t + 4] = nib(v, 1);
+            if (Q5) w[t] = _mm256_or_si256(w[t], hbits(h, t, 4, 0x10)), w[t + 4] = _mm256_or_si256(w[t + 4], hbits(h, t + 4, 4, 0x10));
+        }
+        const __m256i sc = u8x8(u + 32 + 8 * j), sc2 = dup16(sc);
+        const __m256 mf = _mm256_cvtepi32_ps(u8x8(u + 96 + 8 * j));
+        for (int r = 0; r < RT; ++r) {
+            __m256i I = dot8<Q5 ? 4 : 8>(w, x.q + r * x.qs + 32 * j, sc2);
+#if SQ_VNNI
+            I = _mm256_mullo_epi32(I, sc);
+#endif
+            S[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(I), _mm256_set1_ps(x.dx[r * x.bs + j]), S[r]);
+            Mn[r] = _mm256_fmadd_ps(mf, _mm256_set1_ps(x.xs[r * x.bs + j]), Mn[r]);
+        }
+    }
+    const __m256 d = ph8(u), dmin = ph8(u + 16);
+    for (int r = 0; r < RT; ++r) acc[r] = _mm256_fnmadd_ps(dmin, Mn[r], _mm256_fmadd_ps(d, S[r], acc[r]));
+}
+
+template <int RT>
+static void tile_q6k(const uint8_t* u, const Tile& x, __m256* acc) {
+    __m256 S[RT];
+    for (int r = 0; r < RT; ++r) S[r] = _mm256_setzero_ps();
+#pragma GCC unroll 1
+    for (int b = 0; b < 8; ++b) {  // activation block = sub-blocks 2b, 2b+1: steps 0-3 and 4-7
+        __m256i w[8];
+        for (int hf = 0; hf < 2; ++hf) {
+            const int j = 2 * b + hf;
+            const __m256i h = ld(u + 1168 + 32 * j);
+            for (int t = 0; t < 2; ++t) {  // steps t and t + 2 of sub-block j
+                const __m256i v = ld(u + 144 + 64 * j + 32 * t);
+                w[4 * hf + t] = _mm256_or_si256(nib(v, 0), hbits(h, 2 * t, 4, 0x30));
+                w[4 * hf + t + 2] = _mm256_or_si256(nib(v, 1), hbits(h, 2 * t + 4, 4, 0x30));
+            }
+        }
+        const __m256i sa = i8x8(u + 16 + 16 * b), sb = i8x8(u + 24 + 16 * b);
+        // the -32 offset of Q6_K: 32 * (sc_a * sum_a(xq) + sc_b * sum_b(xq)), as one madd
+        const __m128i sab = _mm_unpacklo_epi8(ld8(u + 16 + 16 * b), ld8(u + 24 + 16 * b));
+        const __m256i off = _mm256_slli_epi16(_mm256_cvtepi8_epi16(sab), 5);
+#if SQ_VNNI
+        for (int r = 0; r < RT; ++r) {
+            const int8_t* xr = x.q + r * x.qs + 32 * b;
+            __m256i pa = _mm256_setzero_si256(), pb = _mm256_setzero_si256();
+            for (int s = 0; s < 4; ++s) pa = dot4(pa, w[s], bc4(xr + 4 * s)), pb = dot4(pb, w[s + 4], bc4(xr + 16 + 4 * s));
+            __m256i I = _mm256_add_epi32(_mm256_mullo_epi32(pa, sa), _mm256_mullo_epi32(pb, sb));
+#else
+        const __m256i sa2 = dup16(sa), sb2 = dup16(sb);
+        for (int r = 0; r < RT; ++r) {
+            const int8_t* xr = x.q + r * x.qs + 32 * b;
+            __m256i I = _mm256_madd_epi16(mad2(w[0], bc4(xr), w[1], bc4(xr + 4)), sa2);
+            I = _mm256_add_epi32(I, _mm256_madd_epi16(mad2(w[2], bc4(xr + 8), w[3], bc4(xr + 12)), sa2));
+            I = _mm256_add_epi32(I, _mm256_madd_epi16(mad2(w[4], bc4(xr + 16), w[5], bc4(xr + 20)), sb2));
+            I = _mm256_add_epi32(I, _mm256_madd_epi16(mad2(w[6], bc4(xr + 24), w[7], bc4(xr + 28)), sb2));
+#endif
+            I = _mm256_sub_epi32(I, _mm256_madd_epi16(off, _mm256_set1_epi32(x.bs16[r * x.bs + b])));
+            S[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(I), _mm256_set1_ps(x.dx[r * x.bs + b]), S[r]);
+        }
+    }
+    const __m256 d = ph8(u);
+    for (int r = 0; r < RT; ++r) acc[r] = _mm256_fmadd_ps(d, S[r], acc[r]);
+}
+
+template <int RT>
+static void tile_q80(const uint8_t* u, const Tile& x, __m256* acc) {
+    __m256i I[RT];
+    for (int r = 0; r < RT; ++r) I[r] = _mm256_setzero_si256();
+    for (int half = 0; half < 8; half += 4) {  // 4 steps at a time keep weights and |weights| in registers
+        __m256i w[4], aw[4];
+        for (int s = 0; s < 4; ++s) {
+            w[s] = ld(u + 16 + 32 * (half + s));
+#if SQ_VNNI
+            aw[s] = _mm256_xor_si256(w[s], _mm256_set1_epi8(static_cast<char>(0x80)));  // w + 128, unsigned
+#else
+            aw[s] = _mm256_abs_epi8(w[s]);
+#endif
+        }
+        for (int r = 0; r < RT; ++r) {
+            const int8_t* xr = x.q + r * x.qs + 4 * half;
+            for (int s = 0; s < 4; ++s) {
+#if SQ_VNNI
+                I[r] = dot4(I[r], aw[s], bc4(xr + 4 * s));
+#else
+                const __m256i sx = _mm256_sign_epi8(bc4(xr + 4 * s), w[s]);
+                I[r] = _mm256_add_epi32(I[r], _mm256_madd_epi16(_mm256_maddubs_epi16(aw[s], sx), _mm256_set1_epi16(1)));
+#endif
+            }
+        }
+    }
+    const __m256 d = ph8(u);
+    for (int r = 0; r < RT; ++r) {
+#if SQ_VNNI
+        I[r] = _mm256_sub_epi32(I[r], _mm256_set1_epi32(128 * x.bs32[r * x.bs]));
+#endif
+        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(I[r]), _mm256_mul_ps(d, _mm256_set1_ps(x.dx[r * x.bs])), acc[r]);
+    }
+}
+
+template <int RT>
+static void tile_q50(const uint8_t* u, const Tile& x, __m256* acc) {
+    const __m256i h = ld(u + 144);
+    __m256i w[8];
+    for (int t = 0; t < 4; ++t) {  // steps t and t + 4
+        const __m256i v = ld(u + 16 + 32 * t);
+        w[t] = _mm256_or_si256(nib(v, 0), hbits(h, t, 4, 0x10));
+        w[t + 4] = _mm256_or_si256(nib(v, 1), hbits(h, t + 4, 4, 0x10));
+    }
+    const __m256 d = ph8(u);
+    for (int r = 0; r < RT; ++r) {
+        __m256i I = dot8<4>(w, x.q + r * x.qs, _mm256_set1_epi16(1));
+        I = _mm256_sub_epi32(I, _mm256_set1_epi32(16 * x.bs32[r * x.bs]));
+        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(I), _mm256_mul_ps(d, _mm256_set1_ps(x.dx[r * x.bs])), acc[r]);
+    }
+}
+
+// ---- exact (fp32-activation) path: decode a unit to fp32, then FMA ----------------------------------
+
+// Unit -> w[unit_k][8] floats, each exactly gguf's value (see unit.h's unit_w for the operation order).
+static inline void put_step(__m256i sv, int k0, __m256 D, __m256 M, bool sub, int off, float* w) {
+    for (int e = 0; e < 4; ++e) {
+        __m256i qi = _mm256_and_si256(_mm256_srli_epi32(sv, 8 * e), _mm256_set1_epi32(0xFF));
+        if (off) qi = _mm256_sub_epi32(qi, _mm256_set1_epi32(off));
+        __m256 v = _mm256_mul_ps(D, _mm256_cvtepi32_ps(qi));
+        if (sub) v = _mm256_sub_ps(v, M);
+        _mm256_store_ps(w + 8 * (k0 + e), v);
+    }
+}
+
+static void decode_unit(int qtype, const uint8_t* u, float* w) {
+    const __m256 zero = _mm256_setzero_ps();
+    switch (qtype) {
+        case Q4_K:
+        case Q5_K: {
+            const __m256 d = ph8(u), dmin = ph8(u + 16);
+            for (int j = 0; j < 8; ++j) {
+                const __m256 D = _mm256_mul_ps(d, _mm256_cvtepi32_ps(u8x8(u + 32 + 8 * j)));
+                const __m256 M = _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(u8x8(u + 96 + 8 * j)));
+                const __m256i h = qtype == Q5_K ? ld(u + 1184 + 32 * j) : _mm256_setzero_si256();
+                for (int t = 0; t < 4; ++t) {
+                    const __m256i v = ld(u + 160 + 128 * j + 32 * t);
+                    __m256i lo = nib(v, 0), hi = nib(v, 1);
+                    if (qtype == Q5_K) lo = _mm256_or_si256(lo, hbits(h, t, 4, 0x10)), hi = _mm256_or_si256(hi, hbits(h, t + 4, 4, 0x10));
+                    put_step(lo, 32 * j + 4 * t, D, M, true, 0, w);
+                    put_step(hi, 32 * j + 4 * t + 16, D, M, true, 0, w);
+                }
+            }
+            break;
+        }
+        case Q6_K: {
+            const __m256 d = ph8(u);
+            for (int j = 0; j < 16; ++j) {
+                const __m256 D = _mm256_mul_ps(d, _mm256_cvtepi32_ps(i8x8(u + 16 + 8 * j)));
+                const __m256i h = ld(u + 1168 + 32 * j);
+                for (int t = 0; t < 2; ++t) {
+                    const __m256i v = ld(u + 144 + 64 * j + 32 * t);
+                    put_step(_mm256_or_si256(nib(v, 0), hbits(h, 2 * t, 4, 0x30)), 16 * j + 4 * t, D, zero, false, 32, w);
+                    put_step(_mm256_or_si256(nib(v, 1), hbits(h, 2 * t + 4, 4, 0x30)), 16 * j + 4 * t + 8, D, zero, false, 32, w);
+                }
+            }
+            break;
+        }
+        case Q8_0: {
+            const __m256 d = ph8(u);
+            for (int s = 0; s < 8; ++s) {
+                const __m256i sv = ld(u + 16 + 32 * s);
+                for (int e = 0; e < 4; ++e) {
+                    const __m256i qi = _mm256_srai_epi32(_mm256_slli_epi32(sv, 24 - 8 * e), 24);
+                    _mm256_store_ps(w + 8 * (4 * s + e), _mm256_mul_ps(_mm256_cvtepi32_ps(qi), d));
+                }
+            }
+            break;
+        }
+        case Q5_0: {
+            const __m256 d = ph8(u);
+            const __m256i h = ld(u + 144);
+            for (int t = 0; t < 4; ++t) {
+                const __m256i v = ld(u + 16 + 32 * t);
+                put_step(_mm256_or_si256(nib(v, 0), hbits(h, t, 4, 0x10)), 4 * t, d, zero, false, 16, w);
+                put_step(_mm256_or_si256(nib(v, 1), hbits(h, t + 4, 4, 0x10)), 4 * t + 16, d, zero, false, 16, w);
+            }
+            break;
+        }
+        case F16:
+            for (int k = 0; k < 32; ++k) _mm256_store_ps(w + 8 * k, ph8(u + 16 * k));
+            break;
+        default:
+            break;
+    }
+}
+
+// RT rows x 8 columns over n inputs; a[r][e] accumulates inputs k with k % 4 == e, across units.
+template <int RT>
+static void fma_tile(const float* w, int n, const float* x, int64_t xstride, __m256* a) {
+    __m256 A[RT][4];
+    for (int r = 0; r < RT; ++r)
+        for (int e = 0; e < 4; ++e) A[r][e] = a[4 * r + e];
+    for (int k = 0; k < n; k += 4)
+        for (int e = 0; e < 4; ++e) {
+            const __m256 wv = _mm256_load_ps(w + 8 * (k + e));
+            for (int r = 0; r < RT; ++r) A[r][e] = _mm256_fmadd_ps(wv, _mm256_set1_ps(x[r * xstride + k + e]), A[r][e]);
+        }
+    for (int r = 0; r < RT; ++r)
+        for (int e = 0; e < 4; ++e) a[4 * r + e] = A[r][e];
+}
+
+// ---- drivers ------------------------------------------------------------------------------------------
+
+using TileFn = void (*)(const uint8_t*, const Tile&, __m256*);
+
+template <int RT>
+static TileFn tile_for(int qtype) {
+    switch (qtype) {
+        case Q4_K: return tile_q45k<RT, false>;
+        case Q5_K: return tile_q45k<RT, true>;
+        case Q6_K: return tile_q6k<RT>;
+        case Q8_0: return tile_q80<RT>;
+        case Q5_0: return tile_q50<RT>;
+        default: return nullptr;
+    }
+}
+
+static TileFn tile_fn(int qtype, int rt) {
+    switch (rt) {
+        case 1: return tile_for<1>(qtype);
+        case 2: return tile_for<2>(qtype);
+        case 3: return tile_for<3>(qtype);
+        case 4: return tile_for<4>(qtype);
+        case 5: return tile_for<5>(qtype);
+        case 6: return tile_for<6>(qtype);
+        case 7: return tile_for<7>(qtype);
+        default: return tile_for<8>(qtype);
+    }
+}
+
+// Split R rows into balanced tiles of at most `most` rows; returns the number of tiles.
+static int row_tiles(int R, int most, int* sizes) {
+    const int n = (R + most - 1) / most;
+    for (int i = 0; i < n; ++i) sizes[i] = R / n + (i < R % n ? 1 : 0);
+    return n;
+}
+
+static inline void store_group(const __m256* acc, int R, const MatArgs& a, int64_t g) {
+    const int64_t n0 = g * GROUP, nv = std::min<int64_t>(GROUP, a.N - n0);
+    const __m256 b = a.bias && nv == GROUP ? _mm256_loadu_ps(a.bias + n0) : _mm256_setzero_ps();
+    for (int r = 0; r < R; ++r) {
+        float* o = a.out + r * a.N + n0;
+        if (nv == GROUP) {
+            _mm256_storeu_ps(o, a.bias ? _mm256_add_ps(acc[r], b) : acc[r]);
+        } else {
+            alignas(32) float t[GROUP];
+            _mm256_store_ps(t, acc[r]);
+            for (int c = 0; c < nv; ++c) o[c] = a.bias ? t[c] + a.bias[n0 + c] : t[c];
+        }
+    }
+}
+
+void matmul_q8(const MatArgs& a, const ActQ& x) {
+    Layout L;
+    layout_of(a.qtype, &L);
+    const int64_t groups = (a.N + GROUP - 1) / GROUP, units = a.K / L.unit_k, nb = a.K / ABLK;
+    const int bpu = L.unit_k / ABLK;
+    int sizes[MAX_ROWS];
+    const int ntiles = row_tiles(x.R, 8, sizes);
+    TileFn fns[MAX_ROWS];
+    for (int i = 0; i < ntiles; ++i) fns[i] = tile_fn(a.qtype, sizes[i]);
+#pragma omp parallel for schedule(static) num_threads(a.nthreads)
+    for (int64_t g = 0; g < groups; ++g) {
+        __m256 acc[MAX_ROWS];
+        for (int r = 0; r < x.R; ++r) acc[r] = _mm256_setzero_ps();
+        const uint8_t* unit = a.packed + g * units * L.unit_bytes;
+        for (int64_t u = 0; u < units; ++u, unit += L.unit_bytes) {
+            for (int i = 0, r0 = 0; i < ntiles; r0 += sizes[i++]) {
+                const Tile t{x.q + r0 * x.K + u * L.unit_k, x.dx + r0 * nb + u * bpu, x.xs + r0 * nb + u * bpu,
+                             x.bs16 + r0 * nb + u * bpu, x.bs32 + r0 * nb + u * bpu, x.K, nb};
+                fns[i](unit, t, acc + r0);
+            }
+        }
+        store_group(acc, x.R, a, g);
+    }
+}
+
+void matmul_f32(const MatArgs& a, const float* x, int R) {
+    Layout L;
+    layout_of(a.qtype, &L);
+    const int64_t groups = (a.N + GROUP - 1) / GROUP, units = a.K / L.unit_k;
+    int sizes[MAX_ROWS];
+    const int ntiles = row_tiles(R, 3, sizes);
+#pragma omp parallel for schedule(static) num_threads(a.nthreads)
+    for (int64_t g = 0; g < groups; ++g) {
+        alignas(32) float w[256 * GROUP];
+        __m256 acc4[4 * MAX_ROWS];
+        for (int i = 0; i < 4 * R; ++i) acc4[i] = _mm256_setzero_ps();
+        for (int64_t u = 0; u < units; ++u) {
+            const uint8_t* unit = a.packed + (g * units + u) * L.unit_bytes;
+            const float* wu = w;
+            if (a.qtype == F32) {
+                wu = reinterpret_cast<const float*>(unit);
+            } else {
+                decode_unit(a.qtype, unit, w);
+            }
+            for (int i = 0, r0 = 0; i < ntiles; r0 += sizes[i++]) {
+                const float* xr = x + r0 * a.K + u * L.unit_k;
+                switch (sizes[i]) {
+                    case 1: fma_tile<1>(wu, L.unit_k, xr, a.K, acc4 + 4 * r0); break;
+                    case 2: fma_tile<2>(wu, L.unit_k, xr, a.K, acc4 + 4 * r0); break;
+                    default: fma_tile<3>(wu, L.unit_k, xr, a.K, acc4 + 4 * r0); break;
+                }
+            }
+        }
+        __m256 acc[MAX_ROWS];
+        for (int r = 0; r < R; ++r)
+            acc[r] = _mm256_add_ps(_mm256_add_ps(acc4[4 * r], acc4[4 * r + 1]), _mm256_add_ps(acc4[4 * r + 2], acc4[4 * r + 3]));
+        store_group(acc, R, a, g);
+    }
+}
+
+void quantize_acts(const float* x, int R, int64_t K, int8_t* q, float* dx, float* xs, int32_t* bs16, int32_t* bs32) {
+    const int64_t nb = K / ABLK;
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    for (int r = 0; r < R; ++r)
+        for (int64_t b = 0; b < nb; ++b) {
+            const float* xb = x + r * K + b * ABLK;
+            __m256 v[4], m = _mm256_setzero_ps();
+            for (int i = 0; i < 4; ++i) v[i] = _mm256_loadu_ps(xb + 8 * i), m = _mm256_max_ps(m, _mm256_andnot_ps(sign, v[i]));
+            alignas(32) float mm[8];
+            _mm256_store_ps(mm, m);
+            float amax = 0.0f;
+            for (float f : mm) amax = std::fmax(amax, f);
+            const float d = amax / 127.0f, id = amax != 0.0f ? 127.0f / amax : 0.0f;
+            __m256i qi[4];
+            for (int i = 0; i < 4; ++i)
+                qi[i] = _mm256_cvttps_epi32(_mm256_round_ps(_mm256_mul_ps(v[i], _mm256_set1_ps(id)),
+                                                            _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+            const __m256i p16 = _mm256_packs_epi32(qi[0], qi[1]), p16b = _mm256_packs_epi32(qi[2], qi[3]);
+            const __m256i p8 = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(p16, p16b), _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + r * K + b * ABLK), p8);
+            alignas(32) int32_t s[8];
+            _mm256_store_si256(reinterpret_cast<__m256i*>(s), _mm256_add_epi32(qi[0], qi[1]));
+            int h0 = 0, h1 = 0;
+            for (int i : s) h0 += i;
+            _mm256_store_si256(reinterpret_cast<__m256i*>(s), _mm256_add_epi32(qi[2], qi[3]));
+            for (int i : s) h1 += i;
+            const int64_t o = r * nb + b;
+            dx[o] = d;
+            bs32[o] = h0 + h1;
+            xs[o] = d * static_cast<float>(bs32[o]);
+            bs16[o] = static_cast<int32_t>((static_cast<uint32_t>(h0) & 0xFFFF) | (static_cast<uint32_t>(h1) << 16));
+        }
+}

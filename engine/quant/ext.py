@@ -1,0 +1,80 @@
+"""Build (once, JIT) and load the C++ kernels; None, with one logged line, where they cannot be built.
+
+The extension is compiled by `torch.utils.cpp_extension.load` with ninja and the system's C++ compiler on
+first use, into `<cache>/ext/<hash of sources, flags, torch and python>`; later processes just load it.
+No -march flag: the instruction set is picked at run time (AVX-512 VNNI, AVX2 or scalar), so a build
+made on one machine runs on any x86-64. `SPECLENS_QUANT_EXT=0` disables the extension (the pure-torch
+fallback runs instead); `SPECLENS_QUANT_ISA=scalar|avx2|avx512vnni` pins the instruction set.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+from types import ModuleType
+
+import torch
+
+log = logging.getLogger(__name__)
+
+CSRC = Path(__file__).with_name("csrc")
+SOURCES = ("bindings.cpp", "repack.cpp", "kernels_scalar.cpp", "kernels_avx2.cpp", "kernels_avx512.cpp")
+# -ffp-contract=off: every float operation rounds where the source says (no silent FMA fusion), which the
+# bit-exact dequantization and the cross-ISA identical results rely on.
+CFLAGS = ["-O3", "-DNDEBUG", "-fopenmp", "-ffp-contract=off", "-fno-math-errno", "-std=c++17"]
+LDFLAGS = ["-fopenmp"]
+
+build_seconds: float | None = None  # set when this process compiled the extension (not when it loaded a build)
+
+
+def _cache_root() -> Path:
+    """Same rule as engine.provision.cache_root (kept here so this package imports nothing of the engine)."""
+    if os.environ.get("SPECLENS_CACHE"):
+        return Path(os.environ["SPECLENS_CACHE"]).expanduser()
+    if os.environ.get("XDG_CACHE_HOME"):
+        return Path(os.environ["XDG_CACHE_HOME"]).expanduser() / "speclens"
+    return Path.home() / ".cache" / "speclens"
+
+
+def build_dir() -> Path:
+    h = hashlib.sha256()
+    for name in sorted(p.name for p in CSRC.iterdir() if p.suffix in (".cpp", ".h")):
+        h.update(name.encode() + (CSRC / name).read_bytes())
+    h.update(" ".join(CFLAGS + LDFLAGS).encode() + torch.__version__.encode() + sys.version.encode())
+    return _cache_root() / "ext" / h.hexdigest()[:16]
+
+
+@functools.cache
+def load() -> ModuleType | None:
+    """The compiled module, or None (logged once) when disabled or when the build fails."""
+    global build_seconds
+    if os.environ.get("SPECLENS_QUANT_EXT", "1") == "0":
+        log.warning("quantized kernels disabled by SPECLENS_QUANT_EXT=0; using the pure-torch fallback")
+        return None
+    try:
+        from torch.utils import cpp_extension
+
+        folder = build_dir()
+        folder.mkdir(parents=True, exist_ok=True)
+        fresh = not any(folder.glob("*.so"))
+        t0 = time.perf_counter()
+        mod = cpp_extension.load(
+            name="speclens_quant", sources=[str(CSRC / s) for s in SOURCES], extra_cflags=CFLAGS,
+            extra_ldflags=LDFLAGS, build_directory=str(folder), verbose=False,
+        )
+        if fresh:
+            build_seconds = time.perf_counter() - t0
+            log.info("built the quantized kernels in %.1f s (%s)", build_seconds, folder)
+        isa = os.environ.get("SPECLENS_QUANT_ISA")
+        if isa:
+            mod.set_isa(isa)
+        return mod
+    except Exception as e:  # no compiler, no ninja, a failed build: all mean "run the fallback"
+        first = next((ln for ln in str(e).splitlines() if ln.strip()), type(e).__name__)
+        log.warning("quantized kernels could not be built (%s); using the slow pure-torch fallback", first[:200])
+        log.debug("extension build failure", exc_info=True)
+        return None

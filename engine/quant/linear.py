@@ -1,0 +1,184 @@
+"""nn.Modules over GGML blocks: QuantLinear (y = x W^T + b) and QuantEmbedding (row look-up).
+
+The GGUF bytes are read once, straight from the file's memory map, and repacked into the kernels' layout
+(same quants and scales, grouped 8 output features at a time; see csrc/quant.h). What is kept is as
+compact as the file. The weights a layer computes with are exactly `gguf.quants.dequantize`'s
+(`dequantize()` returns them, from the packed data).
+
+Two activation modes:
+- "int8" (default): activations quantized per 32 inputs to int8 (scale amax/127), integer dot products.
+  The weights enter exactly; the activation rounding costs ~0.3-0.7% relative error per output.
+- "fp32": exact activations; every product and sum in fp32 (the reference the int8 mode is measured by).
+Both are batch-invariant: a row's output is bitwise the same whatever other rows share the call, and the
+same on every instruction set (csrc/kernels_scalar.cpp states the order of operations).
+
+Without the compiled extension (see ext.py) the same modules run a pure-torch fallback: weights
+dequantized once to fp32 (memory-hungry), one row at a time (so still batch-invariant), fp32 activations.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Literal
+
+import numpy as np
+import torch
+from torch import nn
+
+from . import ext
+from .formats import GROUP, T, dequantize, fmt, row_bytes
+
+Act = Literal["int8", "fp32"]
+
+
+def _as_rows(raw: np.ndarray, qtype: int, k: int) -> np.ndarray:
+    """GGUF tensor data -> (rows, row_bytes) uint8, without copying (F16/F32 data arrive as float arrays)."""
+    arr = np.asarray(raw)
+    if arr.dtype != np.uint8:
+        arr = arr.reshape(-1).view(np.uint8)
+    arr = arr.reshape(-1, row_bytes(qtype, k))
+    if not arr.flags.c_contiguous:
+        raise ValueError("GGUF tensor data must be C-contiguous")
+    return arr
+
+
+def _threads() -> int:
+    return max(1, torch.get_num_threads())
+
+
+class QuantLinear(nn.Module):
+    """y = x W^T (+ bias) for x (..., in_features) float32, W (out_features, in_features) as GGML blocks.
+
+    raw: the tensor's GGUF data, (rows, row_bytes) uint8 (e.g. `GGUFReader(path).tensors[i].data`).
+    rows: which raw row each output feature takes (default: all, in order); e.g. an un-permutation.
+    """
+
+    def __init__(self, raw: np.ndarray, qtype: int, in_features: int, out_features: int | None = None,
+                 bias: torch.Tensor | None = None, *, rows: np.ndarray | None = None, act: Act = "int8") -> None:
+        super().__init__()
+        self.format = fmt(qtype)
+        self.qtype = int(self.format.qtype)
+        raw = _as_rows(raw, self.qtype, in_features)
+        self.in_features = in_features
+        self.out_features = out_features if out_features is not None else (len(rows) if rows is not None else raw.shape[0])
+        if rows is not None:
+            rows = np.ascontiguousarray(rows, dtype=np.int64)
+            if rows.shape != (self.out_features,) or rows.min(initial=0) < 0 or rows.max(initial=0) >= raw.shape[0]:
+                raise ValueError(f"rows must be {self.out_features} indices into {raw.shape[0]} rows")
+        elif raw.shape[0] != self.out_features:
+            raise ValueError(f"tensor has {raw.shape[0]} rows, expected {self.out_features}")
+        self.act: Act = act if self.format.quantized else "fp32"  # F16/F32 weights have no integer path
+        if bias is not None and bias.shape != (self.out_features,):
+            raise ValueError(f"bias shape {tuple(bias.shape)} != ({self.out_features},)")
+        self.register_buffer("bias", None if bias is None else bias.detach().float().contiguous(), persistent=False)
+        self._mod = ext.load()
+        self._raw, self._rows, self._dense = None, None, None
+        if self._mod is not None:
+            rt = None if rows is None else torch.from_numpy(rows)
+            packed = self._mod.repack(raw.ctypes.data, raw.shape[0], self.qtype, self.out_features, in_features, rt,
+                                      _threads())
+            self.register_buffer("packed", packed, persistent=False)  # (bytes,) uint8
+        else:
+            self._raw, self._rows = raw, rows  # keeps the memory map alive; dequantized on first use
+            self.register_buffer("packed", None, persistent=False)
+
+    @classmethod
+    def from_gguf(cls, tensor, bias: torch.Tensor | None = None, *, rows: np.ndarray | None = None,
+                  act: Act = "int8") -> QuantLinear:
+        """From a `gguf.ReaderTensor` (its shape is GGUF's: (in_features, out_features))."""
+        k, n = int(tensor.shape[0]), int(np.prod(tensor.shape[1:]))
+        return cls(tensor.data, int(tensor.tensor_type), k, n if rows is None else len(rows), bias, rows=rows, act=act)
+
+    @classmethod
+    def concat(cls, parts: Sequence[QuantLinear]) -> QuantLinear:
+        """One layer whose outputs are the parts' outputs side by side (fused q/k/v, gate/up). Needs one type
+        and, for the packed layout, every part but the last a multiple of 8 outputs."""
+        first = parts[0]
+        if any(p.qtype != first.qtype or p.in_features != first.in_features or p.act != first.act for p in parts):
+            raise ValueError("concat needs parts of one type, input size and activation mode")
+        if any(p.out_features % GROUP for p in parts[:-1]):
+            raise ValueError(f"concat needs parts with multiples of {GROUP} outputs")
+        out = cls.__new__(cls)
+        nn.Module.__init__(out)
+        out.format, out.qtype, out.in_features, out.act = first.format, first.qtype, first.in_features, first.act
+        out.out_features = sum(p.out_features for p in parts)
+        biases = [p.bias if p.bias is not None else torch.zeros(p.out_features) for p in parts]
+        out.register_buffer("bias", torch.cat(biases) if any(p.bias is not None for p in parts) else None,
+                            persistent=False)
+        out._mod, out._raw, out._rows, out._dense = first._mod, None, None, None
+        if first._mod is not None:
+            out.register_buffer("packed", torch.cat([p.packed for p in parts]), persistent=False)
+        else:
+            out.register_buffer("packed", None, persistent=False)
+            out._dense = torch.cat([p.dequantize() for p in parts])
+        return out
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the layer keeps for its weight (packed, or the fallback's fp32 copy once made)."""
+        t = self.packed if self.packed is not None else self._dense
+        return 0 if t is None else t.numel() * t.element_size()
+
+    def dequantize(self) -> torch.Tensor:
+        """The (out, in) float32 weights this layer computes with: bit for bit gguf.quants.dequantize."""
+        if self._mod is not None:
+            idx = torch.arange(self.out_features)
+            return self._mod.dequant_cols(self.packed, self.qtype, self.out_features, self.in_features, idx)
+        if self._dense is None:
+            src = self._raw if self._rows is None else self._raw[self._rows]
+            self._dense = torch.from_numpy(dequantize(src, self.qtype))
+            self._raw = None
+        return self._dense
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        x2 = x.reshape(-1, self.in_features).float().contiguous()  # (R, K)
+        if self._mod is not None:
+            y = self._mod.matmul(self.packed, self.qtype, self.out_features, self.in_features, x2, self.bias,
+                                 self.act == "fp32", _threads())  # (R, N)
+        else:
+            w = self.dequantize()  # (N, K)
+            y = torch.stack([torch.mv(w, row) for row in x2]) if len(x2) else x2.new_zeros(0, self.out_features)
+            if self.bias is not None:
+                y = y + self.bias
+        return y.reshape(*shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, type={T(self.qtype).name}, "
+                f"act={self.act}, bias={self.bias is not None}")
+
+
+class QuantEmbedding(nn.Module):
+    """ids -> rows of a (num_embeddings, dim) GGML matrix, dequantized exactly, only the rows looked up.
+    `QuantEmbedding.tied(head)` shares the LM head's packed blocks (tied embeddings cost nothing extra)."""
+
+    def __init__(self, raw: np.ndarray, qtype: int, dim: int, *, act: Act = "int8") -> None:
+        super().__init__()
+        self.table = QuantLinear(raw, qtype, dim, act=act)
+
+    @classmethod
+    def from_gguf(cls, tensor) -> QuantEmbedding:
+        return cls(tensor.data, int(tensor.tensor_type), int(tensor.shape[0]))
+
+    @classmethod
+    def tied(cls, head: QuantLinear) -> QuantEmbedding:
+        out = cls.__new__(cls)
+        nn.Module.__init__(out)
+        out.table = head
+        return out
+
+    @property
+    def num_embeddings(self) -> int:
+        return self.table.out_features
+
+    @property
+    def embedding_dim(self) -> int:
+        return self.table.in_features
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        t = self.table
+        flat = ids.reshape(-1).long()
+        if t._mod is not None:
+            out = t._mod.dequant_cols(t.packed, t.qtype, t.out_features, t.in_features, flat)  # (T, C)
+        else:
+            out = t.dequantize()[flat]
+        return out.reshape(*ids.shape, t.in_features)

@@ -1,0 +1,137 @@
+"""Time the quantized linear kernels against fp32 on the layer shapes that matter for the embedded target.
+
+For each shape (inputs -> outputs), block type and row count R it prints ms per call for the int8-activation
+kernel and the exact (fp32-activation) kernel, fp32 F.linear and fp32 oneDNN-prepacked, the memory floor
+(packed weight bytes / read bandwidth) and the cost of R rows in units of one row.
+
+The weights are random but valid blocks. Each timing cycles through enough copies of the layer to exceed
+the last-level cache, as a real forward pass does (the whole model is ~1 GB), so one layer's time is not
+an L3 hit. Times are the minimum and median over --reps rounds.
+
+    python scripts/bench_kernels.py [--types Q4_K,Q6_K] [--rows 1,2,5,9,16] [--reps 15]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from engine.quant import ext, formats  # noqa: E402
+
+SHAPES = {"ffn_up 1536->8960": (1536, 8960), "ffn_down 8960->1536": (8960, 1536), "lm_head 1536->151936": (1536, 151936)}
+COLD_BYTES = 192 << 20  # cycle through at least this much weight data per round
+
+
+def cpu_line() -> str:
+    try:
+        info = Path("/proc/cpuinfo").read_text().split("\n\n")[0]
+        fields = {a.strip(): b for a, b in (ln.split(":", 1) for ln in info.splitlines() if ":" in ln)}
+        model = fields.get("model name", "?").strip()
+        flags = set(fields.get("flags", "").split())
+        simd = [f for f in ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx_vnni") if f in flags]
+        return f"{model}, {os.cpu_count()} logical CPUs, flags: {' '.join(simd)}"
+    except OSError:
+        return platform.processor()
+
+
+def read_bandwidth(threads: int) -> float:
+    """GB/s of a multi-threaded sum over 512 MB (a stand-in for streaming weights)."""
+    t = torch.ones(128 << 20)
+    best = float("inf")
+    for _ in range(5):
+        t0 = time.perf_counter()
+        t.sum()
+        best = min(best, time.perf_counter() - t0)
+    return t.numel() * 4 / best / 1e9
+
+
+def timeit(fn, copies: int, reps: int) -> tuple[float, float]:
+    """(min, median) ms per call; each round calls fn(i) for every copy i."""
+    for i in range(copies):
+        fn(i)
+    rounds = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        for i in range(copies):
+            fn(i)
+        rounds.append((time.perf_counter() - t0) / copies * 1e3)
+    return min(rounds), statistics.median(rounds)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shapes", default=",".join(SHAPES), help="comma-separated names from: " + ", ".join(SHAPES))
+    ap.add_argument("--types", default="Q4_K,Q6_K,Q8_0,Q5_0")
+    ap.add_argument("--rows", default="1,2,5,9,16")
+    ap.add_argument("--reps", type=int, default=15)
+    ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--no-fp32", action="store_true", help="skip the fp32 baselines")
+    ap.add_argument("--isa", default=None, help="scalar, avx2 or avx512vnni (default: the best this CPU runs)")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    mod = ext.load()
+    if mod is None:
+        sys.exit("the extension did not build; nothing to time")
+    if args.isa:
+        mod.set_isa(args.isa)
+    rows = [int(r) for r in args.rows.split(",")]
+    bw = read_bandwidth(args.threads)
+    print(f"CPU: {cpu_line()}")
+    print(f"torch {torch.__version__}, {args.threads} threads, kernels: {mod.isa()}, "
+          f"measured read bandwidth {bw:.1f} GB/s (floors below use it)")
+    rng = np.random.default_rng(0)
+    header = f"{'kernel':<26}" + "".join(f"{f'R={r}':>16}" for r in rows)
+    for name in args.shapes.split(","):
+        k, n = SHAPES[name]
+        xs = {r: torch.randn(r, k) for r in rows}
+        print(f"\n== {name}: ms per call, min/median over {args.reps} rounds; (xR) = cost of R rows / 1 row ==")
+        print(header)
+        for tname in args.types.split(","):
+            qt = formats.T[tname]
+            raw = formats.random_rows(qt, n, k, rng)
+            nbytes = formats.packed_bytes(qt, n, k)
+            copies = max(1, -(-COLD_BYTES // nbytes))
+            packed = [mod.repack(raw.ctypes.data, n, int(qt), n, k, None, args.threads) for _ in range(copies)]
+            floor = nbytes / bw / 1e6
+            print(f"{tname} ({formats.fmt(qt).packed_bits_per_weight:.3f} bpw, {nbytes / 1e6:.1f} MB): "
+                  f"memory floor {floor:.3f} ms, {copies} copies")
+            for label, exact in (("  int8 activations", False), ("  exact fp32 activations", True)):
+                cells, base = [], None
+                for r in rows:
+                    lo, med = timeit(lambda i: mod.matmul(packed[i], int(qt), n, k, xs[r], None, exact, args.threads),
+                                     copies, args.reps)
+                    base = base or lo
+                    cells.append(f"{lo:.3f}/{med:.3f} ({lo / base:.2f}x)")
+                print(f"{label:<26}" + "".join(f"{c:>16}" for c in cells))
+            del packed
+        if args.no_fp32:
+            continue
+        w = torch.randn(n, k) * 0.02
+        copies = max(1, -(-COLD_BYTES // w.nbytes))
+        ws = [w.clone() for _ in range(copies)]
+        packed_w = [t.to_mkldnn() for t in ws]
+        print(f"fp32 ({w.nbytes / 1e6:.0f} MB): memory floor {w.nbytes / bw / 1e6:.3f} ms, {copies} copies")
+        for label, fn in (
+            ("  F.linear", lambda i, x: F.linear(x, ws[i])),
+            ("  oneDNN prepacked", lambda i, x: torch._C._nn.mkldnn_linear(x.to_mkldnn(), packed_w[i], None).to_dense()),
+        ):
+            cells, base = [], None
+            for r in rows:
+                lo, med = timeit(lambda i: fn(i, xs[r]), copies, max(3, args.reps // 3))
+                base = base or lo
+                cells.append(f"{lo:.3f}/{med:.3f} ({lo / base:.2f}x)")
+            print(f"{label:<26}" + "".join(f"{c:>16}" for c in cells))
+        del ws, packed_w
+
+
+if __name__ == "__main__":
+    main()
