@@ -283,7 +283,12 @@ class ChatView(QTextEdit):
                     parts.append(frag.text()[lo - frag.position():hi - frag.position()])
                 it += 1
             block = block.next()
-        mime = QMimeData()
+        # Qt's own mime object, not one made here: the clipboard keeps it past the interpreter's exit, and a
+        # Python-made QMimeData is then destroyed through a dead interpreter (a segfault on quit after a copy).
+        mime = super().createMimeDataFromSelection()
+        mime.text()  # it fills its formats lazily from the selection, on first read: do that now, then replace them
+        for fmt in mime.formats():  # text/html would bring the rejected drafts back
+            mime.removeFormat(fmt)
         mime.setText("".join(parts))
         return mime
 

@@ -137,7 +137,7 @@ class ChatController(QObject):
         """Any request: its rounds go into the session stats as `kind`."""
         if prompt is None:
             prompt = next((m["content"] for m in reversed(messages) if m["role"] == "user"), "")
-        handle = self.host.generate(messages, sampling, spec, tag=kind)
+        handle = self.host.generate(messages, sampling, spec)
         req = Request(handle.id, kind, messages, sampling, spec, self.stats.begin(prompt, kind), handle)
         self.requests[req.id] = req
         self.stateChanged.emit()
@@ -198,10 +198,6 @@ class ChatController(QObject):
         req = self.host.reload()
         self.stateChanged.emit()
         return req
-
-    @property
-    def last_load(self) -> LoadRequest | None:
-        return self.host.loading or self.host.last_load
 
     def cancel_load(self) -> None:
         self.host.cancel_load()

@@ -44,7 +44,6 @@ class Request:
     """A generate request in flight. `cancel()` and `update()` reach the engine between two rounds."""
 
     id: int
-    tag: str
     host: EngineHost = field(repr=False)
 
     def cancel(self) -> None:
@@ -197,9 +196,8 @@ class EngineHost(QObject):
     def ready(self) -> bool:
         return self.info is not None
 
-    def generate(self, messages: list[dict[str, str]], sampling: SamplingParams, spec: SpecParams,
-                 tag: str = "chat") -> Request:
-        req = Request(next(self._ids), tag, self)
+    def generate(self, messages: list[dict[str, str]], sampling: SamplingParams, spec: SpecParams) -> Request:
+        req = Request(next(self._ids), self)
         self.pending[req.id] = req
         self.send("generate", req.id, list(messages), sampling, spec)
         return req

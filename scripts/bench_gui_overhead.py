@@ -1,9 +1,10 @@
 #!/usr/bin/env python
 """How much does the GUI slow generation down? Decode rate with and without the window repainting.
 
-Both variants run the same requests through the same EngineHost (worker thread, signals, GIL switch interval);
-"headless" only counts the signals, "gui" streams them into a shown MainWindow (chat + charts repainting from
-their timer). The runs alternate, after one warm-up each, and greedy decoding makes every run produce the same
+Both variants run the same requests through the same engine process (app/host.py); "headless" only counts the
+host's signals, "gui" streams them into a shown MainWindow (chat + charts repainting from their timer). The
+engine has a process of its own, so what the window can still cost it is CPU time on a machine with few cores.
+The runs alternate, after one warm-up each, and greedy decoding makes every run produce the same
 tokens. Reported: median decode tokens/s (Summary.tokens_per_s) per variant and the overhead
 1 - gui/headless. Exit status 1 when the overhead exceeds --max-overhead percent.
 
@@ -45,64 +46,62 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="default: model when there is a draft model, else ngram")
     ap.add_argument("--prompt", default="Write a Python function that returns the n-th Fibonacci number "
                     "iteratively, with a docstring and type hints.")
-    ap.add_argument("--threads", type=int, help="torch.set_num_threads (default: torch's own choice)")
     ap.add_argument("--max-overhead", type=float, default=5.0, help="percent; exit 1 above it (default 5)")
     ap.add_argument("--show", action="store_true", help="use the real display instead of offscreen")
     ap.add_argument("--json", type=Path, help="also write the results here")
     return ap.parse_args(argv)
 
 
-def make_engine(args: argparse.Namespace):
-    """(engine, controls class, description)."""
+def make_loader(args: argparse.Namespace):
+    """(engine-process loader, description)."""
+    from engine.service import DEFAULT_LOADER, Factory
+
     if args.fake:
-        from tests.app_fixtures import CODE_REPLY, FakeControls, FakeEngine
+        from tests.app_fixtures import CODE_REPLY
 
-        return FakeEngine(CODE_REPLY * 4, work_ms=4.0), FakeControls, "scripted fake engine (4 ms numpy work/round)"
-    import torch
-
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    from engine.engine import Controls, Engine
-
+        return (Factory("tests.app_fixtures:fake_loader", {"script": CODE_REPLY * 4, "work_ms": 4.0}),
+                "scripted fake engine (4 ms numpy work/round)")
     if args.target or args.embedded:
-        target, draft = args.target, args.draft
-        if args.embedded:
-            from engine.provision import default_pair
-
-            target, draft = (str(p) for p in default_pair(lambda s, f: print(f"  {s} {f:.0%}", end="\r")))
-        t = time.perf_counter()
-        engine = Engine.load(target, draft, device=args.device)
-        return engine, Controls, f"{engine.target_name} + {engine.draft_name} ({time.perf_counter() - t:.1f} s load)"
-    from tests.tiny import tiny_engine
-
-    engine = tiny_engine(max_seq_len=512)
-    engine.eos_ids = set()  # a random model says EOS early; run to the length limit
-    return engine, Controls, "tiny random Llama pair (tests/tiny.py)"
+        return DEFAULT_LOADER, (args.target or "the embedded pair")
+    return (Factory("tests.app_fixtures:tiny_loader", {"max_seq_len": 512}),
+            "tiny random Llama pair (tests/tiny.py), one thread")
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if not args.show:
         os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
-    import app  # noqa: F401  (app.compat first)
     from PySide6.QtCore import QEventLoop, QSettings, QTimer
     from PySide6.QtWidgets import QApplication
 
+    from app.controller import ChatController
+    from app.host import EngineHost
     from app.window import MainWindow
-    from app.worker import EngineHost
     from engine.config import SamplingParams, SpecParams
+    from engine.service import Factory
 
     qapp = QApplication.instance() or QApplication([])
     qapp.setStyle("Fusion")
-    engine, controls, what = make_engine(args)
-    drafter = args.drafter or ("model" if getattr(engine, "draft_name", None) else "ngram")
+    loader, what = make_loader(args)
+    host = EngineHost(loader, Factory("tests.app_fixtures:listed_models"))
+    controller = ChatController(host)
+    controller.load(args.target, args.draft, args.device)
+    t = time.perf_counter()
+    while controller.loading:
+        loop = QEventLoop()
+        QTimer.singleShot(20, loop.quit)
+        loop.exec()
+    if not controller.ready:
+        print("the engine did not load", file=sys.stderr)
+        return 1
+    what += f" ({time.perf_counter() - t:.1f} s to a loaded engine)"
+    drafter = args.drafter or ("model" if host.info.draft_name else "ngram")
     sampling = SamplingParams(temperature=0.0, max_new_tokens=args.max_new_tokens, seed=0)
     spec = SpecParams(k=args.k, drafter=drafter)
     messages = [{"role": "user", "content": args.prompt}]
 
-    host = EngineHost(engine, controls_factory=controls, lister=lambda: [])
     settings = QSettings(str(Path(os.environ.get("TMPDIR", "/tmp")) / "speclens-bench.ini"), QSettings.Format.IniFormat)
-    window = MainWindow(host, settings)
+    window = MainWindow(controller, settings)
     window.resize(1480, 900)
     window.controls.k_slider.setValue(args.k)
     window.controls.temp_slider.setValue(0)
@@ -112,10 +111,10 @@ def main(argv: list[str] | None = None) -> int:
     window.show()
 
     summaries: dict[int, object] = {}
-    host.worker.summaryReady.connect(lambda rid, s: summaries.__setitem__(rid, s))
+    host.summaryReady.connect(lambda rid, s: summaries.__setitem__(rid, s))
 
     def wait_idle() -> None:
-        while host.busy:
+        while host.busy or controller.busy or window.frame_timer.isActive():
             loop = QEventLoop()
             QTimer.singleShot(5, loop.quit)
             loop.exec()
@@ -130,9 +129,9 @@ def main(argv: list[str] | None = None) -> int:
         window.new_chat()
         window.input.setPlainText(args.prompt)
         window.send()
+        record = controller.active.record
         wait_idle()
-        window.repaint_frame()
-        return window.record.summary
+        return record.summary
 
     results: dict[str, list[float]] = {"headless": [], "gui": []}
     tokens: dict[str, set] = {"headless": set(), "gui": set()}
@@ -151,11 +150,8 @@ def main(argv: list[str] | None = None) -> int:
               "tokens/s may not compare like with like")
     h, g = statistics.median(results["headless"]), statistics.median(results["gui"])
     overhead = 100.0 * (1.0 - g / h) if h > 0 else 0.0
-    import torch  # noqa: PLC0415 - only for the report
-
     info = {
-        "engine": what, "device": str(getattr(engine, "device", "cpu")), "platform": platform.platform(),
-        "cpus": os.cpu_count(), "torch_threads": torch.get_num_threads() if "torch" in sys.modules else None,
+        "engine": what, "device": host.info.device, "platform": platform.platform(), "cpus": os.cpu_count(),
         "qt_platform": qapp.platformName(), "runs": args.runs, "max_new_tokens": args.max_new_tokens,
         "headless_tok_s": results["headless"], "gui_tok_s": results["gui"],
         "headless_median": h, "gui_median": g, "overhead_percent": overhead,
@@ -165,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
           f"(limit {args.max_overhead}%)  [{info['platform']}, {info['cpus']} CPUs, Qt {info['qt_platform']}]")
     if args.json:
         args.json.write_text(json.dumps(info, indent=2))
-    host.shutdown()
+    controller.shutdown()
     return 0 if overhead <= args.max_overhead else 1
 
 
