@@ -166,12 +166,24 @@ class ChatView(QTextEdit):
         turn = _Turn("user", text=text, title="You")
         self.turns.append(turn)
         self._render_turn(turn)
+        self._scroll_to_end()  # the message just sent is what the user looks at, and the reply follows it
 
     def begin_assistant(self, title: str | None = "Assistant") -> None:
         self.flush()
+        at_bottom = self._at_bottom()
         turn = _Turn("assistant", title=title)
         self.turns.append(turn)
         self._render_turn(turn)
+        if at_bottom:
+            self._scroll_to_end()
+
+    def _at_bottom(self) -> bool:
+        bar = self.verticalScrollBar()
+        return bar.value() >= bar.maximum() - 8
+
+    def _scroll_to_end(self) -> None:
+        bar = self.verticalScrollBar()
+        bar.setValue(bar.maximum())
 
     def feed(self, event: RoundEvent) -> None:
         """Queue a round of the current reply; painted at the next flush()."""
@@ -195,8 +207,7 @@ class ChatView(QTextEdit):
         the next call); returns how many."""
         if not self.pending:
             return 0
-        bar = self.verticalScrollBar()
-        at_bottom = bar.value() >= bar.maximum() - 8
+        at_bottom = self._at_bottom()
         turn = self.turns[-1]
         n = len(turn.rounds) - turn.rendered if limit is None else min(limit, len(turn.rounds) - turn.rendered)
         cursor = self._end_cursor()
@@ -206,7 +217,7 @@ class ChatView(QTextEdit):
             self._render_footer(cursor, turn)
         cursor.endEditBlock()
         if at_bottom:
-            bar.setValue(bar.maximum())
+            self._scroll_to_end()
         return n
 
     def reply_text(self, index: int = -1) -> str:

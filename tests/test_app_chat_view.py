@@ -184,3 +184,23 @@ def test_palette_change_recolours(qtbot):
     qtbot.addWidget(legend)
     legend.setPalette(dark_palette())
     assert dark.tint[Origin.ACCEPTED].name() in legend.labels["accepted"].text()
+
+
+def test_new_messages_follow_the_bottom_unless_scrolled_up(qtbot):
+    view = ChatView()
+    qtbot.addWidget(view)
+    view.resize(400, 200)
+    view.show()
+    qtbot.waitExposed(view)
+    bar = view.verticalScrollBar()
+    for i in range(6):
+        view.add_user(f"question {i}")
+        reply(view, make_round(1, ("A long answer, line one",), (), "\nand line two\nand three"), footer="done")
+    assert bar.maximum() > 0 and bar.value() == bar.maximum()
+    bar.setValue(0)  # the user scrolled up to read: a streaming reply leaves the view alone ...
+    view.begin_assistant(title=None)
+    view.feed(make_round(1, ("more",), (), "\ntext"))
+    view.flush()
+    assert bar.value() == 0
+    view.add_user("next question")  # ... until they send a message
+    assert bar.value() == bar.maximum()
