@@ -281,7 +281,7 @@ static void fma_tile(const float* w, int n, const float* x, int64_t xstride, __m
         for (int e = 0; e < 4; ++e) A[r][e] = a[4 * r + e];
     for (int k = 0; k < n; k += 4)
         for (int e = 0; e < 4; ++e) {
-            const __m256 wv = _mm256_load_ps(w + 8 * (k + e));
+            const __m256 wv = _mm256_loadu_ps(w + 8 * (k + e));  // F32 units are read in place
             for (int r = 0; r < RT; ++r) A[r][e] = _mm256_fmadd_ps(wv, _mm256_set1_ps(x[r * xstride + k + e]), A[r][e]);
         }
     for (int r = 0; r < RT; ++r)
