@@ -3,6 +3,7 @@ engine's own process (app/host.py)."""
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import multiprocessing
 import os
@@ -60,6 +61,10 @@ def main(argv: list[str] | None = None) -> int:
     controller = ChatController(EngineHost())
     window = MainWindow(controller, settings)
     window.show()
+    # What is alive now (Qt, pyqtgraph, numpy: ~90k objects) lives as long as the app. Leave it out of the
+    # garbage collector's full passes, which would otherwise walk it all mid-reply (~35-60 ms measured on a
+    # 2-vCPU VM, against the GUI's 50 ms stall goal); they then walk only what the session creates.
+    gc.freeze()
 
     result = {"code": 0}
     if args.smoke_test:
