@@ -225,10 +225,13 @@ def fake(**engine_kw) -> Factory:
 
 
 def fake_loader(target, draft, device, progress, cancelled, *, steps: int = 0, gate: str | None = None,
-                expect: tuple | None = None, **engine_kw) -> FakeEngine:
+                expect: tuple | None = None, die_loading: str | None = None, **engine_kw) -> FakeEngine:
     """Runs in the engine process. `steps` progress reports; `gate`: wait (up to 10 s) until that file exists,
     then raise if the load was cancelled meanwhile (what provisioning does); `expect`: the (target, draft,
-    device) it must be given. A target path, except one that is `expect`ed, does not exist here."""
+    device) it must be given. A target path, except one that is `expect`ed, does not exist here.
+    `die_loading`: the process exits (status 3) when asked to load that target."""
+    if die_loading is not None and target == die_loading:
+        os._exit(3)
     for i in range(steps):
         progress(f"step {i}", i / max(steps - 1, 1))
     if gate:

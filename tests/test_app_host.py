@@ -210,6 +210,19 @@ def test_killed_process_is_reported_once_in_one_sentence(qtbot, make_host):
     assert rec.kinds(req.id)[-2:] == ["summary", "finished"]
 
 
+def test_death_while_loading_is_reported_and_reload_tries_that_pair_again(qtbot, make_host):
+    host = make_host(fake(die_loading="/models/crashing", expect=(None, None, None)))
+    died, failed = [], []
+    host.died.connect(died.append)
+    host.loadFailed.connect(failed.append)
+    host.load("/models/crashing")
+    qtbot.waitUntil(lambda: bool(died), timeout=5000)
+    assert died == ["The engine process exited unexpectedly with status 3."] and failed == []
+    assert host.loading is None and not host.ready and host.last_load.target == "/models/crashing"
+    host.reload()
+    qtbot.waitUntil(lambda: len(died) == 2, timeout=LOAD_TIMEOUT_MS)  # it dies loading it again
+
+
 def test_failure_of_the_engine_loop_is_reported_with_its_message(qtbot, qapp):
     from app.host import EngineHost
 
