@@ -133,13 +133,13 @@ def list_local_models() -> list[LocalModel]:
 
     out: list[LocalModel] = []
     for ps in (provision.TARGET, provision.DRAFT):
-        folder = provision.model_dir(ps)
+        file = provision.model_file(ps)
         try:
-            if provision.is_valid(folder, ps):
-                m = describe(folder, "embedded", ps.name)
-            else:  # not converted yet: read the GGUF header from the first installed part
+            if provision.is_trusted(file, ps):
+                m = describe(file, "embedded", ps.name)
+            else:  # not assembled yet: read the GGUF header from the first installed part
                 m = describe(provision.locate_part(ps.packages[0]), "embedded", ps.name)
-            out.append(replace(m, path=folder))
+            out.append(replace(m, path=file))
         except (*_BAD_ENTRY, provision.ProvisionError) as e:
             if not isinstance(e, provision.ProvisionError):  # not installed is normal; broken is worth a line
                 log.warning("skipping embedded model %s: %s", ps.name, e)

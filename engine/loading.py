@@ -5,6 +5,8 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+import torch
+
 from .config import CacheConfig
 from .model import Transformer
 from .cpu_linear import Int8Linear, PackedLinear, int8_supported, packed_supported, swap_linears
@@ -58,26 +60,21 @@ def load_engine(
 
     report = progress or (lambda stage, frac: None)
     dev, dtype = pick_device(device)
+    cpu = dev.type == "cpu"
     t0 = time.perf_counter()
-    tgt = load_checkpoint(target, lambda s, f: report(f"target: {s}", 0.45 * f))
-    dft = load_checkpoint(draft, lambda s, f: report(f"draft: {s}", 0.45 + 0.25 * f)) if draft else None
+    # On the CPU a GGUF runs as it is (quantized kernels); elsewhere it is dequantized at load.
+    tgt = load_checkpoint(target, lambda s, f: report(f"target: {s}", 0.45 * f), dequantize=not cpu)
+    dft = (load_checkpoint(draft, lambda s, f: report(f"draft: {s}", 0.45 + 0.25 * f), dequantize=not cpu)
+           if draft else None)
     if dft is not None:
         check_pair(tgt, dft)
     max_len = (cache or CacheConfig(max_seq_len=min(tgt.config.max_position_embeddings, 4096))).max_seq_len
-    cpu = dev.type == "cpu"
     report("Placing target on " + dev.type, 0.75)
-    target_model = Transformer.from_state_dict(tgt.config, tgt.tensors, dtype, dev, max_len)
-    if cpu and packed_supported():  # fp32 as before, but verify widths up to ~8 cost about one step
-        target_model = swap_linears(target_model, PackedLinear)
+    target_model = place(tgt, dtype, dev, max_len, int8=False)
     draft_model = None
     if dft is not None:
         report("Placing draft on " + dev.type, 0.9)
-        draft_model = Transformer.from_state_dict(dft.config, dft.tensors, dtype, dev, max_len)
-        # On the CPU the draft runs int8 weight-only matmuls: ~3x cheaper per step, output unchanged.
-        if (draft_int8 if draft_int8 is not None else cpu) and int8_supported():
-            draft_model = swap_linears(draft_model, Int8Linear)
-        elif cpu and packed_supported():
-            draft_model = swap_linears(draft_model, PackedLinear)
+        draft_model = place(dft, dtype, dev, max_len, int8=draft_int8 if draft_int8 is not None else cpu)
     engine = cls(
         target_model, tgt.tokenizer, draft_model, cache=cache or CacheConfig(max_seq_len=max_len),
         target_name=tgt.name, draft_name=dft.name if dft else None, eos_ids=eos_ids(tgt),
@@ -85,3 +82,21 @@ def load_engine(
     engine.load_seconds = time.perf_counter() - t0
     report("Ready", 1.0)
     return engine
+
+
+def place(ckpt: Checkpoint, dtype: torch.dtype, dev: torch.device, max_len: int, int8: bool,
+          act: str = "int8") -> Transformer:
+    """The model on its device: a GGUF's own blocks through the quantized kernels, or dense tensors.
+
+    Dense on the CPU: fp32 prepacked for oneDNN, so verify widths up to ~8 cost about one step; a draft may go
+    int8 weight-only (~3x cheaper per step; speculative output is unchanged, only the target decides)."""
+    if ckpt.tensors is None:
+        from .gguf_model import build_model
+
+        return build_model(ckpt.gguf, max_len, act)
+    model = Transformer.from_state_dict(ckpt.config, ckpt.tensors, dtype, dev, max_len)
+    if dev.type != "cpu":
+        return model
+    if int8 and int8_supported():
+        return swap_linears(model, Int8Linear)
+    return swap_linears(model, PackedLinear) if packed_supported() else model

@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .attention import causal_attention
 from .config import ModelConfig
 from .kv_cache import CacheView
 
@@ -76,18 +77,7 @@ class Attention(nn.Module):
         q = rope(q.view(T, self.h, self.d), pos)  # (T, H, D)
         k = rope(k.view(T, self.hkv, self.d), pos)  # (T, Hkv, D)
         keys, values = cache.update(self.layer, k, v.view(T, self.hkv, self.d))  # (S, Hkv, D)
-        S = keys.shape[0]
-        mask = None
-        if T > 1:  # query i sits at position start + i and sees keys 0..start + i
-            mask = torch.ones(T, S, dtype=torch.bool, device=x.device).tril(diagonal=S - T)
-        out = F.scaled_dot_product_attention(
-            q.transpose(0, 1).unsqueeze(0),  # (1, H, T, D)
-            keys.transpose(0, 1).unsqueeze(0),  # (1, Hkv, S, D)
-            values.transpose(0, 1).unsqueeze(0),
-            attn_mask=mask,
-            enable_gqa=self.h != self.hkv,
-        )  # (1, H, T, D)
-        return self.o(out.squeeze(0).transpose(0, 1).reshape(T, self.h * self.d))
+        return self.o(causal_attention(q, keys, values))  # (T, C)
 
 
 class MLP(nn.Module):

@@ -1,18 +1,24 @@
-"""Side-by-side CPU benchmark on the embedded pair: our plain and speculative decoding against
-Hugging Face transformers' generate, assisted generation and prompt lookup, all in one run.
+"""Side-by-side CPU benchmark on the embedded pair, in one run: our plain decode, our draft model at K = 1..6,
+our n-gram drafter, transformers' `generate`, and llama.cpp on the same GGUF files (../shared/bench/
+llama_cpp_peer.sh, which builds llama.cpp once per machine).
 
-    python scripts/bench_cpu.py --prompts ../shared/bench/prompts.jsonl --max-new-tokens 128 --k 4
+    python scripts/bench_cpu.py --max-new-tokens 128 --json docs/bench_cpu.json
 
-Greedy throughout, so every mode must produce the same tokens as plain decoding (checked and printed).
-Prints tokens/s per mode, the ratios the README quotes, and alpha, c and the Leviathan bound.
+Greedy throughout, so every one of our modes must produce the same tokens as our plain decode (checked and
+printed). Prints tokens/s, the ratios against the peers, the cost of a target pass over 1..9 tokens in decode
+steps, alpha, c, the Leviathan bound, the time to a ready pair and the peak RSS with the pair loaded.
 """
 from __future__ import annotations
 
 import argparse
 import gc
 import json
+import os
 import platform
+import resource
+import subprocess
 import sys
+import tempfile
 import time
 from datetime import date
 from pathlib import Path
@@ -24,43 +30,37 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from engine.adaptive import expected_speedup  # noqa: E402
 from engine.bench import read_prompts  # noqa: E402
 from engine.config import SamplingParams, SpecParams  # noqa: E402
+from engine.drafters import forward_chunked  # noqa: E402
 from engine.engine import Engine  # noqa: E402
 from engine.events import RoundEvent, Summary  # noqa: E402
 from engine.provision import default_pair  # noqa: E402
 
+SHARED = Path(__file__).resolve().parents[2] / "shared" / "bench"
 
-def hf_modes(target_dir: str, draft_dir: str, prompts: list[list[int]], max_new: int, k: int,
-             which: list[str]) -> dict[str, dict]:
-    from transformers import AutoModelForCausalLM
 
-    target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
-    draft = AutoModelForCausalLM.from_pretrained(draft_dir, dtype=torch.float32).eval()
-    eos = target.generation_config.eos_token_id
-    modes = {
-        "hf generate": {},
-        "hf assisted": {"assistant_model": draft},
-        "hf prompt lookup": {"prompt_lookup_num_tokens": k},
-    }
-    out = {}
-    for name, extra in ((n, e) for n, e in modes.items() if n.removeprefix("hf ").replace(" ", "-") in which):
-        ids = torch.tensor([prompts[0]])
-        target.generate(ids, max_new_tokens=4, do_sample=False, **extra)  # warm-up
-        tokens, seconds, outputs = 0, 0.0, []
-        for p in prompts:
-            ids = torch.tensor([p])
-            t = time.perf_counter()
-            with torch.inference_mode():
-                res = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new,
-                                      do_sample=False, eos_token_id=eos, **extra)
-            seconds += time.perf_counter() - t
-            new = res[0, len(p):].tolist()
-            tokens += len(new)
-            outputs.append(new)
-        out[name] = {"tokens_per_s": tokens / seconds, "tokens": tokens, "outputs": outputs}
-        print(f"  {name}: {tokens / seconds:.2f} tok/s", file=sys.stderr, flush=True)
-    del target, draft
-    gc.collect()
-    return out
+def cpu_line() -> str:
+    model = flags = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name") and not model:
+                model = line.split(":", 1)[1].strip()
+            elif line.startswith("flags") and not flags:
+                have = set(line.split(":", 1)[1].split())
+                flags = " ".join(f for f in ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_vnni", "avx_vnni",
+                                             "amx_int8") if f in have)
+    except OSError:
+        pass
+    return f"{model or platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, flags: {flags}"
+
+
+def rss_mb() -> tuple[float, float]:
+    """(current, peak) resident set of this process in MB."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    try:
+        cur = int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    except OSError:
+        cur = float("nan")
+    return cur, peak
 
 
 def our_mode(engine: Engine, prompts: list[list[int]], max_new: int, spec: SpecParams) -> dict:
@@ -78,6 +78,27 @@ def our_mode(engine: Engine, prompts: list[list[int]], max_new: int, spec: SpecP
     return {"tokens_per_s": tokens / seconds, "tokens": tokens, "outputs": outputs, "rounds": rounds}
 
 
+def pass_costs(engine: Engine, prompt: list[int], widths=(1, 2, 3, 5, 9), repeats: int = 12) -> dict[int, float]:
+    """Median ms of one target forward over `width` new tokens after the prompt (a verify pass of K = width - 1)."""
+    pool, model = engine.target_pool, engine.target
+    engine.reset()
+    base = len(prompt) - 1
+    forward_chunked(model, pool, 0, prompt[:-1], engine.device)
+    out = {}
+    for w in widths:
+        times = []
+        for _ in range(repeats):
+            pool.manager.truncate_to(0, base)
+            start, end = pool.manager.append(0, w)
+            feed = torch.tensor(prompt[-1:] * w, dtype=torch.long)
+            t = time.perf_counter()
+            model(feed, start, pool.view(0, start, end))
+            times.append(time.perf_counter() - t)
+        out[w] = sorted(times)[len(times) // 2] * 1e3
+    engine.reset()
+    return out
+
+
 def alpha_hat(rounds: list[RoundEvent]) -> float:
     """Per-token acceptance probability: accepted / (accepted + rejections)."""
     acc = sum(r.accepted for r in rounds)
@@ -85,73 +106,128 @@ def alpha_hat(rounds: list[RoundEvent]) -> float:
     return acc / (acc + rej) if acc + rej else 0.0
 
 
+def hf_generate(target: Path, prompts: list[list[int]], max_new: int) -> dict:
+    """transformers' own generate on the same GGUF (dequantized by transformers to fp32)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(target.parent), gguf_file=target.name, dtype=torch.float32).eval()
+    eos = model.generation_config.eos_token_id
+    tokens, seconds, outputs = 0, 0.0, []
+    with torch.inference_mode():
+        model.generate(torch.tensor([prompts[0]]), max_new_tokens=4, do_sample=False)  # warm-up
+        for p in prompts:
+            ids = torch.tensor([p])
+            t = time.perf_counter()
+            res = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new, do_sample=False,
+                                 eos_token_id=eos)
+            seconds += time.perf_counter() - t
+            outputs.append(res[0, len(p):].tolist())
+            tokens += len(outputs[-1])
+    del model
+    gc.collect()
+    return {"tokens_per_s": tokens / seconds, "tokens": tokens, "outputs": outputs}
+
+
+def llama_cpp(target: Path, draft: Path, prompts: Path, max_new: int) -> dict | None:
+    script = SHARED / "llama_cpp_peer.sh"
+    if not script.is_file():
+        print("llama.cpp peer: ../shared/bench/llama_cpp_peer.sh not found; skipped", file=sys.stderr)
+        return None
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "peer.json"
+        env = os.environ | {"PYTHON": sys.executable, "THREADS": str(torch.get_num_threads())}
+        run = subprocess.run(["bash", str(script), str(target), str(draft), str(prompts), str(max_new), str(out)],
+                             env=env, text=True, capture_output=True)
+        print(run.stdout, end="", file=sys.stderr)
+        if run.returncode != 0 or not out.is_file():
+            print(f"llama.cpp peer failed ({run.returncode}): {run.stderr.strip()[-500:]}", file=sys.stderr)
+            return None
+        return json.loads(out.read_text())
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--prompts", default=str(Path(__file__).resolve().parents[2] / "shared/bench/prompts.jsonl"))
+    ap.add_argument("--prompts", default=str(SHARED / "prompts.jsonl"))
     ap.add_argument("--max-new-tokens", type=int, default=128)
-    ap.add_argument("--k", type=int, default=4)
+    ap.add_argument("--ks", default="1,2,3,4,5,6", help="K values for the draft model")
     ap.add_argument("--limit", type=int, default=0, help="use only the first N prompts")
-    ap.add_argument("--hf-modes", default="generate,assisted,prompt-lookup",
-                    help="which transformers peers to run (comma-separated; empty for none)")
+    ap.add_argument("--no-hf", action="store_true", help="skip transformers' generate (slow to load)")
+    ap.add_argument("--no-peer", action="store_true", help="skip llama.cpp")
     ap.add_argument("--json", help="write all figures here")
     a = ap.parse_args()
+    ks = [int(k) for k in a.ks.split(",")]
 
-    target_dir, draft_dir = (str(p) for p in default_pair())
+    target, draft = default_pair()
     rows = read_prompts(a.prompts)[: a.limit or None]
-    engine = Engine.load(target_dir, draft_dir, device="cpu")
+    t0 = time.perf_counter()
+    engine = Engine.load(str(target), str(draft), device="cpu")
+    ready_s = time.perf_counter() - t0
     prompts = [engine.encode_chat(r["messages"]) for r in rows]
-    print(f"{len(prompts)} prompts, {a.max_new_tokens} new tokens, K={a.k}, torch threads {torch.get_num_threads()}",
-          file=sys.stderr)
+    print(f"{cpu_line()}\n{len(prompts)} prompts, {a.max_new_tokens} new tokens, torch threads "
+          f"{torch.get_num_threads()}; pair ready in {ready_s:.2f} s", file=sys.stderr)
 
+    modes = [("plain", SpecParams(enabled=False))] + [(f"draft K={k}", SpecParams(k=k)) for k in ks] + \
+        [("ngram K=4", SpecParams(k=4, drafter="ngram"))]
     ours = {}
-    for name, spec in [("ours plain", SpecParams(enabled=False)), ("ours draft", SpecParams(k=a.k)),
-                       ("ours ngram", SpecParams(k=a.k, drafter="ngram"))]:
+    for name, spec in modes:
         our_mode(engine, prompts[:1], 4, spec)  # warm-up
         ours[name] = our_mode(engine, prompts, a.max_new_tokens, spec)
-        print(f"  {name}: {ours[name]['tokens_per_s']:.2f} tok/s", file=sys.stderr, flush=True)
-    # Per-step costs for alpha/c: a plain step, a K-token draft, a (K+1)-wide verify.
-    plain_ms = sum(r.verify_ms for r in ours["ours plain"]["rounds"]) / len(ours["ours plain"]["rounds"])
-    spec_rounds = [r for r in ours["ours draft"]["rounds"] if r.drafted]
-    draft_ms_tok = sum(r.draft_ms for r in spec_rounds) / sum(len(r.drafted) for r in spec_rounds)
-    verify_ms = sum(r.verify_ms for r in spec_rounds) / len(spec_rounds)
+        print(f"  ours {name}: {ours[name]['tokens_per_s']:.2f} tok/s", file=sys.stderr, flush=True)
+    rss_now, rss_peak = rss_mb()
+    costs = pass_costs(engine, prompts[0])
+    plain_rounds = ours["plain"]["rounds"]
+    plain_ms = sum(r.verify_ms for r in plain_rounds) / len(plain_rounds)
     del engine
     gc.collect()
 
-    which = [m.strip() for m in a.hf_modes.split(",") if m.strip()]
-    hf = hf_modes(target_dir, draft_dir, prompts, a.max_new_tokens, a.k, which) if which else {}
-    results = ours | hf
-    base = results["ours plain"]["outputs"]
-    print(f"\n{'mode':<18}{'tok/s':>8}{'vs ours plain':>15}{'same tokens':>13}")
-    for name, r in results.items():
-        same = sum(o == b for o, b in zip(r["outputs"], base))
-        print(f"{name:<18}{r['tokens_per_s']:>8.2f}{r['tokens_per_s'] / results['ours plain']['tokens_per_s']:>14.2f}x"
-              f"{same:>9}/{len(base)}")
+    peer = None if a.no_peer else llama_cpp(target, draft, Path(a.prompts), a.max_new_tokens)
+    hf = None if a.no_hf else hf_generate(target, prompts, a.max_new_tokens)
 
-    alpha = alpha_hat(ours["ours draft"]["rounds"])
-    c = draft_ms_tok / plain_ms
-    bound = expected_speedup(alpha, a.k, c)
-    width = verify_ms / plain_ms
-    bound_w = (1 - alpha ** (a.k + 1)) / (1 - alpha) / (a.k * c + width) if alpha < 1 else (a.k + 1) / (a.k * c + width)
-    ratios = {"speculative / ours plain": ours["ours draft"]["tokens_per_s"] / ours["ours plain"]["tokens_per_s"]}
-    if {"hf generate", "hf assisted"} <= hf.keys():
-        ratios |= {
-            "ours plain / hf generate": ours["ours plain"]["tokens_per_s"] / hf["hf generate"]["tokens_per_s"],
-            "speculative / hf assisted": ours["ours draft"]["tokens_per_s"] / hf["hf assisted"]["tokens_per_s"],
-            "speculative / hf generate": ours["ours draft"]["tokens_per_s"] / hf["hf generate"]["tokens_per_s"],
-        }
-    print(f"\nalpha (per-token acceptance, draft model, K={a.k}) = {alpha:.3f}")
-    print(f"plain step {plain_ms:.0f} ms, draft {draft_ms_tok:.0f} ms/token -> c = {c:.3f}; "
-          f"verify of {a.k + 1} tokens {verify_ms:.0f} ms = {width:.2f} plain steps")
-    print(f"Leviathan bound (1-a^(K+1))/((1-a)(1+Kc)) = {bound:.2f}x; with the measured verify width: {bound_w:.2f}x")
-    for k_, v in ratios.items():
-        print(f"{k_}: {v:.2f}x")
-    print(f"machine: {platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, "
-          f"torch {torch.__version__}, {date.today()}")
+    base = ours["plain"]
+    print(f"\n{'mode':<22}{'tok/s':>8}{'vs our plain':>14}{'same tokens':>13}{'alpha':>7}{'c':>6}{'bound':>7}")
+    summary = {}
+    for name, r in ours.items():
+        same = sum(o == b for o, b in zip(r["outputs"], base["outputs"]))
+        spec_rounds = [e for e in r["rounds"] if e.drafted]
+        alpha = alpha_hat(r["rounds"]) if spec_rounds else None
+        c = k = bound = None
+        if spec_rounds and name.startswith("draft"):
+            k = int(name.split("=")[1])
+            c = sum(e.draft_ms for e in spec_rounds) / sum(len(e.drafted) for e in spec_rounds) / plain_ms
+            bound = expected_speedup(alpha, k, c)
+        summary[name] = {"tokens_per_s": r["tokens_per_s"], "tokens": r["tokens"], "same_as_plain": same,
+                         "alpha": alpha, "c": c, "leviathan_bound": bound}
+        fmt = lambda v, f: format(v, f) if v is not None else "-"  # noqa: E731
+        print(f"ours {name:<17}{r['tokens_per_s']:>8.2f}{r['tokens_per_s'] / base['tokens_per_s']:>13.2f}x"
+              f"{same:>9}/{len(base['outputs'])}{fmt(alpha, '>7.3f')}{fmt(c, '>6.2f')}{fmt(bound, '>6.2f')}x")
+    if hf:
+        same = sum(o == b for o, b in zip(hf["outputs"], base["outputs"]))
+        print(f"{'transformers generate':<22}{hf['tokens_per_s']:>8.2f}"
+              f"{hf['tokens_per_s'] / base['tokens_per_s']:>13.2f}x{same:>9}/{len(base['outputs'])}")
+    print("\ntarget pass over N tokens: " + ", ".join(f"{w}: {ms:.0f} ms = {ms / costs[1]:.2f} steps"
+                                                      for w, ms in costs.items()))
+    best_name = max((n for n in ours if n != "plain"), key=lambda n: ours[n]["tokens_per_s"])
+    best = ours[best_name]["tokens_per_s"]
+    ratios = {f"best speculative ({best_name}) / our plain": best / base["tokens_per_s"]}
+    if hf:
+        ratios["our plain / transformers generate"] = base["tokens_per_s"] / hf["tokens_per_s"]
+    if peer:
+        lp = peer["target_plain_tokens_per_s"]
+        lspec = max(s["tokens_per_s"] for s in peer["speculative"])
+        ratios |= {"our plain / llama.cpp plain": base["tokens_per_s"] / lp,
+                   "our best speculative / llama.cpp plain": best / lp,
+                   "our best speculative / llama.cpp best speculative": best / lspec}
+    print(f"\npair ready in {ready_s:.2f} s; engine RSS with the pair loaded {rss_now:.0f} MB (peak {rss_peak:.0f} MB)")
+    for name, v in ratios.items():
+        print(f"{name}: {v:.2f}x")
+    print(f"machine: {cpu_line()}; torch {torch.__version__}; {date.today()}")
     if a.json:
         Path(a.json).write_text(json.dumps({
-            "modes": {n: {"tokens_per_s": r["tokens_per_s"], "tokens": r["tokens"]} for n, r in results.items()},
-            "ratios": ratios, "alpha": alpha, "c": c, "plain_ms": plain_ms, "verify_ms": verify_ms,
-            "bound": bound, "bound_with_verify_width": bound_w, "k": a.k, "date": str(date.today()),
+            "machine": cpu_line(), "date": str(date.today()), "max_new_tokens": a.max_new_tokens,
+            "prompts": len(prompts), "ready_s": ready_s, "rss_mb": rss_now, "peak_rss_mb": rss_peak,
+            "ours": summary, "pass_ms": costs, "plain_step_ms": plain_ms,
+            "transformers_generate": hf and {"tokens_per_s": hf["tokens_per_s"], "tokens": hf["tokens"]},
+            "llama_cpp": peer, "ratios": ratios,
         }, indent=1))
     return 0
 

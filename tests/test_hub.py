@@ -157,9 +157,9 @@ def test_embedded_pair_is_listed_before_and_after_provisioning(cache, fake_embed
     root = provision.cache_root()
     before = list_local_models()
     assert [(m.name, m.source, m.path) for m in before] == [
-        ("tiny-target", "embedded", root / "tiny-target"), ("tiny-draft", "embedded", root / "tiny-draft")]
+        ("tiny-target", "embedded", root / "tiny-target.gguf"), ("tiny-draft", "embedded", root / "tiny-draft.gguf")]
     assert (before[0].arch, before[0].vocab_size, before[0].num_layers) == ("qwen2", len(fake_embedded), 2)
-    assert not (root / "tiny-target").exists()  # listing never provisions
+    assert not (root / "tiny-target.gguf").exists()  # listing never provisions
 
     provision.default_pair()
     after = list_local_models()

@@ -1,0 +1,91 @@
+"""A GGUF run as it is (quantized kernels) computes the same model as its dequantized float32 weights,
+and speculative decoding over it stays exact."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.config import CacheConfig, SamplingParams, SpecParams
+from engine.engine import Engine
+from engine.gguf_file import GGUFFile
+from engine.gguf_model import build_model
+from engine.kv_cache import BlockManager, KVPool
+from engine.model import Transformer
+from engine.quant import QuantLinear
+from engine.weights import load_checkpoint
+
+try:
+    from test_weights import make_hf_model, make_tokenizer, write_gguf
+except ImportError:  # tests/ imported as a package
+    from tests.test_weights import make_hf_model, make_tokenizer, write_gguf
+
+MAX_LEN = 64
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return make_tokenizer()
+
+
+@pytest.fixture(scope="module", params=[("llama", "Q8_0"), ("qwen2", "mixed"), ("llama", "F16")])
+def gguf_path(request, tok, tmp_path_factory):
+    arch, qtype = request.param
+    return write_gguf(tmp_path_factory.mktemp("g") / f"{arch}-{qtype}.gguf", make_hf_model(arch, len(tok)), tok, qtype)
+
+
+def logits(model: Transformer, ids: list[int]) -> torch.Tensor:
+    cfg = model.cfg
+    pool = KVPool(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, BlockManager(8, 16, MAX_LEN), torch.float32, "cpu")
+    pool.manager.allocate(0)
+    start, end = pool.manager.append(0, len(ids))
+    return model(torch.tensor(ids), start, pool.view(0, start, end))  # (T, V)
+
+
+def test_quantized_model_equals_its_dequantized_weights(gguf_path):
+    gf = GGUFFile(gguf_path)
+    ck = load_checkpoint(gguf_path)  # float32, dequantized by gguf.quants, q/k un-permuted
+    dense = Transformer.from_state_dict(ck.config, ck.tensors, torch.float32, "cpu", MAX_LEN)
+    exact = build_model(gf, MAX_LEN, act="fp32")
+    ids = [5, 17, 99, 3, 42, 7, 250, 1, 64]
+    ref = logits(dense, ids)
+    # Same weights bit for bit; only the order of the fp32 sums differs.
+    torch.testing.assert_close(logits(exact, ids), ref, rtol=1e-4, atol=1e-4)
+    for name, module in exact.named_modules():
+        if isinstance(module, QuantLinear) and "qkv" in name and "0" in name.split("."):
+            w = module.dequantize()
+            assert torch.equal(w, dense.get_submodule(name).weight), name  # llama q/k rows un-permuted exactly
+    # int8 activations: per-32 rounding of each activation; the next-token choice holds on this tiny model.
+    fast = logits(build_model(gf, MAX_LEN, act="int8"), ids)
+    assert (fast - ref).abs().max() < 0.05 * ref.abs().max()
+    assert torch.equal(fast.argmax(-1), ref.argmax(-1))
+
+
+def test_rows_are_batch_invariant_through_the_whole_model(gguf_path):
+    model = build_model(GGUFFile(gguf_path), MAX_LEN)
+    ids = [5, 17, 99, 3, 42, 7, 250, 1, 64]
+    together = logits(model, ids)
+    cfg = model.cfg
+    pool = KVPool(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, BlockManager(8, 16, MAX_LEN), torch.float32, "cpu")
+    pool.manager.allocate(0)
+    one_by_one = []
+    for i, t in enumerate(ids):
+        start, end = pool.manager.append(0, 1)
+        one_by_one.append(model(torch.tensor([t]), start, pool.view(0, start, end)))
+    assert torch.equal(torch.cat(one_by_one), together)  # bitwise: a verify pass scores exactly like decode steps
+
+
+@pytest.mark.parametrize("drafter", ["model", "ngram"])
+def test_greedy_speculative_equals_plain_on_quantized_models(tok, tmp_path, drafter):
+    target = write_gguf(tmp_path / "t.gguf", make_hf_model("qwen2", len(tok)), tok, "Q8_0")
+    draft = write_gguf(tmp_path / "d.gguf", make_hf_model("qwen2", len(tok), num_hidden_layers=1), tok, "Q8_0")
+    engine = Engine.load(str(target), str(draft), device="cpu", cache=CacheConfig(max_seq_len=128))
+    assert isinstance(engine.target.layers[0].mlp.down, QuantLinear)
+    engine.eos_ids = set()  # random weights: run to the length limit
+    greedy = SamplingParams(max_new_tokens=40)
+    for prompt in ([5, 17, 99, 3], [42, 42, 7, 42, 42, 7, 42]):
+        engine.reset()
+        *_, plain = engine.generate(prompt, greedy, SpecParams(enabled=False))
+        for k in (1, 4, 8):
+            engine.reset()
+            *_, spec = engine.generate(prompt, greedy, SpecParams(k=k, drafter=drafter))
+            assert spec.token_ids == plain.token_ids, (drafter, k)
