@@ -9,10 +9,10 @@ from scipy.stats import chisquare
 
 from engine.config import CacheConfig, SamplingParams, SpecParams
 from engine.engine import Engine
-from engine.events import Summary
+from engine.events import Origin, Summary
 from engine.kv_cache import BlockManager, KVPool
 from engine.model import Transformer
-from engine.sampling import probs_from_logits
+from engine.sampling import probs_for_positions, probs_from_logits
 from tests.tiny import ENGINE_CFG, draft_weights, hf_model, model_config, state_dict, tiny_engine, tiny_tokenizer
 
 PROMPTS = [
@@ -160,3 +160,76 @@ def test_sampling_distribution_is_exact(drafter, temperature, top_p):
     assert first_drafted == N_DRAWS
     assert abs(first_accepted / first_drafted - alpha) < 0.02
     assert 0.05 < alpha < 0.98  # both outcomes actually occur
+
+
+# --- repetition penalty, the bonus token, top-k and a second temperature ---------------------------------------
+
+PENALTY = 1.3
+
+
+@pytest.mark.parametrize("drafter", ["model", "ngram"])
+@pytest.mark.parametrize("k", [1, 4])
+def test_greedy_speculative_equals_plain_with_repetition_penalty(engine, drafter, k):
+    """The verify pass must penalise each drafted token for the tokens drafted before it, as plain decoding
+    penalises them once they are committed."""
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=40, repetition_penalty=PENALTY)
+    accepted = 0
+    for messages in PROMPTS[:4]:
+        prompt = engine.encode_chat(messages)
+        engine.reset()
+        plain = run(engine, prompt, greedy, SpecParams(enabled=False))
+        engine.reset()
+        spec = run(engine, prompt, greedy, SpecParams(k=k, drafter=drafter))
+        assert spec.token_ids == plain.token_ids
+        accepted += spec.accepted
+    assert accepted > 0
+
+
+@pytest.mark.parametrize("params", [
+    SamplingParams(temperature=1.3, top_k=12),
+    SamplingParams(temperature=0.7, top_p=0.9),
+    SamplingParams(temperature=1.0, repetition_penalty=PENALTY),
+    SamplingParams(temperature=0.5, top_k=5, top_p=0.8, repetition_penalty=1.5),
+    SamplingParams(temperature=0.0, repetition_penalty=PENALTY),
+], ids=["T1.3-topk", "T0.7-topp", "penalty", "all", "greedy-penalty"])
+def test_verify_rows_equal_the_per_position_transform(params):
+    """Row i of the verify pass is the distribution after context + drafted[:i], whichever code path
+    (batched when there is no penalty, per row otherwise) computes it. Cheap, and exact to rounding."""
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(5, ENGINE_CFG["vocab_size"], generator=g) * 3
+    context, drafted = torch.tensor([3, 7, 7, 20]), torch.tensor([7, 50, 51, 20])
+    rows = probs_for_positions(logits, params, context, drafted)
+    for i in range(len(logits)):
+        want = probs_from_logits(logits[i], params, torch.cat([context, drafted[:i]]))
+        torch.testing.assert_close(rows[i], want, rtol=0, atol=1e-6)
+
+
+N_DRAWS_K1 = 6_000  # ample power against planted bugs (p < 1e-15); a quarter of the cost of N_DRAWS
+
+
+@pytest.mark.parametrize("drafter,temperature,top_p,top_k,penalty", [
+    ("model", 1.3, 1.0, 12, 1.5),  # top-k, a temperature above 1 and a repetition penalty
+    ("ngram", 0.5, 1.0, 0, 1.0),  # the point-mass drafter, below 1 (top-p would blunt a wrong-T bonus here)
+])
+def test_bonus_token_is_distributed_exactly(drafter, temperature, top_p, top_k, penalty):
+    """K = 1 with two tokens scored: when the draft passes, the second token is the bonus, drawn from the
+    verify pass's last position. (At K = 2 with two tokens scored the bonus is never looked at.)"""
+    target, draft, tok = small_pair()
+    engine = Engine(target, tok, draft, cache=CacheConfig(block_size=8, max_seq_len=256), eos_ids=set())
+    params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, repetition_penalty=penalty,
+                            max_new_tokens=2)
+    prompt = ngram_friendly_prompt(engine, target, params)
+    spec = SpecParams(k=1, drafter=drafter)
+    counts: dict[tuple[int, int], int] = {}
+    bonus = 0
+    for seed in range(N_DRAWS_K1):
+        *events, summary = engine.generate(prompt, params.with_(seed=seed), spec)
+        ids = summary.token_ids
+        counts[ids[0], ids[1]] = counts.get((ids[0], ids[1]), 0) + 1
+        bonus += events[0].committed[-1].origin is Origin.BONUS
+    assert 0.1 * N_DRAWS_K1 < bonus < 0.95 * N_DRAWS_K1  # the bonus path carries a good share of the draws
+
+    expected = joint_two(target, prompt, params)
+    assert chi2_pvalue(counts, expected, N_DRAWS_K1) > 1e-3
+    if drafter == "model":  # power: clearly not the draft's own distribution
+        assert chi2_pvalue(counts, joint_two(draft, prompt, params), N_DRAWS_K1) < 1e-6
