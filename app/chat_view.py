@@ -159,6 +159,9 @@ class ChatView(QTextEdit):
         self._formats: dict[tuple[str, bool], QTextCharFormat] = {}
         self._build_formats()
         self.viewport().installEventFilter(self)
+        self._follow = True  # keep the end in view as the document grows, until the user scrolls up
+        self.verticalScrollBar().valueChanged.connect(self._on_value)
+        self.verticalScrollBar().rangeChanged.connect(self._on_range)
 
     # ---- model -------------------------------------------------------------------------------------------
     def add_user(self, text: str) -> None:
@@ -166,24 +169,25 @@ class ChatView(QTextEdit):
         turn = _Turn("user", text=text, title="You")
         self.turns.append(turn)
         self._render_turn(turn)
-        self._scroll_to_end()  # the message just sent is what the user looks at, and the reply follows it
+        self._follow = True  # the message just sent is what the user looks at, and the reply follows it
+        self._on_range()
 
     def begin_assistant(self, title: str | None = "Assistant") -> None:
         self.flush()
-        at_bottom = self._at_bottom()
         turn = _Turn("assistant", title=title)
         self.turns.append(turn)
         self._render_turn(turn)
-        if at_bottom:
-            self._scroll_to_end()
 
-    def _at_bottom(self) -> bool:
+    def _on_value(self, value: int) -> None:
         bar = self.verticalScrollBar()
-        return bar.value() >= bar.maximum() - 8
+        self._follow = value >= bar.maximum() - 8
 
-    def _scroll_to_end(self) -> None:
-        bar = self.verticalScrollBar()
-        bar.setValue(bar.maximum())
+    def _on_range(self, *_: int) -> None:
+        """The document grew (Qt lays long documents out in the background, so this comes when it is done):
+        stay at the end while the user has not scrolled away from it."""
+        if self._follow:
+            bar = self.verticalScrollBar()
+            bar.setValue(bar.maximum())
 
     def feed(self, event: RoundEvent) -> None:
         """Queue a round of the current reply; painted at the next flush()."""
@@ -207,7 +211,6 @@ class ChatView(QTextEdit):
         the next call); returns how many."""
         if not self.pending:
             return 0
-        at_bottom = self._at_bottom()
         turn = self.turns[-1]
         n = len(turn.rounds) - turn.rendered if limit is None else min(limit, len(turn.rounds) - turn.rendered)
         cursor = self._end_cursor()
@@ -216,8 +219,6 @@ class ChatView(QTextEdit):
         if turn.rendered == len(turn.rounds):
             self._render_footer(cursor, turn)
         cursor.endEditBlock()
-        if at_bottom:
-            self._scroll_to_end()
         return n
 
     def reply_text(self, index: int = -1) -> str:

@@ -11,8 +11,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from PySide6.QtCore import QByteArray, QSettings, Qt, QTimer
-from PySide6.QtGui import QAction, QActionGroup, QCloseEvent, QGuiApplication, QKeySequence
+from PySide6.QtCore import QByteArray, QRectF, QSettings, Qt, QTimer
+from PySide6.QtGui import QAction, QActionGroup, QCloseEvent, QColor, QGuiApplication, QKeySequence, QPainter, QPen
 from PySide6.QtWidgets import (
     QFileDialog,
     QFrame,
@@ -63,9 +63,6 @@ class CrashBanner(QFrame):
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
-        self.setObjectName("crash-banner")
-        self.setFrameShape(QFrame.Shape.StyledPanel)
-        self.setStyleSheet(f"#crash-banner {{ border: 1px solid {OKABE_ITO['vermillion']}; border-radius: 4px; }}")
         self.label = QLabel()
         self.label.setWordWrap(True)
         self.label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
@@ -84,6 +81,14 @@ class CrashBanner(QFrame):
         self.label.setText(f"<span style='color:{OKABE_ITO['vermillion']}'>\u26a0</span> {sentence} "
                            "The chat, the charts and the session stats are kept.")
         self.show()
+
+    def paintEvent(self, event) -> None:  # noqa: N802 - Qt naming
+        """A vermillion outline, painted rather than style-sheeted: a style sheet would pin the label's colours
+        to the palette of the moment, unreadable after a switch to the dark theme."""
+        p = QPainter(self)
+        p.setRenderHint(QPainter.RenderHint.Antialiasing)
+        p.setPen(QPen(QColor(OKABE_ITO["vermillion"]), 1.2))
+        p.drawRoundedRect(QRectF(self.rect()).adjusted(0.6, 0.6, -0.6, -0.6), 4, 4)
 
 
 class MainWindow(QMainWindow):
