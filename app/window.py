@@ -270,8 +270,10 @@ class MainWindow(QMainWindow):
         if not text:
             return
         if not self.controller.ready:
-            why = ("The engine stopped; reload the models first." if self.controller.death
-                   else "The model is still loading.")
+            c = self.controller
+            why = ("The model is still loading." if c.loading else
+                   "The engine stopped; reload the models first." if c.death else
+                   "No model is loaded: choose one under Model and press Load.")
             self.statusBar().showMessage(f"{why} Your message is kept.", 4000)
             return
         if self.controller.send(text, self.controls.sampling_params(), self.controls.spec_params(),

@@ -231,3 +231,19 @@ def test_theme_switch_recolours(qtbot, window):
     qtbot.waitUntil(lambda: is_dark(window.chat.palette()) and window.chat._colours.dark, timeout=2000)
     window.set_theme("light")
     qtbot.waitUntil(lambda: not is_dark(window.chat.palette()) and not window.chat._colours.dark, timeout=2000)
+
+
+def test_message_waits_while_no_model_is_ready(qtbot, make_window, tmp_path):
+    gate = tmp_path / "gate"
+    w = make_window(fake(gate=str(gate)), load=False, show=False)
+    w.input.setPlainText("keep me")
+    w.send()
+    assert w.input.toPlainText() == "keep me" and "No model is loaded" in w.statusBar().currentMessage()
+    w.load_models(None)
+    w.send()
+    assert w.input.toPlainText() == "keep me" and "still loading" in w.statusBar().currentMessage()
+    gate.touch()
+    qtbot.waitUntil(lambda: w.controller.ready, timeout=LOAD_TIMEOUT_MS)
+    w.send()
+    wait_idle(qtbot, w)
+    assert w.input.toPlainText() == "" and w.chat.reply_text() == CODE_REPLY
