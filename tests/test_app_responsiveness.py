@@ -112,3 +112,21 @@ def test_heartbeat_with_real_tiny_engine(qtbot, make_window):
     assert rec.summary.stop_reason == "length" and rec.summary.new_tokens == 400
     assert sum(r.mode == "speculative" for r in rec.rounds) > 50
     assert beat.max_gap_ms < MAX_GAP_MS, f"GUI thread froze: {beat.report()}"
+
+
+def test_stall_benchmark_runs(tmp_path):
+    """scripts/bench_gui_stalls.py, shortened: it reaches into the window's internals, so keep it working."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    out = subprocess.run([sys.executable, "scripts/bench_gui_stalls.py", "--repeats", "1", "--profile", "--json",
+                          str(tmp_path / "stalls.json")], cwd=root, capture_output=True, text=True, timeout=300,
+                         env=dict(os.environ, QT_QPA_PLATFORM="offscreen"))
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    assert "CPU: " in out.stdout and "SIMD flags" in out.stdout and "worst stall" in out.stdout
+    report = json.loads((tmp_path / "stalls.json").read_text())
+    assert len(report["results"]) == 2 and all(r["max_ms"] > 0 for r in report["results"].values())
