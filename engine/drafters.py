@@ -123,15 +123,29 @@ class ModelDrafter:
 
 
 class NGramDrafter:
-    """Prompt lookup over prompt + generated ids, longest context first (n_max down to n_min)."""
+    """Prompt lookup over prompt + generated ids, longest context first (n_max down to n_min).
+
+    It proposes only what is likely to pass. Each match length n keeps an estimate of how often its
+    continuation is right, scored after every round against the tokens the target committed, whether the
+    continuation was proposed or only looked up (so a length that stopped proposing can earn its way back).
+    For a point mass q = 1 a draft passes with probability p(t), which is also the chance that the target's
+    own token equals it: one estimate serves greedy and sampling alike. The i-th token is proposed while the
+    chance the first i all pass, a_n^i, is at least MIN_PASS: below that a verify row costs more than it
+    is expected to save.
+    """
 
     name = "ngram"
+    MIN_PASS = 0.3
+    DECAY = 0.9  # recent rounds count most: the text's repetitiveness changes within a reply
 
     def __init__(self, vocab: int, device: torch.device, n_min: int = 1, n_max: int = 4) -> None:
         self.vocab, self.device = vocab, device
         self.n_min, self.n_max = n_min, n_max
         self.ids: list[int] = []  # the ids indexed so far
         self.table: dict[tuple[int, ...], int] = {}  # n-gram -> index of the token that followed it last
+        self.hits: dict[int, float] = {}  # match length -> decayed count of right continuation tokens
+        self.trials: dict[int, float] = {}
+        self._pending: tuple[int, int, list[int]] | None = None  # (len(ids), n, continuation) of the last lookup
 
     def configure(self, n_min: int, n_max: int) -> None:
         if (n_min, n_max) != (self.n_min, self.n_max):
@@ -148,20 +162,45 @@ class NGramDrafter:
                     self.table[tuple(ids[j - n : j])] = j
         self.ids = list(ids)
 
+    def pass_rate(self, n: int) -> float:
+        """Estimated chance that a continuation token after an n-token match passes (Laplace prior 1/2)."""
+        return (self.hits.get(n, 0.0) + 1.0) / (self.trials.get(n, 0.0) + 2.0)
+
     def propose(self, ids: list[int], k: int, params: SamplingParams, gen: torch.Generator | None) -> Proposal:
         self._index(ids)
-        tokens: list[int] = []
-        for n in range(min(self.n_max, len(ids)), self.n_min - 1, -1):
-            j = self.table.get(tuple(ids[-n:]))
+        n, cont = 0, []
+        for m in range(min(self.n_max, len(ids)), self.n_min - 1, -1):
+            j = self.table.get(tuple(ids[-m:]))
             if j is not None:
-                tokens = ids[j : j + k]
+                n, cont = m, ids[j : j + k]
                 break
-        t = torch.tensor(tokens, dtype=torch.long, device=self.device)
+        self._pending = (len(ids), n, cont) if cont else None
+        a, take = self.pass_rate(n), 0
+        while take < len(cont) and a ** (take + 1) >= self.MIN_PASS:
+            take += 1
+        t = torch.tensor(cont[:take], dtype=torch.long, device=self.device)
         return Proposal(t, point_mass(t, self.vocab))
 
     def rollback(self, ids: list[int]) -> None:
-        """The table holds committed ids only, so there is nothing to undo."""
+        """Score the last lookup's continuation against what the target committed (the table itself holds
+        committed ids only, so there is nothing to undo)."""
+        if self._pending is None:
+            return
+        start, n, cont = self._pending
+        self._pending = None
+        if ids[:start] != self.ids[:start]:  # not the text we looked up in
+            return
+        self.hits[n] = self.hits.get(n, 0.0) * self.DECAY
+        self.trials[n] = self.trials.get(n, 0.0) * self.DECAY
+        for want, got in zip(cont, ids[start:]):
+            self.trials[n] += 1
+            if want != got:
+                break
+            self.hits[n] += 1
 
     def reset(self) -> None:
         self.ids = []
         self.table.clear()
+        self.hits.clear()
+        self.trials.clear()
+        self._pending = None

@@ -68,7 +68,8 @@ def load_engine(
            if draft else None)
     if dft is not None:
         check_pair(tgt, dft)
-    max_len = (cache or CacheConfig(max_seq_len=min(tgt.config.max_position_embeddings, 4096))).max_seq_len
+    contexts = [c.config.max_position_embeddings for c in (tgt, dft) if c is not None]
+    max_len = (cache or CacheConfig(max_seq_len=min(*contexts, 4096))).max_seq_len
     report("Placing target on " + dev.type, 0.75)
     target_model = place(tgt, dtype, dev, max_len, int8=False)
     draft_model = None

@@ -328,3 +328,17 @@ def test_random_control_changes_stay_lossless_under_greedy(engine, prompt, plain
     assert summary.token_ids == plain.token_ids
     assert {("speculative", "model"), ("speculative", "ngram"), ("plain", None)} <= seen
     assert_consistent(engine)
+
+
+def test_adaptive_k_measures_the_verify_width():
+    """Verify passes that grow with K (quantized kernels, row-wise attention) make large K less attractive."""
+    flat, wide = AdaptiveK(alpha=0.8, c=0.05), AdaptiveK(alpha=0.8, c=0.05)
+    for k in (2, 4, 6, 8) * 5:
+        flat.observe(k, k - 1, 0.001, 0.020)
+        wide.observe(k, k - 1, 0.001, 0.020 * (1 + 0.25 * k))  # each extra row: a quarter of a step
+    assert flat.w == pytest.approx(0.0, abs=1e-9)
+    assert wide.w == pytest.approx(0.25, rel=1e-6)
+    assert wide.c == pytest.approx(flat.c, rel=0.05)  # c is per step, whatever the width
+    spec = SpecParams(adaptive=True, k=16)
+    assert wide.choose(spec) < flat.choose(spec)
+    assert wide.choose(spec) == max(range(1, 17), key=lambda k: expected_speedup(wide.alpha, k, wide.c, 0.25))
