@@ -23,19 +23,19 @@ namespace sq::scalar {
 void quantize_acts(const float* x, int R, int64_t K, int8_t* q, float* dx, float* xs, int32_t* bs16,
                    int32_t* bs32) {
     const int64_t nb = K / ABLK;
-    for (int r = 0; r < R; ++r)
-        for (int64_t b = 0; b < nb; ++b) {
+    for (int64_t b = 0; b < nb; ++b)
+        for (int r = 0; r < R; ++r) {
             const float* xb = x + r * K + b * ABLK;
+            const int64_t o = b * R + r;  // block-major (quant.h)
             float amax = 0.0f;
             for (int i = 0; i < ABLK; ++i) amax = std::fmax(amax, std::fabs(xb[i]));
             const float d = amax / 127.0f, id = amax != 0.0f ? 127.0f / amax : 0.0f;
             int half[2] = {0, 0};
             for (int i = 0; i < ABLK; ++i) {
                 const int v = static_cast<int>(std::nearbyint(xb[i] * id));
-                q[r * K + b * ABLK + i] = static_cast<int8_t>(v);
+                q[o * ABLK + i] = static_cast<int8_t>(v);
                 half[i / 16] += v;
             }
-            const int64_t o = r * nb + b;
             dx[o] = d;
             bs32[o] = half[0] + half[1];
             xs[o] = d * static_cast<float>(bs32[o]);
@@ -45,18 +45,28 @@ void quantize_acts(const float* x, int R, int64_t K, int8_t* q, float* dx, float
 
 namespace {
 
+// Row r's activations within one unit: inputs and per-block values, from the block-major layout.
+struct RowView {
+    const int8_t* q;  // the unit's first block, row 0
+    const float *dx, *xs;
+    int R, r;
+    int x(int k) const { return q[((k / ABLK) * R + r) * ABLK + k % ABLK]; }
+    float d(int b) const { return dx[b * R + r]; }
+    float s(int b) const { return xs[b * R + r]; }
+};
+
 // One column's contribution from one unit, int8 activations (semantics above).
-float unit_q8(int qtype, const uint8_t* u, int c, const int8_t* xq, const float* dx, const float* xs, float acc) {
+float unit_q8(int qtype, const uint8_t* u, int c, const RowView& xv, float acc) {
     switch (qtype) {
         case Q4_K:
         case Q5_K: {
             float S = 0.0f, Mn = 0.0f;
             for (int j = 0; j < 8; ++j) {
                 int dot = 0;
-                for (int k = 32 * j; k < 32 * j + 32; ++k) dot += unit_q(qtype, u, c, k) * xq[k];
+                for (int k = 32 * j; k < 32 * j + 32; ++k) dot += unit_q(qtype, u, c, k) * xv.x(k);
                 const int I = unit_sc(qtype, u, j, c) * dot;
-                S = std::fma(static_cast<float>(I), dx[j], S);
-                Mn = std::fma(static_cast<float>(unit_m(u, j, c)), xs[j], Mn);
+                S = std::fma(static_cast<float>(I), xv.d(j), S);
+                Mn = std::fma(static_cast<float>(unit_m(u, j, c)), xv.s(j), Mn);
             }
             acc = std::fma(unit_d(u, c), S, acc);
             return std::fma(-unit_dmin(u, c), Mn, acc);
@@ -67,10 +77,10 @@ float unit_q8(int qtype, const uint8_t* u, int c, const int8_t* xq, const float*
                 int I = 0;
                 for (int j = 2 * b; j < 2 * b + 2; ++j) {
                     int dot = 0;
-                    for (int k = 16 * j; k < 16 * j + 16; ++k) dot += (unit_q(qtype, u, c, k) - 32) * xq[k];
+                    for (int k = 16 * j; k < 16 * j + 16; ++k) dot += (unit_q(qtype, u, c, k) - 32) * xv.x(k);
                     I += unit_sc(qtype, u, j, c) * dot;
                 }
-                S = std::fma(static_cast<float>(I), dx[b], S);
+                S = std::fma(static_cast<float>(I), xv.d(b), S);
             }
             return std::fma(unit_d(u, c), S, acc);
         }
@@ -78,8 +88,8 @@ float unit_q8(int qtype, const uint8_t* u, int c, const int8_t* xq, const float*
         case Q5_0: {
             const int off = qtype == Q5_0 ? 16 : 0;
             int I = 0;
-            for (int k = 0; k < 32; ++k) I += (unit_q(qtype, u, c, k) - off) * xq[k];
-            return std::fma(static_cast<float>(I), unit_d(u, c) * dx[0], acc);
+            for (int k = 0; k < 32; ++k) I += (unit_q(qtype, u, c, k) - off) * xv.x(k);
+            return std::fma(static_cast<float>(I), unit_d(u, c) * xv.d(0), acc);
         }
         default:
             return acc;
@@ -91,7 +101,7 @@ float unit_q8(int qtype, const uint8_t* u, int c, const int8_t* xq, const float*
 void matmul_q8(const MatArgs& a, const ActQ& x) {
     Layout L;
     layout_of(a.qtype, &L);
-    const int64_t groups = (a.N + GROUP - 1) / GROUP, units = a.K / L.unit_k, nb = a.K / ABLK;
+    const int64_t groups = (a.N + GROUP - 1) / GROUP, units = a.K / L.unit_k;
     const int bpu = L.unit_k / ABLK;  // activation blocks per unit
 #pragma omp parallel for schedule(static) num_threads(a.nthreads)
     for (int64_t g = 0; g < groups; ++g)
@@ -102,8 +112,8 @@ void matmul_q8(const MatArgs& a, const ActQ& x) {
                 float acc = 0.0f;
                 for (int64_t u = 0; u < units; ++u) {
                     const uint8_t* unit = a.packed + (g * units + u) * L.unit_bytes;
-                    const int64_t b0 = r * nb + u * bpu;
-                    acc = unit_q8(a.qtype, unit, c, x.q + r * x.K + u * L.unit_k, x.dx + b0, x.xs + b0, acc);
+                    const int64_t b0 = u * bpu * x.R;  // the unit's first block
+                    acc = unit_q8(a.qtype, unit, c, RowView{x.q + ABLK * b0, x.dx + b0, x.xs + b0, x.R, r}, acc);
                 }
                 a.out[r * a.N + n] = a.bias ? acc + a.bias[n] : acc;
             }

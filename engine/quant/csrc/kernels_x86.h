@@ -7,8 +7,8 @@
 // cannot overflow: |pair| <= 2*qmax*127, so Q4 (qmax 15) takes 8 steps, Q5 (31) 4, Q6 (63) 2.
 // Q8_0 uses the sign trick (|w| times sign(w)*x, pair <= 2*128*127) and widens every step.
 //
-// Rows come in tiles of up to 8 (one register of int16 sums each); R > 8 runs as balanced tiles over the
-// same unit, which is then in L1. Threads own contiguous ranges of output groups, never parts of K.
+// All R <= 16 rows run against the weight steps while those sit in registers; the row loop is a plain loop
+// (per-row state lives in L1). Threads own contiguous ranges of output groups, never parts of K.
 
 struct Tile {  // activations of a row tile, positioned at the current unit
     const int8_t* q;
@@ -16,7 +16,7 @@ struct Tile {  // activations of a row tile, positioned at the current unit
     const float* xs;
     const int32_t* bs16;
     const int32_t* bs32;
-    int64_t qs, bs;  // row strides of q and of the per-block arrays
+    int64_t qs, bs;  // block strides of q (bytes) and of the per-block arrays; rows are adjacent
 };
 
 static inline __m256i bc4(const int8_t* p) {
@@ -51,7 +51,7 @@ static inline __m256i mad2(__m256i w0, __m256i x0, __m256i w1, __m256i x1) {  //
     return _mm256_add_epi16(_mm256_maddubs_epi16(w0, x0), _mm256_maddubs_epi16(w1, x1));
 }
 
-// ---- int8-activation tiles: one unit, RT rows, accumulate into acc[RT] (8 columns each) ------------
+// ---- int8-activation tiles: one unit, RT <= 16 rows, accumulate into acc[RT] (8 columns each) ---------
 // Loop order: decode the 8 steps of one scale block into registers, then run every row against them.
 // (Rows inside the step loop made GCC keep all products alive and spill them.)
 
@@ -74,10 +74,19 @@ static inline __m256i dot8(const __m256i* w, const int8_t* x, __m256i sc2) {
 #endif
 }
 
-template <int RT, bool Q5>
-static void tile_q45k(const uint8_t* u, const Tile& x, __m256* acc) {
-    __m256 S[RT], Mn[RT];
-    for (int r = 0; r < RT; ++r) S[r] = Mn[r] = _mm256_setzero_ps();
+template <bool Q5>
+static void tile_q45k(const uint8_t* u, const Tile& x, int RT, __m256* acc) {
+    __m256 S[MAX_ROWS], Mn[MAX_ROWS];
+    // the mins first, each row in a register: Mn = sum_j m_j * xs_j (a separate pass keeps the main
+    // row loop free of a second load-fma-store per row)
+    __m256 mf[8];
+    for (int j = 0; j < 8; ++j) mf[j] = _mm256_cvtepi32_ps(u8x8(u + 96 + 8 * j));
+    for (int r = 0; r < RT; ++r) {
+        __m256 m = _mm256_setzero_ps();
+        for (int j = 0; j < 8; ++j) m = _mm256_fmadd_ps(mf[j], _mm256_set1_ps(x.xs[r + j * x.bs]), m);
+        Mn[r] = m;
+        S[r] = _mm256_setzero_ps();
+    }
 #pragma GCC unroll 1
     for (int j = 0; j < 8; ++j) {
         const uint8_t* qs = u + 160 + 128 * j;
@@ -89,23 +98,20 @@ static void tile_q45k(const uint8_t* u, const Tile& x, __m256* acc) {
             if (Q5) w[t] = _mm256_or_si256(w[t], hbits(h, t, 4, 0x10)), w[t + 4] = _mm256_or_si256(w[t + 4], hbits(h, t + 4, 4, 0x10));
         }
         const __m256i sc = u8x8(u + 32 + 8 * j), sc2 = dup16(sc);
-        const __m256 mf = _mm256_cvtepi32_ps(u8x8(u + 96 + 8 * j));
         for (int r = 0; r < RT; ++r) {
-            __m256i I = dot8<Q5 ? 4 : 8>(w, x.q + r * x.qs + 32 * j, sc2);
+            __m256i I = dot8<Q5 ? 4 : 8>(w, x.q + r * 32 + j * x.qs, sc2);
 #if SQ_VNNI
             I = _mm256_mullo_epi32(I, sc);
 #endif
-            S[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(I), _mm256_set1_ps(x.dx[r * x.bs + j]), S[r]);
-            Mn[r] = _mm256_fmadd_ps(mf, _mm256_set1_ps(x.xs[r * x.bs + j]), Mn[r]);
+            S[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(I), _mm256_set1_ps(x.dx[r + j * x.bs]), S[r]);
         }
     }
     const __m256 d = ph8(u), dmin = ph8(u + 16);
     for (int r = 0; r < RT; ++r) acc[r] = _mm256_fnmadd_ps(dmin, Mn[r], _mm256_fmadd_ps(d, S[r], acc[r]));
 }
 
-template <int RT>
-static void tile_q6k(const uint8_t* u, const Tile& x, __m256* acc) {
-    __m256 S[RT];
+static void tile_q6k(const uint8_t* u, const Tile& x, int RT, __m256* acc) {
+    __m256 S[MAX_ROWS];
     for (int r = 0; r < RT; ++r) S[r] = _mm256_setzero_ps();
 #pragma GCC unroll 1
     for (int b = 0; b < 8; ++b) {  // activation block = sub-blocks 2b, 2b+1: steps 0-3 and 4-7
@@ -125,30 +131,29 @@ static void tile_q6k(const uint8_t* u, const Tile& x, __m256* acc) {
         const __m256i off = _mm256_slli_epi16(_mm256_cvtepi8_epi16(sab), 5);
 #if SQ_VNNI
         for (int r = 0; r < RT; ++r) {
-            const int8_t* xr = x.q + r * x.qs + 32 * b;
+            const int8_t* xr = x.q + r * 32 + b * x.qs;
             __m256i pa = _mm256_setzero_si256(), pb = _mm256_setzero_si256();
             for (int s = 0; s < 4; ++s) pa = dot4(pa, w[s], bc4(xr + 4 * s)), pb = dot4(pb, w[s + 4], bc4(xr + 16 + 4 * s));
             __m256i I = _mm256_add_epi32(_mm256_mullo_epi32(pa, sa), _mm256_mullo_epi32(pb, sb));
 #else
         const __m256i sa2 = dup16(sa), sb2 = dup16(sb);
         for (int r = 0; r < RT; ++r) {
-            const int8_t* xr = x.q + r * x.qs + 32 * b;
+            const int8_t* xr = x.q + r * 32 + b * x.qs;
             __m256i I = _mm256_madd_epi16(mad2(w[0], bc4(xr), w[1], bc4(xr + 4)), sa2);
             I = _mm256_add_epi32(I, _mm256_madd_epi16(mad2(w[2], bc4(xr + 8), w[3], bc4(xr + 12)), sa2));
             I = _mm256_add_epi32(I, _mm256_madd_epi16(mad2(w[4], bc4(xr + 16), w[5], bc4(xr + 20)), sb2));
             I = _mm256_add_epi32(I, _mm256_madd_epi16(mad2(w[6], bc4(xr + 24), w[7], bc4(xr + 28)), sb2));
 #endif
-            I = _mm256_sub_epi32(I, _mm256_madd_epi16(off, _mm256_set1_epi32(x.bs16[r * x.bs + b])));
-            S[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(I), _mm256_set1_ps(x.dx[r * x.bs + b]), S[r]);
+            I = _mm256_sub_epi32(I, _mm256_madd_epi16(off, _mm256_set1_epi32(x.bs16[r + b * x.bs])));
+            S[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(I), _mm256_set1_ps(x.dx[r + b * x.bs]), S[r]);
         }
     }
     const __m256 d = ph8(u);
     for (int r = 0; r < RT; ++r) acc[r] = _mm256_fmadd_ps(d, S[r], acc[r]);
 }
 
-template <int RT>
-static void tile_q80(const uint8_t* u, const Tile& x, __m256* acc) {
-    __m256i I[RT];
+static void tile_q80(const uint8_t* u, const Tile& x, int RT, __m256* acc) {
+    __m256i I[MAX_ROWS];
     for (int r = 0; r < RT; ++r) I[r] = _mm256_setzero_si256();
     for (int half = 0; half < 8; half += 4) {  // 4 steps at a time keep weights and |weights| in registers
         __m256i w[4], aw[4];
@@ -161,7 +166,7 @@ static void tile_q80(const uint8_t* u, const Tile& x, __m256* acc) {
 #endif
         }
         for (int r = 0; r < RT; ++r) {
-            const int8_t* xr = x.q + r * x.qs + 4 * half;
+            const int8_t* xr = x.q + r * 32 + 4 * half;
             for (int s = 0; s < 4; ++s) {
 #if SQ_VNNI
                 I[r] = dot4(I[r], aw[s], bc4(xr + 4 * s));
@@ -175,14 +180,13 @@ static void tile_q80(const uint8_t* u, const Tile& x, __m256* acc) {
     const __m256 d = ph8(u);
     for (int r = 0; r < RT; ++r) {
 #if SQ_VNNI
-        I[r] = _mm256_sub_epi32(I[r], _mm256_set1_epi32(128 * x.bs32[r * x.bs]));
+        I[r] = _mm256_sub_epi32(I[r], _mm256_set1_epi32(128 * x.bs32[r]));
 #endif
-        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(I[r]), _mm256_mul_ps(d, _mm256_set1_ps(x.dx[r * x.bs])), acc[r]);
+        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(I[r]), _mm256_mul_ps(d, _mm256_set1_ps(x.dx[r])), acc[r]);
     }
 }
 
-template <int RT>
-static void tile_q50(const uint8_t* u, const Tile& x, __m256* acc) {
+static void tile_q50(const uint8_t* u, const Tile& x, int RT, __m256* acc) {
     const __m256i h = ld(u + 144);
     __m256i w[8];
     for (int t = 0; t < 4; ++t) {  // steps t and t + 4
@@ -192,9 +196,9 @@ static void tile_q50(const uint8_t* u, const Tile& x, __m256* acc) {
     }
     const __m256 d = ph8(u);
     for (int r = 0; r < RT; ++r) {
-        __m256i I = dot8<4>(w, x.q + r * x.qs, _mm256_set1_epi16(1));
-        I = _mm256_sub_epi32(I, _mm256_set1_epi32(16 * x.bs32[r * x.bs]));
-        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(I), _mm256_mul_ps(d, _mm256_set1_ps(x.dx[r * x.bs])), acc[r]);
+        __m256i I = dot8<4>(w, x.q + r * 32, _mm256_set1_epi16(1));
+        I = _mm256_sub_epi32(I, _mm256_set1_epi32(16 * x.bs32[r]));
+        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(I), _mm256_mul_ps(d, _mm256_set1_ps(x.dx[r])), acc[r]);
     }
 }
 
@@ -290,30 +294,16 @@ static void fma_tile(const float* w, int n, const float* x, int64_t xstride, __m
 
 // ---- drivers ------------------------------------------------------------------------------------------
 
-using TileFn = void (*)(const uint8_t*, const Tile&, __m256*);
+using TileFn = void (*)(const uint8_t*, const Tile&, int, __m256*);
 
-template <int RT>
-static TileFn tile_for(int qtype) {
+static TileFn tile_fn(int qtype) {
     switch (qtype) {
-        case Q4_K: return tile_q45k<RT, false>;
-        case Q5_K: return tile_q45k<RT, true>;
-        case Q6_K: return tile_q6k<RT>;
-        case Q8_0: return tile_q80<RT>;
-        case Q5_0: return tile_q50<RT>;
+        case Q4_K: return tile_q45k<false>;
+        case Q5_K: return tile_q45k<true>;
+        case Q6_K: return tile_q6k;
+        case Q8_0: return tile_q80;
+        case Q5_0: return tile_q50;
         default: return nullptr;
-    }
-}
-
-static TileFn tile_fn(int qtype, int rt) {
-    switch (rt) {
-        case 1: return tile_for<1>(qtype);
-        case 2: return tile_for<2>(qtype);
-        case 3: return tile_for<3>(qtype);
-        case 4: return tile_for<4>(qtype);
-        case 5: return tile_for<5>(qtype);
-        case 6: return tile_for<6>(qtype);
-        case 7: return tile_for<7>(qtype);
-        default: return tile_for<8>(qtype);
     }
 }
 
@@ -342,23 +332,18 @@ static inline void store_group(const __m256* acc, int R, const MatArgs& a, int64
 void matmul_q8(const MatArgs& a, const ActQ& x) {
     Layout L;
     layout_of(a.qtype, &L);
-    const int64_t groups = (a.N + GROUP - 1) / GROUP, units = a.K / L.unit_k, nb = a.K / ABLK;
+    const int64_t groups = (a.N + GROUP - 1) / GROUP, units = a.K / L.unit_k;
     const int bpu = L.unit_k / ABLK;
-    int sizes[MAX_ROWS];
-    const int ntiles = row_tiles(x.R, 8, sizes);
-    TileFn fns[MAX_ROWS];
-    for (int i = 0; i < ntiles; ++i) fns[i] = tile_fn(a.qtype, sizes[i]);
+    const TileFn fn = tile_fn(a.qtype);
 #pragma omp parallel for schedule(static) num_threads(a.nthreads)
     for (int64_t g = 0; g < groups; ++g) {
         __m256 acc[MAX_ROWS];
         for (int r = 0; r < x.R; ++r) acc[r] = _mm256_setzero_ps();
         const uint8_t* unit = a.packed + g * units * L.unit_bytes;
         for (int64_t u = 0; u < units; ++u, unit += L.unit_bytes) {
-            for (int i = 0, r0 = 0; i < ntiles; r0 += sizes[i++]) {
-                const Tile t{x.q + r0 * x.K + u * L.unit_k, x.dx + r0 * nb + u * bpu, x.xs + r0 * nb + u * bpu,
-                             x.bs16 + r0 * nb + u * bpu, x.bs32 + r0 * nb + u * bpu, x.K, nb};
-                fns[i](unit, t, acc + r0);
-            }
+            const int64_t b0 = u * bpu * x.R;  // the unit's first activation block
+            const Tile t{x.q + 32 * b0, x.dx + b0, x.xs + b0, x.bs16 + b0, x.bs32 + b0, 32 * x.R, x.R};
+            fn(unit, t, x.R, acc);
         }
         store_group(acc, x.R, a, g);
     }
@@ -402,9 +387,10 @@ void matmul_f32(const MatArgs& a, const float* x, int R) {
 void quantize_acts(const float* x, int R, int64_t K, int8_t* q, float* dx, float* xs, int32_t* bs16, int32_t* bs32) {
     const int64_t nb = K / ABLK;
     const __m256 sign = _mm256_set1_ps(-0.0f);
-    for (int r = 0; r < R; ++r)
-        for (int64_t b = 0; b < nb; ++b) {
+    for (int64_t b = 0; b < nb; ++b)
+        for (int r = 0; r < R; ++r) {
             const float* xb = x + r * K + b * ABLK;
+            const int64_t o = b * R + r;  // block-major: a block's rows are adjacent
             __m256 v[4], m = _mm256_setzero_ps();
             for (int i = 0; i < 4; ++i) v[i] = _mm256_loadu_ps(xb + 8 * i), m = _mm256_max_ps(m, _mm256_andnot_ps(sign, v[i]));
             alignas(32) float mm[8];
@@ -418,14 +404,13 @@ void quantize_acts(const float* x, int R, int64_t K, int8_t* q, float* dx, float
                                                             _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
             const __m256i p16 = _mm256_packs_epi32(qi[0], qi[1]), p16b = _mm256_packs_epi32(qi[2], qi[3]);
             const __m256i p8 = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(p16, p16b), _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-            _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + r * K + b * ABLK), p8);
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + o * ABLK), p8);
             alignas(32) int32_t s[8];
             _mm256_store_si256(reinterpret_cast<__m256i*>(s), _mm256_add_epi32(qi[0], qi[1]));
             int h0 = 0, h1 = 0;
             for (int i : s) h0 += i;
             _mm256_store_si256(reinterpret_cast<__m256i*>(s), _mm256_add_epi32(qi[2], qi[3]));
             for (int i : s) h1 += i;
-            const int64_t o = r * nb + b;
             dx[o] = d;
             bs32[o] = h0 + h1;
             xs[o] = d * static_cast<float>(bs32[o]);

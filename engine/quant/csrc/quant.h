@@ -40,15 +40,16 @@ struct Layout {
 };
 bool layout_of(int qtype, Layout* out);
 
-// Quantized activations of R rows: q = round(x / dx) per 32-input block, |q| <= 127.
+// Quantized activations of R rows: q = round(x / dx) per 32-input block, |q| <= 127. Block-major (a block's
+// R rows adjacent), so a kernel walks the rows of one block with a constant 32-byte stride.
 struct ActQ {
     int R;
     int64_t K;
-    const int8_t* q;      // (R, K)
-    const float* dx;      // (R, K/32)  block scale = amax / 127
-    const float* xs;      // (R, K/32)  dx * sum(q) over the block (Q4_K/Q5_K mins)
-    const int32_t* bs16;  // (R, K/32)  sums of q over the two 16-halves, packed as two int16
-    const int32_t* bs32;  // (R, K/32)  sum of q over the block
+    const int8_t* q;      // (K/32, R, 32)
+    const float* dx;      // (K/32, R)  block scale = amax / 127
+    const float* xs;      // (K/32, R)  dx * sum(q) over the block (Q4_K/Q5_K mins)
+    const int32_t* bs16;  // (K/32, R)  sums of q over the two 16-halves, packed as two int16
+    const int32_t* bs32;  // (K/32, R)  sum of q over the block
 };
 
 struct MatArgs {
