@@ -69,8 +69,8 @@ def main() -> int:
             agree += int((p.argmax(-1) == q.argmax(-1)).sum())
             kl_sum += float((p.exp() * (p - q)).sum(-1).sum())
             total += len(ids)
-            print(f"  {row.get('id', '?')}: {len(ids)} positions, top-1 agreement so far {agree / total:.4f}",
-                  file=sys.stderr, flush=True)
+            print(f"  {row.get('id', '?')}: {len(ids)} positions; so far top-1 agreement {agree / total:.4f}, "
+                  f"mean KL {kl_sum / total:.2e}", file=sys.stderr, flush=True)
     print(f"{path.name}: {total} positions over {len(read_prompts(a.prompts))} prompts; int8 vs exact activations: "
           f"top-1 agreement {agree / total:.4f}, mean KL {kl_sum / total:.2e} nats")
     return 0

@@ -36,20 +36,38 @@ def prompts() -> list[list[dict]]:
     return FALLBACK
 
 
-@pytest.mark.parametrize("drafter", ["model", "ngram"])
-def test_greedy_speculative_matches_plain_on_real_pair(engine, drafter):
+@pytest.fixture(scope="module")
+def plain_replies(engine):
     greedy = SamplingParams(temperature=0.0, max_new_tokens=48)
-    accepted = 0
+    out = []
     for messages in prompts():
         ids = engine.encode_chat(messages)
         engine.reset()
         *_, plain = engine.generate(ids, greedy, SpecParams(enabled=False))
-        engine.reset()
-        *_, spec = engine.generate(ids, greedy, SpecParams(k=3, drafter=drafter))
-        assert spec.token_ids == plain.token_ids, f"{drafter}: speculative output differs from plain"
         assert plain.new_tokens > 8 and plain.text.strip()
-        accepted += spec.accepted
-    assert accepted > 0
+        out.append((ids, plain))
+    return out
+
+
+def test_the_pair_runs_quantized(engine):
+    from engine.quant import QuantLinear, kernels_available
+
+    assert kernels_available(), "the C++ kernels did not build: the engine would run the slow fallback"
+    for model in (engine.target, engine.draft):
+        assert isinstance(model.layers[0].mlp.down, QuantLinear) and isinstance(model.lm_head, QuantLinear)
+
+
+@pytest.mark.parametrize("k", [1, 4, 8])
+@pytest.mark.parametrize("drafter", ["model", "ngram"])
+def test_greedy_speculative_matches_plain_on_real_pair(engine, plain_replies, drafter, k):
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=48)
+    drafted = 0
+    for ids, plain in plain_replies:
+        engine.reset()
+        *_, spec = engine.generate(ids, greedy, SpecParams(k=k, drafter=drafter))
+        assert spec.token_ids == plain.token_ids, f"{drafter} K={k}: speculative output differs from plain"
+        drafted += spec.drafted
+    assert drafted > 0
 
 
 def test_real_pair_writes_sensible_code(engine):

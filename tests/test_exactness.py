@@ -122,10 +122,33 @@ def chi2_pvalue(counts: dict[tuple[int, int], int], expected: dict[tuple[int, in
     return float(chisquare(obs, exp).pvalue)
 
 
+def quantized_pair(folder) -> tuple[Transformer, Transformer, object]:
+    """small_pair's target and draft written as Q8_0 GGUFs and run through the quantized kernels."""
+    from engine.gguf_file import GGUFFile
+    from engine.gguf_model import build_model
+    from tests.test_weights import write_gguf
+
+    cfg_dict = dict(ENGINE_CFG, num_hidden_layers=1)
+    hf = hf_model(cfg_dict, 3)
+    target = build_model(GGUFFile(write_gguf(folder / "target.gguf", hf, None, "Q8_0")), 256)
+    hf.load_state_dict(draft_weights(dict(hf.state_dict()), 0.05, 4))
+    draft = build_model(GGUFFile(write_gguf(folder / "draft.gguf", hf, None, "Q8_0")), 256)
+    return target, draft, tiny_tokenizer()
+
+
 @pytest.mark.parametrize("drafter", ["model", "ngram"])
 @pytest.mark.parametrize("temperature,top_p", [(1.0, 1.0), (0.7, 0.9)])
 def test_sampling_distribution_is_exact(drafter, temperature, top_p):
-    target, draft, tok = small_pair()
+    assert_exact_distribution(*small_pair(), drafter, temperature, top_p)
+
+
+def test_sampling_distribution_is_exact_on_quantized_models(tmp_path):
+    """The verify pass through the quantized kernels scores K+1 rows exactly as the reference forward does."""
+    assert_exact_distribution(*quantized_pair(tmp_path), "model", 1.0, 1.0)
+
+
+def assert_exact_distribution(target: Transformer, draft: Transformer, tok, drafter: str, temperature: float,
+                              top_p: float) -> None:
     # No EOS, so every request yields its first two tokens.
     engine = Engine(target, tok, draft, cache=CacheConfig(block_size=8, max_seq_len=256), eos_ids=set())
     params = SamplingParams(temperature=temperature, top_p=top_p, max_new_tokens=3)
