@@ -132,6 +132,7 @@ class _Turn:
     rounds: list[RoundEvent] = field(default_factory=list)
     rendered: int = 0  # rounds painted so far
     footer: str | None = None
+    tail: str = ""  # text the reply ended with that no round carried (stop-string text released at a cancel)
     footer_rendered: bool = False
     fence: FenceTracker = field(default_factory=FenceTracker)
 
@@ -193,9 +194,11 @@ class ChatView(QTextEdit):
         """Queue a round of the current reply; painted at the next flush()."""
         self._current().rounds.append(event)
 
-    def finish(self, footer: str) -> None:
-        """End the current reply with a muted meta line (painted at the next flush())."""
-        self._current().footer = footer
+    def finish(self, footer: str, tail: str = "") -> None:
+        """End the current reply with `tail` (plain text no round carried) and a muted meta line (painted at the
+        next flush())."""
+        turn = self._current()
+        turn.footer, turn.tail = footer, tail
 
     def clear_chat(self) -> None:
         self.turns.clear()
@@ -402,6 +405,8 @@ class ChatView(QTextEdit):
         if turn.footer is None or turn.footer_rendered:
             return
         turn.footer_rendered = True
+        if turn.tail:
+            cursor.insertText(turn.tail, self._formats[("text", False)])
         cursor.insertBlock(self._footer_block, self._footer_char)
         cursor.insertText(turn.footer, self._footer_char)
 

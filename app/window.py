@@ -320,7 +320,7 @@ class MainWindow(QMainWindow):
 
     def _on_summary(self, s: Summary) -> None:
         self.summary = s
-        self.chat.finish(reply_footer(s))
+        self.chat.finish(reply_footer(s), s.text_tail)
         self.charts.set_plain_reference(self.controller.plain_ms_per_token)
         self.reuse_label.setText(f"reused {s.reused_prefix_tokens} prompt tokens")
         self.reuse_label.setToolTip(f"{s.reused_prefix_tokens} of this turn's {s.prompt_tokens} prompt tokens "

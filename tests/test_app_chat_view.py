@@ -204,3 +204,15 @@ def test_new_messages_follow_the_bottom_unless_scrolled_up(qtbot):
     assert bar.value() == 0
     view.add_user("next question")  # ... until they send a message
     assert bar.value() == bar.maximum()
+
+
+def test_text_released_at_a_cancel_is_shown_before_the_footer(qtbot):
+    """A reply cancelled mid-stop-string ends with the held-back text (Summary.text_tail), as the history does."""
+    view = ChatView()
+    qtbot.addWidget(view)
+    view.begin_assistant(title=None)
+    view.feed(make_round(1, ("Hello",), (), " wor", Origin.CORRECTED))
+    view.finish("stopped", tail="ld\n")
+    view.flush()
+    text = view.toPlainText()
+    assert "Hello world\n" in text and text.index("Hello world") < text.index("stopped")
