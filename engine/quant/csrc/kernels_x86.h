@@ -31,8 +31,17 @@ static inline __m256 ph8(const uint8_t* p) {
 static inline __m128i ld8(const uint8_t* p) { return _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)); }
 static inline __m256i u8x8(const uint8_t* p) { return _mm256_cvtepu8_epi32(ld8(p)); }
 static inline __m256i i8x8(const uint8_t* p) { return _mm256_cvtepi8_epi32(ld8(p)); }
-static inline __m256i dup16(__m256i v) {  // int32 lanes v -> int16 pairs (v, v), for madd
-    return _mm256_or_si256(_mm256_and_si256(v, _mm256_set1_epi32(0xFFFF)), _mm256_slli_epi32(v, 16));
+// 8 scale bytes -> int16 pairs (s_c, s_c) per column, for madd
+static inline __m256i pairs_u8(const uint8_t* p) { const __m128i v = ld8(p); return _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(v, v)); }
+static inline __m256i pairs_i8(const uint8_t* p) { const __m128i v = ld8(p); return _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(v, v)); }
+// The 4 steps of a Q6_K sub-block from its 3 vectors (layout in quant.h)
+static inline void q6_steps(const uint8_t* v, __m256i* w) {
+    const __m256i m6 = _mm256_set1_epi8(63), m4 = _mm256_set1_epi8(15), m30 = _mm256_set1_epi8(0x30);
+    const __m256i v0 = ld(v), v1 = ld(v + 32), v2 = ld(v + 64);
+    w[0] = _mm256_and_si256(v0, m6);
+    w[1] = _mm256_and_si256(v1, m6);
+    w[2] = _mm256_or_si256(_mm256_and_si256(v2, m4), _mm256_and_si256(_mm256_srli_epi16(v0, 2), m30));
+    w[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v2, 4), m4), _mm256_and_si256(_mm256_srli_epi16(v1, 2), m30));
 }
 static inline __m256i nib(__m256i v, int hi) {
     const __m256i m4 = _mm256_set1_epi8(15);
@@ -97,7 +106,11 @@ static void tile_q45k(const uint8_t* u, const Tile& x, int RT, __m256* acc) {
             w[t] = nib(v, 0), w[t + 4] = nib(v, 1);
             if (Q5) w[t] = _mm256_or_si256(w[t], hbits(h, t, 4, 0x10)), w[t + 4] = _mm256_or_si256(w[t + 4], hbits(h, t + 4, 4, 0x10));
         }
-        const __m256i sc = u8x8(u + 32 + 8 * j), sc2 = dup16(sc);
+#if SQ_VNNI
+        const __m256i sc = u8x8(u + 32 + 8 * j), sc2 = sc;
+#else
+        const __m256i sc2 = pairs_u8(u + 32 + 8 * j);
+#endif
         for (int r = 0; r < RT; ++r) {
             __m256i I = dot8<Q5 ? 4 : 8>(w, x.q + r * 32 + j * x.qs, sc2);
 #if SQ_VNNI
@@ -116,27 +129,20 @@ static void tile_q6k(const uint8_t* u, const Tile& x, int RT, __m256* acc) {
 #pragma GCC unroll 1
     for (int b = 0; b < 8; ++b) {  // activation block = sub-blocks 2b, 2b+1: steps 0-3 and 4-7
         __m256i w[8];
-        for (int hf = 0; hf < 2; ++hf) {
-            const int j = 2 * b + hf;
-            const __m256i h = ld(u + 1168 + 32 * j);
-            for (int t = 0; t < 2; ++t) {  // steps t and t + 2 of sub-block j
-                const __m256i v = ld(u + 144 + 64 * j + 32 * t);
-                w[4 * hf + t] = _mm256_or_si256(nib(v, 0), hbits(h, 2 * t, 4, 0x30));
-                w[4 * hf + t + 2] = _mm256_or_si256(nib(v, 1), hbits(h, 2 * t + 4, 4, 0x30));
-            }
-        }
-        const __m256i sa = i8x8(u + 16 + 16 * b), sb = i8x8(u + 24 + 16 * b);
+        q6_steps(u + 144 + 192 * b, w);       // sub-block 2b
+        q6_steps(u + 144 + 192 * b + 96, w + 4);  // sub-block 2b + 1
         // the -32 offset of Q6_K: 32 * (sc_a * sum_a(xq) + sc_b * sum_b(xq)), as one madd
         const __m128i sab = _mm_unpacklo_epi8(ld8(u + 16 + 16 * b), ld8(u + 24 + 16 * b));
         const __m256i off = _mm256_slli_epi16(_mm256_cvtepi8_epi16(sab), 5);
 #if SQ_VNNI
+        const __m256i sa = i8x8(u + 16 + 16 * b), sb = i8x8(u + 24 + 16 * b);
         for (int r = 0; r < RT; ++r) {
             const int8_t* xr = x.q + r * 32 + b * x.qs;
             __m256i pa = _mm256_setzero_si256(), pb = _mm256_setzero_si256();
             for (int s = 0; s < 4; ++s) pa = dot4(pa, w[s], bc4(xr + 4 * s)), pb = dot4(pb, w[s + 4], bc4(xr + 16 + 4 * s));
             __m256i I = _mm256_add_epi32(_mm256_mullo_epi32(pa, sa), _mm256_mullo_epi32(pb, sb));
 #else
-        const __m256i sa2 = dup16(sa), sb2 = dup16(sb);
+        const __m256i sa2 = pairs_i8(u + 16 + 16 * b), sb2 = pairs_i8(u + 24 + 16 * b);
         for (int r = 0; r < RT; ++r) {
             const int8_t* xr = x.q + r * 32 + b * x.qs;
             __m256i I = _mm256_madd_epi16(mad2(w[0], bc4(xr), w[1], bc4(xr + 4)), sa2);
@@ -239,12 +245,9 @@ static void decode_unit(int qtype, const uint8_t* u, float* w) {
             const __m256 d = ph8(u);
             for (int j = 0; j < 16; ++j) {
                 const __m256 D = _mm256_mul_ps(d, _mm256_cvtepi32_ps(i8x8(u + 16 + 8 * j)));
-                const __m256i h = ld(u + 1168 + 32 * j);
-                for (int t = 0; t < 2; ++t) {
-                    const __m256i v = ld(u + 144 + 64 * j + 32 * t);
-                    put_step(_mm256_or_si256(nib(v, 0), hbits(h, 2 * t, 4, 0x30)), 16 * j + 4 * t, D, zero, false, 32, w);
-                    put_step(_mm256_or_si256(nib(v, 1), hbits(h, 2 * t + 4, 4, 0x30)), 16 * j + 4 * t + 8, D, zero, false, 32, w);
-                }
+                __m256i st[4];
+                q6_steps(u + 144 + 96 * j, st);
+                for (int s = 0; s < 4; ++s) put_step(st[s], 16 * j + 4 * s, D, zero, false, 32, w);
             }
             break;
         }

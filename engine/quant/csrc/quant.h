@@ -13,8 +13,9 @@
 //   Q4_K (256 k, 1184 B): d[8] f16 | dmin[8] f16 | sc[8 sub][8 c] u8 | m[8][8] u8 |
 //                         qs[8 sub][4 t][32]: low nibble = step t, high nibble = step t+4 of the sub-block
 //   Q5_K (256 k, 1440 B): Q4_K's unit, then qh[8 sub][32]: bit s = 5th bit of step s
-//   Q6_K (256 k, 1680 B): d[8] f16 | sc[16 sub][8 c] i8 | ql[16 sub][2 t][32]: low = step t, high = step t+2 |
-//                         qh[16 sub][32]: bits 2s..2s+1 = high 2 bits of step s
+//   Q6_K (256 k, 1680 B): d[8] f16 | sc[16 sub][8 c] i8 | qv[16 sub][3][32], for steps s0..s3 of the sub-block:
+//                         v0 = q(s0) | hi2(s2) << 6, v1 = q(s1) | hi2(s3) << 6, v2 = lo4(s2) | lo4(s3) << 4
+//                         (9 ops decode 4 steps, half of a nibble + 2-bit-plane split)
 //   Q8_0 (32 k, 272 B):   d[8] f16 | q[8 steps][32] i8
 //   Q5_0 (32 k, 176 B):   d[8] f16 | qs[4 t][32] (low = step t, high = step t+4) | qh[32]: bit s of step s
 //   F16  (32 k, 512 B):   w[32 k][8 c] f16        F32 (32 k, 1024 B): w[32 k][8 c] f32

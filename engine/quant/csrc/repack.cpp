@@ -139,12 +139,13 @@ void pack_unit(int qtype, const Block* blk[GROUP], uint8_t* u) {
                 put16(u + 2 * c, b->d);
                 for (int j = 0; j < 16; ++j) u[16 + 8 * j + c] = static_cast<uint8_t>(b->sc[j]);
                 for (int j = 0; j < 16; ++j)
-                    for (int s = 0; s < 4; ++s)
-                        for (int e = 0; e < 4; ++e) {
-                            const int q = b->q[16 * j + 4 * s + e], byte = step_byte(c, e);
-                            u[144 + 64 * j + 32 * (s & 1) + byte] |= static_cast<uint8_t>((q & 15) << (2 * (s & 2)));
-                            u[1168 + 32 * j + byte] |= static_cast<uint8_t>((q >> 4) << (2 * s));
-                        }
+                    for (int e = 0; e < 4; ++e) {
+                        const uint8_t* q = b->q + 16 * j + e;  // q[4 * s]: step s
+                        uint8_t* v = u + 144 + 96 * j + step_byte(c, e);
+                        v[0] = static_cast<uint8_t>(q[0] | (q[8] >> 4) << 6);
+                        v[32] = static_cast<uint8_t>(q[4] | (q[12] >> 4) << 6);
+                        v[64] = static_cast<uint8_t>((q[8] & 15) | (q[12] & 15) << 4);
+                    }
                 break;
             case Q8_0:
                 put16(u + 2 * c, b->d);

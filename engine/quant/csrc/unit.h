@@ -29,10 +29,13 @@ inline int unit_q(int qtype, const uint8_t* u, int c, int k) {
             return q;
         }
         case Q6_K: {
-            const int j = k / 16, s = (k % 16) / 4;
-            const int lo = (u[144 + 64 * j + 32 * (s & 1) + b] >> (2 * (s & 2))) & 15;
-            const int hi = (u[1168 + 32 * j + b] >> (2 * s)) & 3;
-            return lo | hi << 4;
+            const uint8_t* v = u + 144 + 96 * (k / 16) + b;
+            switch ((k % 16) / 4) {  // step
+                case 0: return v[0] & 63;
+                case 1: return v[32] & 63;
+                case 2: return (v[64] & 15) | (v[0] >> 6) << 4;
+                default: return (v[64] >> 4) | (v[32] >> 6) << 4;
+            }
         }
         case Q8_0:
             return static_cast<int8_t>(u[16 + 32 * (k / 4) + b]);
