@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from .weights import ModelLoadError, safetensors_files, safetensors_header
+from .weights import ModelLoadError, safetensors_files, safetensors_params
+
+if TYPE_CHECKING:
+    from huggingface_hub import CachedRepoInfo
 
 COMPATIBLE = ("llama", "qwen2", "mistral")
 # What a malformed entry can raise while being described (a nested GGUF array where a number belongs
@@ -33,27 +36,63 @@ class LocalModel:
 
 
 def hf_cache_dir() -> Path:
-    """HF_HUB_CACHE, else $HF_HOME/hub, else ~/.cache/huggingface/hub (as huggingface_hub does)."""
-    if os.environ.get("HF_HUB_CACHE"):
-        return Path(os.environ["HF_HUB_CACHE"]).expanduser()
-    if os.environ.get("HF_HOME"):
-        return Path(os.environ["HF_HOME"]).expanduser() / "hub"
-    return Path.home() / ".cache" / "huggingface" / "hub"
+    """The Hugging Face cache folder, found as huggingface_hub finds it: HF_HUB_CACHE (or its legacy name
+    HUGGINGFACE_HUB_CACHE), else $HF_HOME/hub, else $XDG_CACHE_HOME/huggingface/hub, else
+    ~/.cache/huggingface/hub. Read at each call: huggingface_hub reads these once, at import, into its
+    constants, so every call below passes this folder explicitly."""
+    env = os.environ.get
+    if env("HF_HUB_CACHE") or env("HUGGINGFACE_HUB_CACHE"):
+        return Path(env("HF_HUB_CACHE") or env("HUGGINGFACE_HUB_CACHE")).expanduser()
+    if env("HF_HOME"):
+        return Path(env("HF_HOME")).expanduser() / "hub"
+    return Path(env("XDG_CACHE_HOME") or Path.home() / ".cache").expanduser() / "huggingface" / "hub"
 
 
-def snapshot(repo_dir: Path) -> Path | None:
-    """The snapshot refs/main points at, else the newest one."""
-    ref = repo_dir / "refs" / "main"
-    if ref.is_file():
-        snap = repo_dir / "snapshots" / ref.read_text().strip()
-        if snap.is_dir():
-            return snap
-    snaps = [p for p in (repo_dir / "snapshots").glob("*") if p.is_dir()]
-    return max(snaps, key=lambda p: p.stat().st_mtime) if snaps else None
+def snapshot(repo: CachedRepoInfo) -> Path | None:
+    """The snapshot refs/main points at, else the newest one (a repo fetched only by revision has no main)."""
+    rev = (next((r for r in repo.revisions if "main" in r.refs), None)
+           or max(repo.revisions, key=lambda r: r.last_modified, default=None))
+    return rev.snapshot_path if rev else None
 
 
-def _repo_dir(repo_id: str) -> Path:
-    return hf_cache_dir() / ("models--" + repo_id.replace("/", "--"))
+def _scan_cache(cache: Path) -> list[CachedRepoInfo]:
+    """The model repos in the cache, by repo id. A repo huggingface_hub finds corrupt (no snapshots folder, a
+    ref to a missing snapshot, a broken blob link) is left out with a logged warning."""
+    from huggingface_hub import CacheNotFound, scan_cache_dir
+
+    try:
+        info = scan_cache_dir(cache)
+    except CacheNotFound:
+        return []
+    except (OSError, ValueError) as e:  # an unreadable file, or the cache is a file: the scan stops at it
+        log.warning("skipping the Hugging Face cache %s: %s", cache, e)
+        return []
+    for problem in info.warnings:
+        log.warning("skipping a Hugging Face cache entry: %s", problem)
+    return sorted((r for r in info.repos if r.repo_type == "model"), key=lambda r: r.repo_id)
+
+
+def _cached_repo_snapshot(repo_id: str) -> Path:
+    """The local snapshot of a repo id: refs/main's, else the newest. Never downloads."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import IncompleteSnapshotError, LocalEntryNotFoundError
+    from huggingface_hub.file_download import repo_folder_name
+
+    cache = hf_cache_dir()
+    try:
+        return Path(snapshot_download(repo_id, cache_dir=cache, local_files_only=True))
+    except IncompleteSnapshotError as e:  # an interrupted download that huggingface_hub knows is partial
+        raise ModelLoadError(f"{repo_id!r}: {e}") from e
+    except (LocalEntryNotFoundError, ValueError):  # ValueError: not a valid repo id (HFValidationError)
+        pass
+    # No refs/main: the newest snapshot, if the repo is there at all.
+    repo = next((r for r in _scan_cache(cache) if r.repo_id == repo_id), None)
+    snap = snapshot(repo) if repo else None
+    if snap is None:
+        where = cache / repo_folder_name(repo_id=repo_id, repo_type="model")
+        raise ModelLoadError(f"{repo_id!r} is not a local path, and no such repo is in the local Hugging Face "
+                             f"cache (looked for {where}); SpecLens never downloads models")
+    return snap
 
 
 def _looks_like_repo_id(spec: str) -> bool:
@@ -69,12 +108,7 @@ def resolve(spec: str | Path) -> Path:
     path = Path(spec).expanduser()
     if not path.exists():
         if isinstance(spec, str) and _looks_like_repo_id(spec):
-            repo = _repo_dir(spec)
-            snap = snapshot(repo) if repo.is_dir() else None
-            if snap is None:
-                raise ModelLoadError(f"{spec!r} is not a local path, and no such repo is in the local Hugging Face "
-                                     f"cache (looked for {repo}); SpecLens never downloads models")
-            path = snap
+            path = _cached_repo_snapshot(spec)
         else:
             raise ModelLoadError(f"{path}: no such file or folder")
     if path.is_file():
@@ -121,7 +155,7 @@ def describe(path: Path, source: str, name: str | None = None) -> LocalModel:
             c = ModelConfig.from_hf(cfg)
         except (KeyError, ValueError) as e:
             raise ModelLoadError(f"{path}: {e}") from e
-        n = sum(math.prod(i["shape"]) for f in safetensors_files(path) for i in safetensors_header(f)[0].values())
+        n = sum(safetensors_params(f) for f in safetensors_files(path))
     return LocalModel(name or label(path, path), path, source, c.arch, c.vocab_size, c.num_layers, c.hidden_size,
                       float(f"{n / 1e9:.3g}"))
 
@@ -144,13 +178,8 @@ def list_local_models() -> list[LocalModel]:
             if not isinstance(e, provision.ProvisionError):  # not installed is normal; broken is worth a line
                 log.warning("skipping embedded model %s: %s", ps.name, e)
             continue
-    cache = hf_cache_dir()
-    for repo in sorted(cache.glob("models--*")) if cache.is_dir() else []:
-        try:
-            snap = snapshot(repo)
-        except _BAD_ENTRY as e:  # e.g. an unreadable refs/main
-            log.warning("skipping %s: %s", repo, e)
-            continue
+    for repo in _scan_cache(hf_cache_dir()):
+        snap = snapshot(repo)
         if snap is None:
             continue
         candidates = [(snap, "hf-cache")] if (snap / "config.json").is_file() else []

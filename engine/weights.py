@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import json
 import math
-import mmap
-import struct
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
+from safetensors import SafetensorError, safe_open
 
 from .config import ModelConfig
 from .errors import ModelLoadError
@@ -23,8 +23,9 @@ if TYPE_CHECKING:
 
 Progress = Callable[[str, float], None]
 
-_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "F64": torch.float64}
-_SIZES = {"F32": 4, "F16": 2, "BF16": 2, "F64": 8}
+# The weight types the engine computes from (it casts them to its own dtype). safetensors also holds integer
+# and fp8 tensors; those belong to quantized exports that need scales this loader does not apply.
+_FLOATS = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 
 
 @dataclass
@@ -128,58 +129,41 @@ def safetensors_files(folder: Path) -> list[Path]:
     raise ModelLoadError(f"{folder}: no model.safetensors or model-0000x-of-0000y.safetensors{hint}")
 
 
-def safetensors_header(path: Path) -> tuple[dict[str, Any], int]:
-    """(header dict, byte offset where tensor data starts). Checks it against the file size."""
+@contextmanager
+def open_safetensors(path: Path) -> Iterator[safe_open]:
+    """`safetensors.safe_open` (memory-mapped; it checks the header against the file's length before any
+    tensor is read), with the library's and the OS's errors turned into a ModelLoadError naming the file."""
     try:
-        size = path.stat().st_size
-        with open(path, "rb") as f:
-            head = f.read(8)
-            if len(head) < 8:
-                raise ModelLoadError(f"{path}: truncated safetensors file ({size} bytes)")
-            (n,) = struct.unpack("<Q", head)
-            if n > min(size - 8, 100 << 20):
-                raise ModelLoadError(f"{path}: corrupt safetensors file (header length {n}, file size {size})")
-            header = json.loads(f.read(n))
+        with safe_open(path, framework="pt") as f:
+            yield f
+    except SafetensorError as e:
+        reason = str(e).removeprefix("Error while deserializing header: ")
+        # The library words a file shorter (or longer) than its header describes as "incomplete metadata,
+        # file not fully covered": nearly always an interrupted copy or download, so say so plainly.
+        kind = "truncated" if "not fully covered" in reason else "corrupt"
+        raise ModelLoadError(f"{path}: {kind} safetensors file ({_size(path)} bytes): {reason}") from e
     except OSError as e:
         raise ModelLoadError(f"{path}: cannot read: {e.strerror or e}") from e
-    except (ValueError, UnicodeDecodeError) as e:
-        raise ModelLoadError(f"{path}: corrupt safetensors header: {e}") from e
-    if not isinstance(header, dict):
-        raise ModelLoadError(f"{path}: corrupt safetensors header (not a JSON object)")
-    header.pop("__metadata__", None)
-    for name, info in header.items():
-        try:
-            begin, end = info["data_offsets"]
-            want = math.prod(info["shape"]) * _SIZES[info["dtype"]]
-        except (KeyError, TypeError, ValueError) as e:
-            raise ModelLoadError(f"{path}: tensor {name!r}: unsupported or malformed entry ({e})") from e
-        if end - begin != want:
-            raise ModelLoadError(f"{path}: tensor {name!r}: {end - begin} bytes for shape {info['shape']}")
-        if 8 + n + end > size:
-            raise ModelLoadError(f"{path}: truncated: tensor {name!r} ends at byte {8 + n + end}, file has {size}")
-    return header, 8 + n
+
+
+def _size(path: Path) -> int | str:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return "?"
 
 
 def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
-    """Tensors backed by a private (copy-on-write) memory map of the file: nothing is read until used."""
-    header, start = safetensors_header(path)
-    if not header:
-        return {}
-    with open(path, "rb") as f:
-        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)  # writable, so torch needs no copy
-    out = {}
-    for name, info in header.items():
-        begin, end = info["data_offsets"]
-        dtype = _DTYPES[info["dtype"]]
-        if end == begin:
-            out[name] = torch.empty(info["shape"], dtype=dtype)
-            continue
-        if (start + begin) % _SIZES[info["dtype"]]:  # unaligned data cannot be viewed in place
-            out[name] = torch.frombuffer(bytearray(mm[start + begin:start + end]), dtype=dtype).reshape(info["shape"])
-            continue
-        t = torch.frombuffer(mm, dtype=dtype, count=(end - begin) // _SIZES[info["dtype"]], offset=start + begin)
-        out[name] = t.reshape(info["shape"])
-    return out
+    """Every tensor in the file. The library maps the file privately (copy-on-write), so the tensors are views
+    of it: nothing is read until used, and writing to a tensor never reaches the file."""
+    with open_safetensors(path) as f:
+        return {name: f.get_tensor(name) for name in f.keys()}
+
+
+def safetensors_params(path: Path) -> int:
+    """How many numbers the file holds, from its header alone (no tensor data is read)."""
+    with open_safetensors(path) as f:
+        return sum(math.prod(f.get_slice(name).get_shape()) for name in f.keys())
 
 
 def expected_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
@@ -203,12 +187,16 @@ def expected_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
 
 
 def check_tensors(config: ModelConfig, tensors: dict[str, torch.Tensor], path: Path) -> None:
-    """Every tensor the config needs is there with the right shape (catches config/weights mismatches early)."""
+    """Every tensor the config needs is there, a float, with the right shape (catches config/weights mismatches
+    early)."""
     problems = []
     for name, shape in expected_shapes(config).items():
         t = tensors.get(name)
         if t is None:
             problems.append(f"missing {name}")
+        elif t.dtype not in _FLOATS:
+            raise ModelLoadError(f"{path}: {name} is stored as {str(t.dtype).removeprefix('torch.')}; SpecLens reads "
+                                 "F32, F16, BF16 and F64 weights (quantized safetensors exports are not supported)")
         elif tuple(t.shape) != shape:
             problems.append(f"{name} has shape {tuple(t.shape)}, config implies {shape}")
     if problems:

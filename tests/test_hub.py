@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from engine import hub, provision
 from engine.hub import LocalModel, hf_cache_dir, list_local_models, resolve
@@ -50,12 +51,20 @@ def no_embedded(monkeypatch, tmp_path):
 
 
 def test_hf_cache_dir_precedence(monkeypatch, tmp_path):
+    """huggingface_hub's order, read at each call (its own constants are fixed at import)."""
+    monkeypatch.delenv("HUGGINGFACE_HUB_CACHE", raising=False)
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hubcache"))
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hfhome"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     assert hf_cache_dir() == tmp_path / "hubcache"
     monkeypatch.delenv("HF_HUB_CACHE")
+    monkeypatch.setenv("HUGGINGFACE_HUB_CACHE", str(tmp_path / "legacy"))  # the old name still counts
+    assert hf_cache_dir() == tmp_path / "legacy"
+    monkeypatch.delenv("HUGGINGFACE_HUB_CACHE")
     assert hf_cache_dir() == tmp_path / "hfhome" / "hub"
     monkeypatch.delenv("HF_HOME")
+    assert hf_cache_dir() == tmp_path / "xdg" / "huggingface" / "hub"
+    monkeypatch.delenv("XDG_CACHE_HOME")
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     assert hf_cache_dir() == tmp_path / "home" / ".cache" / "huggingface" / "hub"
 
@@ -64,10 +73,10 @@ def test_resolve_repo_id_follows_refs_main(cache):
     old = cache_repo(cache, "org/model", "old")
     newer = cache / "models--org--model" / "snapshots" / "new"
     newer.mkdir()
-    (cache / "models--org--model" / "refs" / "main").write_text("old\n")
+    os.utime(old, (time.time() - 100, time.time() - 100))  # so the ref, not age, must pick it
+    (cache / "models--org--model" / "refs" / "main").write_text("old")  # as huggingface_hub writes it
     assert resolve("org/model") == old
     (cache / "models--org--model" / "refs" / "main").unlink()
-    os.utime(old, (time.time() - 100, time.time() - 100))
     assert resolve("org/model") == newer  # no ref: the newest snapshot
 
 
@@ -77,6 +86,43 @@ def test_load_checkpoint_by_repo_id(cache):
     ck = load_checkpoint("tiny/llama")
     assert ck.name == "tiny/llama" and ck.path == snap
     assert set(ck.tensors) == set(model.state_dict())
+
+
+def test_repo_id_in_huggingface_hubs_own_layout_loads_without_the_network(cache, monkeypatch):
+    """Snapshot files are symlinks into blobs/, as huggingface_hub writes them; nothing may touch the network."""
+    import socket
+
+    def no_network(*a, **k):
+        raise AssertionError("tried to reach the network")
+    monkeypatch.setattr(socket.socket, "connect", no_network)
+    monkeypatch.setattr(socket, "getaddrinfo", no_network)
+    snap = cache_repo(cache, "tiny/linked")
+    _, model = save_hf_folder(snap)
+    blobs = cache / "models--tiny--linked" / "blobs"
+    blobs.mkdir()
+    for f in [f for f in snap.iterdir() if f.is_file()]:
+        blob = blobs / hashlib.sha256(f.read_bytes()).hexdigest()
+        f.rename(blob)
+        f.symlink_to(os.path.relpath(blob, snap))
+    ck = load_checkpoint("tiny/linked")
+    assert ck.path == snap and ck.name == "tiny/linked"
+    for k, v in model.state_dict().items():
+        assert torch.equal(ck.tensors[k], v), k
+    m = hub.describe(snap, "hf-cache")
+    assert m.params_b == float(f"{sum(p.numel() for p in model.parameters()) / 1e9:.3g}")
+
+
+def test_corrupt_cache_repos_are_skipped_with_a_warning(cache, no_embedded, caplog):
+    """What huggingface_hub's scan calls corrupt: a broken blob link, a ref to a missing snapshot."""
+    save_hf_folder(cache_repo(cache, "good/llama"))
+    broken = cache_repo(cache, "bad/broken-link")
+    (broken / "config.json").symlink_to("../../blobs/gone")
+    dangling = cache_repo(cache, "bad/dangling-ref")
+    (dangling.parent.parent / "refs" / "main").write_text("elsewhere")
+    with caplog.at_level("WARNING", logger="engine.hub"):
+        assert [m.name for m in list_local_models()] == ["good/llama"]
+    warned = " ".join(r.getMessage() for r in caplog.records)
+    assert "models--bad--broken-link" in warned and "models--bad--dangling-ref" in warned
 
 
 def test_unknown_repo_id_says_where_it_looked(cache):

@@ -223,6 +223,32 @@ def test_truncated_and_corrupt_safetensors(tmp_path):
     _raises(folder, str(st), "corrupt")
     st.write_bytes(b"\xff" * 16)
     _raises(folder, str(st), "corrupt")
+    st.write_bytes(data.replace(b'"shape":[64,32]', b'"shape":[64,33]', 1))  # header disagrees with its offsets
+    _raises(folder, str(st), "corrupt")
+    st.write_bytes(b"")
+    _raises(folder, str(st), "corrupt", "0 bytes")
+
+
+def test_non_float_weights_are_refused_by_name(tmp_path):
+    """safetensors reads integer and fp8 tensors too; a quantized export must not load as if it were float."""
+    from safetensors.torch import load_file, save_file
+
+    folder, _ = save_hf_folder(tmp_path / "m")
+    st = folder / "model.safetensors"
+    sd = load_file(st)
+    sd["model.layers.0.mlp.up_proj.weight"] = sd["model.layers.0.mlp.up_proj.weight"].to(torch.int8)
+    save_file(sd, st, metadata={"format": "pt"})
+    _raises(folder, str(folder), "model.layers.0.mlp.up_proj.weight is stored as int8")
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_folders_load_exactly(tmp_path, dtype):
+    folder, model = save_hf_folder(tmp_path / "half")
+    model = model.to(dtype)
+    model.save_pretrained(folder)
+    ck = load_checkpoint(folder)
+    for k, v in model.state_dict().items():
+        assert ck.tensors[k].dtype == dtype and torch.equal(ck.tensors[k], v), k
 
 
 def test_unsupported_architecture(tmp_path):
