@@ -84,6 +84,22 @@ class _Cursor:
         self.pos += n
         return bytes(raw).decode("utf-8", errors="replace")
 
+    def strings(self, count: int) -> list[str]:
+        """An array of strings in one tight loop: a vocabulary and its merges are 300k of them."""
+        buf, pos, size, out = self.buf, self.pos, len(self.buf), []
+        length = struct.Struct("<Q").unpack_from
+        for _ in range(count):
+            if pos + 8 > size:
+                raise ModelLoadError(f"{self.path}: GGUF header is truncated inside a string array at byte {pos}")
+            (n,) = length(buf, pos)
+            pos += 8
+            if pos + n > size:
+                raise ModelLoadError(f"{self.path}: GGUF header is truncated inside a string at byte {pos}")
+            out.append(buf[pos:pos + n].decode("utf-8", errors="replace"))
+            pos += n
+        self.pos = pos
+        return out
+
     def value(self, vtype: int) -> Any:
         if vtype == GGUFValueType.STRING:
             return self.string()
@@ -97,6 +113,8 @@ class _Cursor:
                 arr = np.frombuffer(self.buf, dtype=dt, count=count, offset=self.pos).tolist()
                 self.pos = end
                 return arr
+            if sub == GGUFValueType.STRING:
+                return self.strings(count)
             return [self.value(sub) for _ in range(count)]
         if vtype not in _SCALARS:
             raise ModelLoadError(f"{self.path}: unknown GGUF metadata value type {vtype} at byte {self.pos}")

@@ -20,12 +20,15 @@ Progress = Callable[[str, float], None]
 
 def check_pair(target: Checkpoint, draft: Checkpoint) -> None:
     """Draft and target must speak the same tokens; the message names the first mismatch."""
-    tt, dt = target.tokenizer, draft.tokenizer
     if target.config.vocab_size != draft.config.vocab_size:
         raise ModelLoadError(
             f"vocabulary mismatch: target {target.name} has {target.config.vocab_size} tokens, "
             f"draft {draft.name} has {draft.config.vocab_size}"
         )
+    if target.gguf is not None and draft.gguf is not None:  # compare the files' vocabularies, build nothing
+        _check_gguf_vocab(target, draft)
+        return
+    tt, dt = target.tokenizer, draft.tokenizer
     tv, dv = tt.get_vocab(), dt.get_vocab()
     if tv != dv:
         diff = next((t for t in tv if dv.get(t) != tv[t]), None) or next(t for t in dv if t not in tv)
@@ -37,6 +40,20 @@ def check_pair(target: Checkpoint, draft: Checkpoint) -> None:
         a, b = getattr(tt, attr, None), getattr(dt, attr, None)
         if a is not None and b is not None and a != b:
             raise ModelLoadError(f"special-token mismatch: {attr} is {a} in the target and {b} in the draft")
+
+
+def _check_gguf_vocab(target: Checkpoint, draft: Checkpoint) -> None:
+    tm, dm = target.gguf.metadata, draft.gguf.metadata
+    tv, dv = tm.get("tokenizer.ggml.tokens") or [], dm.get("tokenizer.ggml.tokens") or []
+    if tv != dv:
+        i = next((i for i, (a, b) in enumerate(zip(tv, dv)) if a != b), min(len(tv), len(dv)))
+        a, b = (tv[i] if i < len(tv) else None), (dv[i] if i < len(dv) else None)
+        raise ModelLoadError(f"vocabulary mismatch between target {target.name} and draft {draft.name}: "
+                             f"token {i} is {a!r} in the target and {b!r} in the draft")
+    for key in ("bos", "eos", "padding"):
+        a, b = tm.get(f"tokenizer.ggml.{key}_token_id"), dm.get(f"tokenizer.ggml.{key}_token_id")
+        if a is not None and b is not None and a != b:
+            raise ModelLoadError(f"special-token mismatch: {key}_token_id is {a} in the target and {b} in the draft")
 
 
 def eos_ids(ckpt: Checkpoint) -> set[int]:

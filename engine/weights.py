@@ -7,6 +7,7 @@ import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
+from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -34,8 +35,13 @@ class Checkpoint:
     path: Path
     config: ModelConfig
     tensors: dict[str, torch.Tensor] | None  # HF names, on CPU; None: a GGUF to run quantized (see `gguf`)
-    tokenizer: PreTrainedTokenizerBase
+    make_tokenizer: Callable[[], PreTrainedTokenizerBase]
     gguf: GGUFFile | None = None
+
+    @cached_property
+    def tokenizer(self) -> PreTrainedTokenizerBase:
+        """Built on first use: a draft GGUF's pair check reads its vocabulary from the metadata instead."""
+        return self.make_tokenizer()
 
 
 def load_checkpoint(spec: str | Path, progress: Progress | None = None, *, dequantize: bool = True) -> Checkpoint:
@@ -57,7 +63,7 @@ def load_checkpoint(spec: str | Path, progress: Progress | None = None, *, dequa
     report(f"Loading {name}: 100%", 1.0)
     tensors = {k: v for k, v in tensors.items() if not k.endswith("rotary_emb.inv_freq")}  # old HF exports
     check_tensors(config, tensors, path)
-    return Checkpoint(name, path, config, tensors, load_tokenizer(path))
+    return Checkpoint(name, path, config, tensors, lambda: load_tokenizer(path))
 
 
 def load_tokenizer(spec: str | Path) -> PreTrainedTokenizerBase:
@@ -210,7 +216,9 @@ def _load_gguf(path: Path, name: str, report: Progress, dequantize: bool) -> Che
 
     gf = GGUFFile(path)
     config = gf.config()
-    tokenizer = tokenizer_from_gguf(path, gf.metadata)
+
+    def tokenizer() -> PreTrainedTokenizerBase:
+        return tokenizer_from_gguf(path, gf.metadata)
     if not dequantize:
         return Checkpoint(name, path, config, None, tokenizer, gf)
     names = [n for n in gf.tensors if gf.hf_name(n) is not None]

@@ -89,3 +89,18 @@ def test_greedy_speculative_equals_plain_on_quantized_models(tok, tmp_path, draf
             engine.reset()
             *_, spec = engine.generate(prompt, greedy, SpecParams(k=k, drafter=drafter))
             assert spec.token_ids == plain.token_ids, (drafter, k)
+
+
+def test_gguf_pair_check_reads_vocabularies_from_the_files(tok, tmp_path, monkeypatch):
+    from engine import loading
+    from engine.weights import ModelLoadError
+
+    target = write_gguf(tmp_path / "t.gguf", make_hf_model("qwen2", len(tok)), tok, "Q8_0")
+    tgt, dft = load_checkpoint(target, dequantize=False), load_checkpoint(target, dequantize=False)
+    loading.check_pair(tgt, dft)
+    assert "tokenizer" not in vars(dft) and "tokenizer" not in vars(tgt)  # nothing built for the check
+    tokens = list(dft.gguf.metadata["tokenizer.ggml.tokens"])
+    tokens[7], tokens[8] = tokens[8], tokens[7]
+    monkeypatch.setitem(dft.gguf.metadata, "tokenizer.ggml.tokens", tokens)
+    with pytest.raises(ModelLoadError, match=f"token 7 is {tokens[8]!r} in the target and {tokens[7]!r} in the draft"):
+        loading.check_pair(tgt, dft)
