@@ -130,16 +130,15 @@ class QuantLinear(nn.Module):
         return self._dense
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self._mod is not None:  # (..., K) -> (..., N); flattening, casting, threads: all in C++ (per-call cost)
+            return self._mod.matmul(self.packed, self.qtype, self.out_features, self.in_features, x, self.bias,
+                                    self.act == "fp32", -1)
         shape = x.shape
         x2 = x.reshape(-1, self.in_features).float().contiguous()  # (R, K)
-        if self._mod is not None:
-            y = self._mod.matmul(self.packed, self.qtype, self.out_features, self.in_features, x2, self.bias,
-                                 self.act == "fp32", _threads())  # (R, N)
-        else:
-            w = self.dequantize()  # (N, K)
-            y = torch.stack([torch.mv(w, row) for row in x2]) if len(x2) else x2.new_zeros(0, self.out_features)
-            if self.bias is not None:
-                y = y + self.bias
+        w = self.dequantize()  # (N, K)
+        y = torch.stack([torch.mv(w, row) for row in x2]) if len(x2) else x2.new_zeros(0, self.out_features)
+        if self.bias is not None:
+            y = y + self.bias
         return y.reshape(*shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:

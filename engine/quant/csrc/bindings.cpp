@@ -87,16 +87,22 @@ torch::Tensor py_dequant_cols(const torch::Tensor& packed, int64_t qtype, int64_
     return out;
 }
 
-// y = x W^T (+ bias); exact: fp32 activations, else int8 activations per 32-input block.
-torch::Tensor matmul(const torch::Tensor& packed, int64_t qtype, int64_t N, int64_t K, const torch::Tensor& x,
-                     std::optional<torch::Tensor> bias, bool exact, int64_t nthreads) {
-    const Layout L = checked_layout(qtype, K);
+// y = x W^T (+ bias) for x (..., K) -> (..., N); exact: fp32 activations, else int8 per 32-input block.
+// Reshaping, casting and the thread count (torch's, when nthreads <= 0) happen here rather than in Python:
+// a decode step makes ~150 of these calls, and each Python-side tensor call costs microseconds.
+torch::Tensor matmul(const torch::Tensor& packed, int64_t qtype, int64_t N, int64_t K, const torch::Tensor& x_in,
+                     const std::optional<torch::Tensor>& bias, bool exact, int64_t nthreads) {
+    checked_layout(qtype, K);
     TORCH_CHECK(packed.dtype() == torch::kUInt8 && packed.numel() == packed_bytes(qtype, N, K), "packed weight size");
-    TORCH_CHECK(x.dim() == 2 && x.size(1) == K && x.dtype() == torch::kFloat32, "x: (R, ", K, ") float32");
+    TORCH_CHECK(x_in.dim() >= 1 && x_in.size(-1) == K, "x: (..., ", K, ")");
     TORCH_CHECK(exact || (qtype != F16 && qtype != F32), "F16/F32 weights run only with exact activations");
-    auto xc = x.contiguous();
+    const bool plain = x_in.dim() == 2 && x_in.scalar_type() == torch::kFloat32 && x_in.is_contiguous();
+    const torch::Tensor xc = plain ? x_in : x_in.reshape({-1, K}).to(torch::kFloat32).contiguous();  // (R, K)
+    if (nthreads <= 0) nthreads = at::get_num_threads();
     const int64_t R = xc.size(0);
-    auto out = torch::empty({R, N}, torch::kFloat32);
+    std::vector<int64_t> shape(x_in.sizes().begin(), x_in.sizes().end());
+    shape.back() = N;
+    auto out = torch::empty(shape, torch::TensorOptions().dtype(torch::kFloat32));  // (..., N)
     const float* bp = nullptr;
     torch::Tensor bc;
     if (bias) {
@@ -104,6 +110,7 @@ torch::Tensor matmul(const torch::Tensor& packed, int64_t qtype, int64_t N, int6
         TORCH_CHECK(bc.dtype() == torch::kFloat32 && bc.numel() == N, "bias: (N,) float32");
         bp = bc.data_ptr<float>();
     }
+    if (R == 0) return out;
     const int isa = g_isa;
     const int64_t nb = K / ABLK;
     std::vector<int8_t> q(exact ? 0 : MAX_ROWS * K);
@@ -129,7 +136,6 @@ torch::Tensor matmul(const torch::Tensor& packed, int64_t qtype, int64_t N, int6
         else if (isa == AVX2) avx2::matmul_q8(a, aq);
         else scalar::matmul_q8(a, aq);
     }
-    (void)L;
     return out;
 }
 

@@ -103,7 +103,7 @@ void matmul_q8(const MatArgs& a, const ActQ& x) {
     layout_of(a.qtype, &L);
     const int64_t groups = (a.N + GROUP - 1) / GROUP, units = a.K / L.unit_k;
     const int bpu = L.unit_k / ABLK;  // activation blocks per unit
-#pragma omp parallel for schedule(static) num_threads(a.nthreads)
+#pragma omp parallel for schedule(dynamic, chunk_of(groups, a.nthreads)) num_threads(a.nthreads)
     for (int64_t g = 0; g < groups; ++g)
         for (int r = 0; r < x.R; ++r)
             for (int c = 0; c < GROUP; ++c) {
@@ -123,7 +123,7 @@ void matmul_f32(const MatArgs& a, const float* x, int R) {
     Layout L;
     layout_of(a.qtype, &L);
     const int64_t groups = (a.N + GROUP - 1) / GROUP, units = a.K / L.unit_k;
-#pragma omp parallel for schedule(static) num_threads(a.nthreads)
+#pragma omp parallel for schedule(dynamic, chunk_of(groups, a.nthreads)) num_threads(a.nthreads)
     for (int64_t g = 0; g < groups; ++g)
         for (int r = 0; r < R; ++r)
             for (int c = 0; c < GROUP; ++c) {

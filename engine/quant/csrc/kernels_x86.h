@@ -8,7 +8,7 @@
 // Q8_0 uses the sign trick (|w| times sign(w)*x, pair <= 2*128*127) and widens every step.
 //
 // All R <= 16 rows run against the weight steps while those sit in registers; the row loop is a plain loop
-// (per-row state lives in L1). Threads own contiguous ranges of output groups, never parts of K.
+// (per-row state lives in L1). Threads take chunks of output groups (quant.h), never parts of K.
 
 struct Tile {  // activations of a row tile, positioned at the current unit
     const int8_t* q;
@@ -338,7 +338,7 @@ void matmul_q8(const MatArgs& a, const ActQ& x) {
     const int64_t groups = (a.N + GROUP - 1) / GROUP, units = a.K / L.unit_k;
     const int bpu = L.unit_k / ABLK;
     const TileFn fn = tile_fn(a.qtype);
-#pragma omp parallel for schedule(static) num_threads(a.nthreads)
+#pragma omp parallel for schedule(dynamic, chunk_of(groups, a.nthreads)) num_threads(a.nthreads)
     for (int64_t g = 0; g < groups; ++g) {
         __m256 acc[MAX_ROWS];
         for (int r = 0; r < x.R; ++r) acc[r] = _mm256_setzero_ps();
@@ -358,7 +358,7 @@ void matmul_f32(const MatArgs& a, const float* x, int R) {
     const int64_t groups = (a.N + GROUP - 1) / GROUP, units = a.K / L.unit_k;
     int sizes[MAX_ROWS];
     const int ntiles = row_tiles(R, 3, sizes);
-#pragma omp parallel for schedule(static) num_threads(a.nthreads)
+#pragma omp parallel for schedule(dynamic, chunk_of(groups, a.nthreads)) num_threads(a.nthreads)
     for (int64_t g = 0; g < groups; ++g) {
         alignas(32) float w[256 * GROUP];
         __m256 acc4[4 * MAX_ROWS];

@@ -3,8 +3,8 @@
 // they compile in seconds; only bindings.cpp sees torch.
 //
 // Packed layout. Output features (GGUF rows) are taken 8 at a time ("a group"); a group's weights over
-// `unit_k` consecutive inputs form one "unit". Units are stored [group][unit along K], so a thread that
-// owns a range of groups streams one contiguous range of memory. Inside a unit, quants sit in "steps":
+// `unit_k` consecutive inputs form one "unit". Units are stored [group][unit along K], so a thread working
+// through a chunk of groups streams one contiguous range of memory. Inside a unit, quants sit in "steps":
 // 32 bytes = 8 columns x 4 consecutive k (bytes 4c..4c+3 are column c). One AVX2 register then holds a
 // step, an int8 activation broadcast of 4 bytes multiplies it with maddubs, and every 32-bit lane ends
 // up as one output column: no horizontal sums, and the weight step is decoded once for all R rows.
@@ -32,6 +32,14 @@ enum QType : int { F32 = 0, F16 = 1, Q5_0 = 6, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q
 constexpr int GROUP = 8;   // output columns per group
 constexpr int ABLK = 32;   // inputs per activation-quantization block
 constexpr int MAX_ROWS = 16;
+
+// Threads take output groups in chunks, about 8 per thread, first come first served: a thread the OS
+// descheduled (a machine shared with other jobs) then delays a call by one chunk, not by its whole share.
+// Which thread computes a group never changes its result.
+inline int chunk_of(int64_t groups, int nthreads) {
+    const int64_t c = groups / (8 * static_cast<int64_t>(nthreads > 0 ? nthreads : 1));
+    return static_cast<int>(c < 1 ? 1 : c);
+}
 
 struct Layout {
     int unit_k;      // inputs per unit
