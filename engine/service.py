@@ -159,7 +159,8 @@ class Service:
         self.requests: dict[int, Controls] = {}  # queued or running generate requests
         self.load_cancel: threading.Event | None = None
         self._send_lock = threading.Lock()
-        self._busy = False
+        self._unfinished = 0  # jobs queued or running: counted when queued, so no moment reads "idle" in between
+        self._unfinished_lock = threading.Lock()
 
     def send(self, *message: Any) -> None:
         with self._send_lock:  # both threads send: one message at a time on the pipe
@@ -194,6 +195,8 @@ class Service:
                     self._cancel(None)
                     if self.load_cancel is not None:
                         self.load_cancel.set()
+                with self._unfinished_lock:
+                    self._unfinished += 1
                 self.jobs.put(cmd)
                 if kind == "shutdown":
                     return
@@ -208,7 +211,7 @@ class Service:
         target = _blocks(getattr(e, "target_pool", None))
         drafter = getattr(e, "model_drafter", None)
         draft = _blocks(getattr(drafter, "pool", None))
-        return {"pid": os.getpid(), "rss_bytes": rss_bytes(), "busy": self._busy or not self.jobs.empty(),
+        return {"pid": os.getpid(), "rss_bytes": rss_bytes(), "busy": self._unfinished > 0,
                 "target_free_blocks": target[0], "target_total_blocks": target[1],
                 "draft_free_blocks": draft[0], "draft_total_blocks": draft[1]}
 
@@ -222,7 +225,6 @@ class Service:
             kind = cmd[0]
             if kind == "shutdown":
                 return
-            self._busy = True
             try:
                 if kind == "load":
                     self.load(*cmd[1:])
@@ -234,7 +236,8 @@ class Service:
                 elif kind == "scan":
                     self.scan()
             finally:
-                self._busy = False
+                with self._unfinished_lock:
+                    self._unfinished -= 1
 
     def load(self, target: str | None, draft: str | None, device: str | None, cancel: threading.Event) -> None:
         last = [0.0, ""]
