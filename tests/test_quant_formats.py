@@ -167,3 +167,15 @@ def test_real_blocks_dequantize_like_gguf(real_tensors, kernels):
         ref = gguf_ref(raw, qtype)
         assert same_bits(formats.dequantize(raw, qtype), ref), name
         assert same_bits(QuantLinear(raw, qtype, k).dequantize(), ref), name
+
+
+def test_real_kquant_weights_are_exact_in_float32(real_tensors):
+    """The int8 path multiplies with d*sc*q and dmin*m as exact integers-times-scales, i.e. with the real value
+    d*sc*q - dmin*m, while gguf rounds that difference to float32. On the embedded files the difference is
+    always exact, so both paths compute with the same weights."""
+    for name, qtype, k, raw in real_tensors:
+        if qtype not in (T.Q4_K, T.Q5_K):
+            continue
+        dq, m = formats._kquant(T(qtype), np.ascontiguousarray(raw).reshape(-1, FORMATS[qtype].block_bytes))
+        assert np.array_equal((dq - m).astype(np.float64), dq.astype(np.float64) - m.astype(np.float64)), name
+
