@@ -173,8 +173,12 @@ def test_bad_shapes_are_refused(kernels, cases):
     with pytest.raises(formats.UnsupportedType, match="multiples of 256"):
         QuantLinear(raw, T.Q6_K, 500)
     lin = QuantLinear(raw, T.Q6_K, K)
-    with pytest.raises(RuntimeError):
+    with pytest.raises(ValueError, match=r"x: \(\.\.\., 512\)"):
         lin(torch.randn(2, K + 32))
+    with pytest.raises(IndexError):
+        QuantEmbedding.tied(lin)(torch.tensor([0, N]))
+    with pytest.raises(ValueError, match="unknown instruction set"):
+        kernels.set_isa("sse9")
     with pytest.raises(formats.UnsupportedType, match="Q2_K"):
         QuantLinear(raw, T.Q2_K, K)
 

@@ -2,9 +2,9 @@
 
 The extension is compiled by `torch.utils.cpp_extension.load` with ninja and the system's C++ compiler on
 first use, into `<cache>/ext/<hash of sources, flags, torch and python>`; later processes just load it.
-No -march flag: the instruction set is picked at run time (AVX-512 VNNI, AVX2 or scalar), so a build
+No -march flag: the instruction set is picked at run time (AVX-512 VNNI, AVX-VNNI, AVX2 or scalar), so a build
 made on one machine runs on any x86-64. `SPECLENS_QUANT_EXT=0` disables the extension (the pure-torch
-fallback runs instead); `SPECLENS_QUANT_ISA=scalar|avx2|avx512vnni` pins the instruction set.
+fallback runs instead); `SPECLENS_QUANT_ISA=scalar|avx2|avxvnni|avx512vnni` pins the instruction set.
 """
 from __future__ import annotations
 
@@ -22,7 +22,8 @@ import torch
 log = logging.getLogger(__name__)
 
 CSRC = Path(__file__).with_name("csrc")
-SOURCES = ("bindings.cpp", "repack.cpp", "kernels_scalar.cpp", "kernels_avx2.cpp", "kernels_avx512.cpp")
+SOURCES = ("bindings.cpp", "repack.cpp", "kernels_scalar.cpp", "kernels_avx2.cpp", "kernels_avxvnni.cpp",
+           "kernels_avx512.cpp")
 # -ffp-contract=off: every float operation rounds where the source says (no silent FMA fusion), which the
 # bit-exact dequantization and the cross-ISA identical results rely on. No unroll-and-jam: jamming two
 # scale blocks into the row loop doubles the live weight registers and spills them (measured 3x slower).

@@ -130,6 +130,10 @@ class QuantLinear(nn.Module):
         return self._dense
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Checked here, not only in C++: some torch builds crash instead of raising when an extension
+        # function with tensor arguments throws.
+        if x.shape[-1:] != (self.in_features,):
+            raise ValueError(f"x: (..., {self.in_features}) expected, got {tuple(x.shape)}")
         if self._mod is not None:  # (..., K) -> (..., N); flattening, casting, threads: all in C++ (per-call cost)
             return self._mod.matmul(self.packed, self.qtype, self.out_features, self.in_features, x, self.bias,
                                     self.act == "fp32", -1)
@@ -176,6 +180,8 @@ class QuantEmbedding(nn.Module):
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         t = self.table
         flat = ids.reshape(-1).long()
+        if len(flat) and (int(flat.min()) < 0 or int(flat.max()) >= t.out_features):
+            raise IndexError(f"token id out of range [0, {t.out_features})")
         if t._mod is not None:
             out = t._mod.dequant_cols(t.packed, t.qtype, t.out_features, t.in_features, flat)  # (T, C)
         else:

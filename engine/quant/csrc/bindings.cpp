@@ -1,6 +1,8 @@
 // Python bindings and run-time dispatch. The only file that includes torch.
 #include <torch/extension.h>
 
+#include <sstream>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -10,14 +12,26 @@ namespace {
 
 using namespace sq;
 
-enum Isa { SCALAR = 0, AVX2 = 1, AVX512 = 2 };
-const char* const ISA_NAMES[] = {"scalar", "avx2", "avx512vnni"};
+// Bad arguments raise ValueError (std::invalid_argument through pybind11). Not TORCH_CHECK: some torch builds
+// (seen with 2.11 on a CI host) crash instead of raising when an extension throws c10::Error.
+template <typename... A>
+void require(bool ok, const A&... parts) {
+    if (ok) return;
+    std::ostringstream msg;
+    (msg << ... << parts);
+    throw std::invalid_argument(msg.str());
+}
+
+enum Isa { SCALAR = 0, AVX2 = 1, AVXVNNI = 2, AVX512 = 3 };  // in order of preference, last best
+const char* const ISA_NAMES[] = {"scalar", "avx2", "avxvnni", "avx512vnni"};
 
 bool isa_supported(int isa) {
     switch (isa) {
         case SCALAR: return true;
         case AVX2:
             return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+        case AVXVNNI:
+            return isa_supported(AVX2) && __builtin_cpu_supports("avxvnni");
         case AVX512:
             return isa_supported(AVX2) && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                    __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
@@ -45,17 +59,17 @@ std::vector<std::string> supported_isas() {
 void set_isa(const std::string& name) {
     for (int i = SCALAR; i <= AVX512; ++i)
         if (name == ISA_NAMES[i]) {
-            TORCH_CHECK(isa_supported(i), "this CPU does not support ", name);
+            require(isa_supported(i), "this CPU does not support ", name);
             g_isa = i;
             return;
         }
-    TORCH_CHECK(false, "unknown instruction set ", name, " (scalar, avx2, avx512vnni)");
+    require(false, "unknown instruction set ", name, " (scalar, avx2, avxvnni, avx512vnni)");
 }
 
 Layout checked_layout(int64_t qtype, int64_t K) {
     Layout L;
-    TORCH_CHECK(layout_of(static_cast<int>(qtype), &L), "unsupported ggml type ", qtype);
-    TORCH_CHECK(K > 0 && K % L.unit_k == 0, "input features ", K, " must be a multiple of ", L.unit_k);
+    require(layout_of(static_cast<int>(qtype), &L), "unsupported ggml type ", qtype);
+    require(K > 0 && K % L.unit_k == 0, "input features ", K, " must be a multiple of ", L.unit_k);
     return L;
 }
 
@@ -64,7 +78,7 @@ torch::Tensor py_repack(int64_t raw_addr, int64_t raw_rows, int64_t qtype, int64
     checked_layout(qtype, K);
     const int64_t* rp = nullptr;
     if (rows) {
-        TORCH_CHECK(rows->dtype() == torch::kInt64 && rows->is_contiguous() && rows->numel() == N, "rows: (N,) int64");
+        require(rows->dtype() == torch::kInt64 && rows->is_contiguous() && rows->numel() == N, "rows: (N,) int64");
         rp = rows->data_ptr<int64_t>();
     }
     auto packed = torch::empty({packed_bytes(qtype, N, K)}, torch::kUInt8);
@@ -78,10 +92,10 @@ torch::Tensor py_repack(int64_t raw_addr, int64_t raw_rows, int64_t qtype, int64
 
 torch::Tensor py_dequant_cols(const torch::Tensor& packed, int64_t qtype, int64_t N, int64_t K, const torch::Tensor& idx) {
     checked_layout(qtype, K);
-    TORCH_CHECK(idx.dtype() == torch::kInt64 && idx.dim() == 1, "idx: (n,) int64");
+    require(idx.dtype() == torch::kInt64 && idx.dim() == 1, "idx: (n,) int64");
     auto ix = idx.contiguous();
     const int64_t* ip = ix.data_ptr<int64_t>();
-    for (int64_t i = 0; i < ix.numel(); ++i) TORCH_CHECK(ip[i] >= 0 && ip[i] < N, "index ", ip[i], " out of range ", N);
+    for (int64_t i = 0; i < ix.numel(); ++i) require(ip[i] >= 0 && ip[i] < N, "index ", ip[i], " out of range ", N);
     auto out = torch::empty({ix.numel(), K}, torch::kFloat32);
     sq::dequant_cols(static_cast<int>(qtype), packed.data_ptr<uint8_t>(), N, K, ip, ix.numel(), out.data_ptr<float>());
     return out;
@@ -93,9 +107,9 @@ torch::Tensor py_dequant_cols(const torch::Tensor& packed, int64_t qtype, int64_
 torch::Tensor matmul(const torch::Tensor& packed, int64_t qtype, int64_t N, int64_t K, const torch::Tensor& x_in,
                      const std::optional<torch::Tensor>& bias, bool exact, int64_t nthreads) {
     checked_layout(qtype, K);
-    TORCH_CHECK(packed.dtype() == torch::kUInt8 && packed.numel() == packed_bytes(qtype, N, K), "packed weight size");
-    TORCH_CHECK(x_in.dim() >= 1 && x_in.size(-1) == K, "x: (..., ", K, ")");
-    TORCH_CHECK(exact || (qtype != F16 && qtype != F32), "F16/F32 weights run only with exact activations");
+    require(packed.dtype() == torch::kUInt8 && packed.numel() == packed_bytes(qtype, N, K), "packed weight size");
+    require(x_in.dim() >= 1 && x_in.size(-1) == K, "x: (..., ", K, ")");
+    require(exact || (qtype != F16 && qtype != F32), "F16/F32 weights run only with exact activations");
     const bool plain = x_in.dim() == 2 && x_in.scalar_type() == torch::kFloat32 && x_in.is_contiguous();
     const torch::Tensor xc = plain ? x_in : x_in.reshape({-1, K}).to(torch::kFloat32).contiguous();  // (R, K)
     if (nthreads <= 0) nthreads = at::get_num_threads();
@@ -107,7 +121,7 @@ torch::Tensor matmul(const torch::Tensor& packed, int64_t qtype, int64_t N, int6
     torch::Tensor bc;
     if (bias) {
         bc = bias->contiguous();
-        TORCH_CHECK(bc.dtype() == torch::kFloat32 && bc.numel() == N, "bias: (N,) float32");
+        require(bc.dtype() == torch::kFloat32 && bc.numel() == N, "bias: (N,) float32");
         bp = bc.data_ptr<float>();
     }
     if (R == 0) return out;
@@ -124,17 +138,16 @@ torch::Tensor matmul(const torch::Tensor& packed, int64_t qtype, int64_t N, int6
         MatArgs a{static_cast<int>(qtype), packed.data_ptr<uint8_t>(), N, K, bp, out.data_ptr<float>() + r0 * N,
                   static_cast<int>(nthreads)};
         if (exact) {
-            if (isa == AVX512) avx512::matmul_f32(a, xp, rn);
-            else if (isa == AVX2) avx2::matmul_f32(a, xp, rn);
-            else scalar::matmul_f32(a, xp, rn);
+            (isa == AVX512 ? avx512::matmul_f32 : isa == AVXVNNI ? avxvnni::matmul_f32 : isa == AVX2 ? avx2::matmul_f32
+                                                                                    : scalar::matmul_f32)(a, xp, rn);
             continue;
         }
         ActQ aq{rn, K, q.data(), dx.data(), xs.data(), bs16.data(), bs32.data()};
-        auto quant = isa == SCALAR ? scalar::quantize_acts : isa == AVX2 ? avx2::quantize_acts : avx512::quantize_acts;
-        quant(xp, rn, K, q.data(), dx.data(), xs.data(), bs16.data(), bs32.data());
-        if (isa == AVX512) avx512::matmul_q8(a, aq);
-        else if (isa == AVX2) avx2::matmul_q8(a, aq);
-        else scalar::matmul_q8(a, aq);
+        (isa == AVX512 ? avx512::quantize_acts : isa == AVXVNNI ? avxvnni::quantize_acts : isa == AVX2 ? avx2::quantize_acts
+                                                                                     : scalar::quantize_acts)(
+            xp, rn, K, q.data(), dx.data(), xs.data(), bs16.data(), bs32.data());
+        (isa == AVX512 ? avx512::matmul_q8 : isa == AVXVNNI ? avxvnni::matmul_q8 : isa == AVX2 ? avx2::matmul_q8
+                                                                             : scalar::matmul_q8)(a, aq);
     }
     return out;
 }

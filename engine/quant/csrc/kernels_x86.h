@@ -1,5 +1,6 @@
 // x86 kernels, included once per instruction set inside its own namespace, after a `#pragma GCC target`.
-// SQ_VNNI = 1 swaps the AVX2 integer dot (maddubs -> int16 sums -> madd) for vpdpbusd; everything else
+// SQ_VNNI = 1 swaps the AVX2 integer dot (maddubs -> int16 sums -> madd) for vpdpbusd (the AVX-512 VL encoding,
+// or with SQ_AVXVNNI the VEX one of AVX-VNNI CPUs without AVX-512: Alder Lake and later); everything else
 // is shared. The semantics (and so the bits) are those of kernels_scalar.cpp.
 //
 // Why int16 sums: maddubs gives per column pairs q*x + q'*x' as int16; adding several steps before
@@ -53,7 +54,9 @@ static inline __m256i hbits(__m256i h, int bit, int to, int m) {
     return _mm256_and_si256(s, _mm256_set1_epi8(static_cast<char>(m)));
 }
 
-#if SQ_VNNI
+#if SQ_VNNI && SQ_AVXVNNI
+static inline __m256i dot4(__m256i acc, __m256i w, __m256i x) { return _mm256_dpbusd_avx_epi32(acc, w, x); }
+#elif SQ_VNNI
 static inline __m256i dot4(__m256i acc, __m256i w, __m256i x) { return _mm256_dpbusd_epi32(acc, w, x); }
 #endif
 static inline __m256i mad2(__m256i w0, __m256i x0, __m256i w1, __m256i x1) {  // int16 pair sums of 2 steps

@@ -92,6 +92,7 @@ void dequant_cols(int qtype, const uint8_t* packed, int64_t N, int64_t K, const 
     }
 SQ_DECLARE_ISA(scalar)
 SQ_DECLARE_ISA(avx2)
+SQ_DECLARE_ISA(avxvnni)
 SQ_DECLARE_ISA(avx512)
 #undef SQ_DECLARE_ISA
 
