@@ -1,5 +1,9 @@
-// Python bindings and run-time dispatch. The only file that includes torch.
-#include <torch/extension.h>
+// Python bindings and run-time dispatch. The only file that includes torch, and only ATen's core and the
+// pybind11 glue: <torch/extension.h> would pull in all of libtorch's C++ API and quadruple the build time.
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <torch/csrc/utils/pybind.h>
 
 #include <sstream>
 #include <stdexcept>
@@ -73,15 +77,15 @@ Layout checked_layout(int64_t qtype, int64_t K) {
     return L;
 }
 
-torch::Tensor py_repack(int64_t raw_addr, int64_t raw_rows, int64_t qtype, int64_t N, int64_t K,
-                     std::optional<torch::Tensor> rows, int64_t nthreads) {
+at::Tensor py_repack(int64_t raw_addr, int64_t raw_rows, int64_t qtype, int64_t N, int64_t K,
+                     std::optional<at::Tensor> rows, int64_t nthreads) {
     checked_layout(qtype, K);
     const int64_t* rp = nullptr;
     if (rows) {
-        require(rows->dtype() == torch::kInt64 && rows->is_contiguous() && rows->numel() == N, "rows: (N,) int64");
+        require(rows->dtype() == at::kLong && rows->is_contiguous() && rows->numel() == N, "rows: (N,) int64");
         rp = rows->data_ptr<int64_t>();
     }
-    auto packed = torch::empty({packed_bytes(qtype, N, K)}, torch::kUInt8);
+    auto packed = at::empty({packed_bytes(qtype, N, K)}, at::kByte);
     {
         pybind11::gil_scoped_release nogil;
         sq::repack(static_cast<int>(qtype), reinterpret_cast<const uint8_t*>(raw_addr), raw_rows, N, K, rp,
@@ -90,13 +94,13 @@ torch::Tensor py_repack(int64_t raw_addr, int64_t raw_rows, int64_t qtype, int64
     return packed;
 }
 
-torch::Tensor py_dequant_cols(const torch::Tensor& packed, int64_t qtype, int64_t N, int64_t K, const torch::Tensor& idx) {
+at::Tensor py_dequant_cols(const at::Tensor& packed, int64_t qtype, int64_t N, int64_t K, const at::Tensor& idx) {
     checked_layout(qtype, K);
-    require(idx.dtype() == torch::kInt64 && idx.dim() == 1, "idx: (n,) int64");
+    require(idx.dtype() == at::kLong && idx.dim() == 1, "idx: (n,) int64");
     auto ix = idx.contiguous();
     const int64_t* ip = ix.data_ptr<int64_t>();
     for (int64_t i = 0; i < ix.numel(); ++i) require(ip[i] >= 0 && ip[i] < N, "index ", ip[i], " out of range ", N);
-    auto out = torch::empty({ix.numel(), K}, torch::kFloat32);
+    auto out = at::empty({ix.numel(), K}, at::kFloat);
     sq::dequant_cols(static_cast<int>(qtype), packed.data_ptr<uint8_t>(), N, K, ip, ix.numel(), out.data_ptr<float>());
     return out;
 }
@@ -104,24 +108,24 @@ torch::Tensor py_dequant_cols(const torch::Tensor& packed, int64_t qtype, int64_
 // y = x W^T (+ bias) for x (..., K) -> (..., N); exact: fp32 activations, else int8 per 32-input block.
 // Reshaping, casting and the thread count (torch's, when nthreads <= 0) happen here rather than in Python:
 // a decode step makes ~150 of these calls, and each Python-side tensor call costs microseconds.
-torch::Tensor matmul(const torch::Tensor& packed, int64_t qtype, int64_t N, int64_t K, const torch::Tensor& x_in,
-                     const std::optional<torch::Tensor>& bias, bool exact, int64_t nthreads) {
+at::Tensor matmul(const at::Tensor& packed, int64_t qtype, int64_t N, int64_t K, const at::Tensor& x_in,
+                     const std::optional<at::Tensor>& bias, bool exact, int64_t nthreads) {
     checked_layout(qtype, K);
-    require(packed.dtype() == torch::kUInt8 && packed.numel() == packed_bytes(qtype, N, K), "packed weight size");
+    require(packed.dtype() == at::kByte && packed.numel() == packed_bytes(qtype, N, K), "packed weight size");
     require(x_in.dim() >= 1 && x_in.size(-1) == K, "x: (..., ", K, ")");
     require(exact || (qtype != F16 && qtype != F32), "F16/F32 weights run only with exact activations");
-    const bool plain = x_in.dim() == 2 && x_in.scalar_type() == torch::kFloat32 && x_in.is_contiguous();
-    const torch::Tensor xc = plain ? x_in : x_in.reshape({-1, K}).to(torch::kFloat32).contiguous();  // (R, K)
+    const bool plain = x_in.dim() == 2 && x_in.scalar_type() == at::kFloat && x_in.is_contiguous();
+    const at::Tensor xc = plain ? x_in : x_in.reshape({-1, K}).to(at::kFloat).contiguous();  // (R, K)
     if (nthreads <= 0) nthreads = at::get_num_threads();
     const int64_t R = xc.size(0);
     std::vector<int64_t> shape(x_in.sizes().begin(), x_in.sizes().end());
     shape.back() = N;
-    auto out = torch::empty(shape, torch::TensorOptions().dtype(torch::kFloat32));  // (..., N)
+    auto out = at::empty(shape, at::TensorOptions().dtype(at::kFloat));  // (..., N)
     const float* bp = nullptr;
-    torch::Tensor bc;
+    at::Tensor bc;
     if (bias) {
         bc = bias->contiguous();
-        require(bc.dtype() == torch::kFloat32 && bc.numel() == N, "bias: (N,) float32");
+        require(bc.dtype() == at::kFloat && bc.numel() == N, "bias: (N,) float32");
         bp = bc.data_ptr<float>();
     }
     if (R == 0) return out;
