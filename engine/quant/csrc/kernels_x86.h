@@ -320,6 +320,13 @@ static int row_tiles(int R, int most, int* sizes) {
     return n;
 }
 
+// Ask for the bytes 6 KB past this unit: one-row calls stream the weights, and the hardware prefetcher
+// alone leaves ~15% of the bandwidth unused (measured, Q4_K/Q6_K/Q8_0/Q5_0). Past the buffer's end it is
+// harmless: prefetches do not fault.
+static inline void prefetch_ahead(const uint8_t* unit, int bytes) {
+    for (int off = 0; off < bytes; off += 64) _mm_prefetch(reinterpret_cast<const char*>(unit + 6144 + off), _MM_HINT_T0);
+}
+
 static inline void store_group(const __m256* acc, int R, const MatArgs& a, int64_t g) {
     const int64_t n0 = g * GROUP, nv = std::min<int64_t>(GROUP, a.N - n0);
     const __m256 b = a.bias && nv == GROUP ? _mm256_loadu_ps(a.bias + n0) : _mm256_setzero_ps();
@@ -347,6 +354,7 @@ void matmul_q8(const MatArgs& a, const ActQ& x) {
         for (int r = 0; r < x.R; ++r) acc[r] = _mm256_setzero_ps();
         const uint8_t* unit = a.packed + g * units * L.unit_bytes;
         for (int64_t u = 0; u < units; ++u, unit += L.unit_bytes) {
+            prefetch_ahead(unit, L.unit_bytes);
             const int64_t b0 = u * bpu * x.R;  // the unit's first activation block
             const Tile t{x.q + 32 * b0, x.dx + b0, x.xs + b0, x.bs16 + b0, x.bs32 + b0, 32 * x.R, x.R};
             fn(unit, t, x.R, acc);
@@ -368,6 +376,7 @@ void matmul_f32(const MatArgs& a, const float* x, int R) {
         for (int i = 0; i < 4 * R; ++i) acc4[i] = _mm256_setzero_ps();
         for (int64_t u = 0; u < units; ++u) {
             const uint8_t* unit = a.packed + (g * units + u) * L.unit_bytes;
+            prefetch_ahead(unit, L.unit_bytes);
             const float* wu = w;
             if (a.qtype == F32) {
                 wu = reinterpret_cast<const float*>(unit);
