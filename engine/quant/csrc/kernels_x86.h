@@ -11,7 +11,7 @@
 // All R <= 16 rows run against the weight steps while those sit in registers; the row loop is a plain loop
 // (per-row state lives in L1). Threads take chunks of output groups (quant.h), never parts of K.
 
-struct Tile {  // activations of a row tile, positioned at the current unit
+struct Tile {  // the call's quantized activations, positioned at the current unit
     const int8_t* q;
     const float* dx;
     const float* xs;
