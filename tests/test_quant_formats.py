@@ -179,3 +179,25 @@ def test_real_kquant_weights_are_exact_in_float32(real_tensors):
         dq, m = formats._kquant(T(qtype), np.ascontiguousarray(raw).reshape(-1, FORMATS[qtype].block_bytes))
         assert np.array_equal((dq - m).astype(np.float64), dq.astype(np.float64) - m.astype(np.float64)), name
 
+
+def test_layers_from_a_gguf_reader_tensor(kernels, tmp_path):
+    """QuantLinear.from_gguf / QuantEmbedding.from_gguf take gguf.GGUFReader tensors as they come (GGUF shape
+    order, memory-mapped data, F32 data as floats) and compute with gguf's weights."""
+    import gguf
+
+    rng = np.random.default_rng(3)
+    w8 = rng.standard_normal((40, 64)).astype(np.float32)
+    w32 = rng.standard_normal((24, 32)).astype(np.float32)
+    writer = gguf.GGUFWriter(str(tmp_path / "t.gguf"), "llama")
+    q8 = gguf.quants.quantize(w8, GGMLQuantizationType.Q8_0)
+    writer.add_tensor("q8", q8, raw_shape=q8.shape, raw_dtype=GGMLQuantizationType.Q8_0)
+    writer.add_tensor("f32", w32)
+    writer.write_header_to_file(), writer.write_kv_data_to_file(), writer.write_tensors_to_file()
+    writer.close()
+    tensors = {t.name: t for t in gguf.GGUFReader(str(tmp_path / "t.gguf")).tensors}
+    lin = QuantLinear.from_gguf(tensors["q8"])
+    assert (lin.in_features, lin.out_features) == (64, 40)
+    assert same_bits(lin.dequantize(), gguf_ref(np.asarray(tensors["q8"].data), GGMLQuantizationType.Q8_0))
+    assert same_bits(QuantLinear.from_gguf(tensors["f32"]).dequantize(), w32)
+    assert same_bits(QuantEmbedding.from_gguf(tensors["f32"])(torch.tensor([5])), w32[[5]])
+
