@@ -19,7 +19,7 @@ def status(qtbot, controller) -> dict:
     def idle() -> bool:
         if got and not got[-1]["busy"]:
             return True
-        if not got or len(got) > len(asked):
+        if len(got) == len(asked):  # one query in flight at a time: none may answer a later call with stale counts
             asked.append(1)
             controller.host.query_status()
         return False
