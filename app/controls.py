@@ -29,6 +29,9 @@ from PySide6.QtWidgets import (
 from engine.config import SamplingParams, SpecParams
 
 K_MIN, K_MAX = 1, 16
+# The fastest K for the embedded pair on a 2-vCPU AVX2 machine (scripts/bench_cpu.py; see the README): with the
+# quantized kernels a verify row is not free, so short drafts pay best.
+DEFAULT_K = 2
 SEED_RANDOM = -1
 
 
@@ -106,7 +109,7 @@ class ControlsPanel(QWidget):
         self.drafter_combo = QComboBox()
         self.drafter_combo.addItem("Draft model", "model")
         self.drafter_combo.addItem("N-gram (prompt lookup)", "ngram")
-        self.k_slider = _slider(K_MIN, K_MAX, 4, 2)
+        self.k_slider = _slider(K_MIN, K_MAX, DEFAULT_K, 2)
         self.k_slider.setToolTip("Tokens drafted per round")
         self.k_label = QLabel()
         self.adaptive_check = QCheckBox("Adaptive K")

@@ -1,6 +1,6 @@
 """Side-by-side CPU benchmark on the embedded pair, in one run: our plain decode, our draft model at K = 1..6,
-our n-gram drafter, transformers' `generate`, and llama.cpp on the same GGUF files (../shared/bench/
-llama_cpp_peer.sh, which builds llama.cpp once per machine).
+our n-gram drafter, transformers' `generate` (which needs `pip install accelerate` to read a GGUF), and
+llama.cpp on the same GGUF files (../shared/bench/llama_cpp_peer.sh, which builds llama.cpp once per machine).
 
     python scripts/bench_cpu.py --max-new-tokens 128 --json docs/bench_cpu.json
 
@@ -181,7 +181,12 @@ def main() -> int:
     gc.collect()
 
     peer = None if a.no_peer else llama_cpp(target, draft, Path(a.prompts), a.max_new_tokens)
-    hf = None if a.no_hf else hf_generate(target, prompts, a.max_new_tokens)
+    hf = None
+    if not a.no_hf:
+        try:
+            hf = hf_generate(target, prompts, a.max_new_tokens)
+        except (ImportError, ValueError) as e:  # transformers needs `accelerate` to read a GGUF
+            print(f"transformers generate skipped: {e}", file=sys.stderr)
 
     base = ours["plain"]
     print(f"\n{'mode':<22}{'tok/s':>8}{'vs our plain':>14}{'same tokens':>13}{'alpha':>7}{'c':>6}{'bound':>7}")

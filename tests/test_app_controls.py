@@ -1,7 +1,7 @@
 """Controls: live changes reach the engine at its next round; settings persist in an isolated QSettings."""
 from PySide6.QtCore import QSettings
 
-from app.controls import ControlsPanel, describe_model
+from app.controls import DEFAULT_K, ControlsPanel, describe_model
 from engine.config import SamplingParams, SpecParams
 from tests.app_fixtures import *  # noqa: F401,F403
 from tests.app_fixtures import fake, wait_idle
@@ -46,7 +46,7 @@ def test_changes_reach_engine_at_next_round(qtbot, make_window, engine_log):
     w.send()
     record = w.controller.active.record
     qtbot.waitUntil(lambda: len(engine_log.seen) >= 3, timeout=5000)
-    assert all(s.k == 4 and s.enabled and s.temperature == 0.0 for s in engine_log.seen)
+    assert all(s.k == DEFAULT_K and s.enabled and s.temperature == 0.0 for s in engine_log.seen)
     n = len(engine_log.seen)  # rounds started so far; the next one may already have read the old values
     w.controls.k_slider.setValue(7)
     w.controls.temp_slider.setValue(80)
@@ -140,4 +140,4 @@ def test_bad_settings_fall_back_to_defaults(qtbot, qt_settings):
     p = ControlsPanel()
     qtbot.addWidget(p)
     p.load_settings(qt_settings)
-    assert p.spec_params().k == 4
+    assert p.spec_params().k == DEFAULT_K
