@@ -11,7 +11,7 @@ def test_panel_values(qtbot):
     p = ControlsPanel()
     qtbot.addWidget(p)
     assert p.sampling_params() == SamplingParams(temperature=0.0, top_p=1.0, top_k=0, max_new_tokens=256, seed=None)
-    assert p.spec_params() == SpecParams(enabled=True, k=4, drafter="model", adaptive=False, k_max=16)
+    assert p.spec_params() == SpecParams(enabled=True, k=DEFAULT_K, drafter="model", adaptive=False, k_max=16)
     p.k_slider.setValue(99)
     assert p.spec_params().k == 16  # the slider's range is 1..16
     p.k_slider.setValue(0)
