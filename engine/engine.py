@@ -10,6 +10,7 @@ import torch
 
 from .adaptive import AdaptiveK
 from .config import CacheConfig, SamplingParams, SpecParams
+from .controls import Controls
 from .detok import Detokenizer
 from .drafters import Drafter, ModelDrafter, NGramDrafter, Proposal, common_prefix, forward_chunked
 from .events import CommittedToken, DraftToken, Origin, RoundEvent, Summary
@@ -20,21 +21,6 @@ from .sampling import probs_for_positions, sample
 from .stops import StopChecker
 
 Progress = Callable[[str, float], None]
-
-
-class Controls:
-    """Values the GUI thread may change while a request runs; read at the start of every round.
-
-    Each attribute is replaced whole (never mutated in place), so a round sees a consistent value.
-    """
-
-    def __init__(self, sampling: SamplingParams, spec: SpecParams) -> None:
-        self.sampling = sampling
-        self.spec = spec
-        self.cancelled = False
-
-    def cancel(self) -> None:
-        self.cancelled = True
 
 
 def pick_device(device: str | None = None) -> tuple[torch.device, torch.dtype]:

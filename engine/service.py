@@ -51,6 +51,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from engine.controls import Controls
 from engine.events import Summary
 
 log = logging.getLogger(__name__)
@@ -116,19 +117,6 @@ def describe_error(e: BaseException) -> str:
 def info_of(engine: Any) -> EngineInfo:
     return EngineInfo(str(engine.target_name), engine.draft_name, str(getattr(engine, "device", "cpu")),
                       str(getattr(engine, "dtype_name", "")))
-
-
-class Controls:
-    """What engine.engine.Controls is (same attributes), without importing torch: the reader thread replaces
-    `sampling` / `spec` whole and sets `cancelled`; the engine reads them at the start of every round."""
-
-    def __init__(self, sampling: Any, spec: Any) -> None:
-        self.sampling = sampling
-        self.spec = spec
-        self.cancelled = False
-
-    def cancel(self) -> None:
-        self.cancelled = True
 
 
 def rss_bytes() -> int:
