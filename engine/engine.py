@@ -38,6 +38,7 @@ class Engine:
         self.target, self.tokenizer, self.draft = target, tokenizer, draft
         self.target_name, self.draft_name = target_name, draft_name
         self.load_seconds = 0.0
+        self.weights_format: str | None = None  # e.g. "Q4_K_M" when the target runs a GGUF's own blocks
         p = next(target.parameters())
         self.device, self.dtype = p.device, p.dtype
         self.vocab = target.cfg.vocab_size
@@ -70,6 +71,9 @@ class Engine:
 
     @property
     def dtype_name(self) -> str:
+        """What the user sees: the tensor type, or the GGUF's quantization when the target runs it as it is."""
+        if self.weights_format:
+            return f"{self.weights_format}, int8 activations"
         return str(self.dtype).removeprefix("torch.")
 
     @classmethod

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType, LlamaFileType
 from gguf.quants import dequantize
 
 from .config import ModelConfig
@@ -308,6 +308,14 @@ class GGUFFile:
             hf = self.hf_name(name)
             if hf is not None:
                 yield hf, self.read(name)
+
+    @property
+    def file_type(self) -> str:
+        """The file's quantization mix as llama.cpp names it (Q4_K_M, Q8_0, ...), or "GGUF" when unstated."""
+        try:
+            return LlamaFileType(int(self.metadata["general.file_type"])).name.removeprefix("MOSTLY_")
+        except (KeyError, ValueError, TypeError):
+            return "GGUF"
 
     @property
     def num_params(self) -> int:

@@ -97,6 +97,8 @@ def load_engine(
         target_model, tgt.tokenizer, draft_model, cache=cache or CacheConfig(max_seq_len=max_len),
         target_name=tgt.name, draft_name=dft.name if dft else None, eos_ids=eos_ids(tgt),
     )
+    if tgt.tensors is None:  # the GGUF's own blocks
+        engine.weights_format = tgt.gguf.file_type
     engine.load_seconds = time.perf_counter() - t0
     report("Ready", 1.0)
     return engine

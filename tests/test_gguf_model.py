@@ -104,3 +104,10 @@ def test_gguf_pair_check_reads_vocabularies_from_the_files(tok, tmp_path, monkey
     monkeypatch.setitem(dft.gguf.metadata, "tokenizer.ggml.tokens", tokens)
     with pytest.raises(ModelLoadError, match=f"token 7 is {tokens[8]!r} in the target and {tokens[7]!r} in the draft"):
         loading.check_pair(tgt, dft)
+
+
+def test_engine_names_the_files_quantization(tok, tmp_path):
+    path = write_gguf(tmp_path / "t.gguf", make_hf_model("qwen2", len(tok)), tok, "Q8_0")
+    assert GGUFFile(path).file_type == "GGUF"  # this writer states no file type
+    engine = Engine.load(str(path), None, device="cpu", cache=CacheConfig(max_seq_len=64))
+    assert engine.dtype_name == "GGUF, int8 activations"
