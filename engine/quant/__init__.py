@@ -1,7 +1,7 @@
 """Quantized linear layers over GGUF blocks (Q4_K, Q5_K, Q6_K, Q8_0, Q5_0, F16, F32) for the CPU.
 
 formats: block layouts and a numpy reference dequantizer; ext: the C++/OpenMP kernels (built on first
-use, with a pure-torch fallback); linear: QuantLinear and QuantEmbedding. No Qt, no engine imports.
+use, with a pure-torch fallback); linear: QuantLinear and QuantEmbedding. No Qt; of the engine it imports only the cache location (engine.provision).
 """
 from .formats import FORMATS, UnsupportedType, dequantize, fmt
 from .linear import QuantEmbedding, QuantLinear

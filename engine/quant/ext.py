@@ -19,6 +19,8 @@ from types import ModuleType
 
 import torch
 
+from ..provision import cache_root  # stdlib only: no cycle, nothing heavy
+
 log = logging.getLogger(__name__)
 
 CSRC = Path(__file__).with_name("csrc")
@@ -33,21 +35,12 @@ LDFLAGS = ["-fopenmp"]
 build_seconds: float | None = None  # set when this process compiled the extension (not when it loaded a build)
 
 
-def _cache_root() -> Path:
-    """Same rule as engine.provision.cache_root (kept here so this package imports nothing of the engine)."""
-    if os.environ.get("SPECLENS_CACHE"):
-        return Path(os.environ["SPECLENS_CACHE"]).expanduser()
-    if os.environ.get("XDG_CACHE_HOME"):
-        return Path(os.environ["XDG_CACHE_HOME"]).expanduser() / "speclens"
-    return Path.home() / ".cache" / "speclens"
-
-
 def build_dir() -> Path:
     h = hashlib.sha256()
     for name in sorted(p.name for p in CSRC.iterdir() if p.suffix in (".cpp", ".h")):
         h.update(name.encode() + (CSRC / name).read_bytes())
     h.update(" ".join(CFLAGS + LDFLAGS).encode() + torch.__version__.encode() + sys.version.encode())
-    return _cache_root() / "ext" / h.hexdigest()[:16]
+    return cache_root() / "ext" / h.hexdigest()[:16]
 
 
 @functools.cache
