@@ -13,6 +13,7 @@ from .gguf_file import GGUFFile
 from .model import Rotary, Transformer
 from .quant import QuantEmbedding, QuantLinear
 from .quant.linear import Act
+from .quant.stack import QuantStack
 
 
 class Concat(nn.Module):
@@ -64,6 +65,7 @@ def build_model(gf: GGUFFile, max_len: int, act: Act = "int8") -> Transformer:
         model.lm_head = matrix("token_embd.weight")
         model.embed = QuantEmbedding.tied(model.lm_head)
     model.rope = Rotary(cfg, max_len)
+    model.stack = QuantStack.of(model)
     left = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t is not None and t.is_meta]
     if left:
         raise ValueError(f"{gf.path}: no weights for {', '.join(left[:5])}")

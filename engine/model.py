@@ -5,12 +5,13 @@ q/k/v and gate/up are fused into one matmul each: fewer, larger kernels run fast
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .attention import causal_attention
+from .attention import ROW_WISE_MAX, causal_attention
 from .config import ModelConfig
 from .kv_cache import CacheView
 
@@ -116,16 +117,23 @@ class Transformer(nn.Module):
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed.weight
         self.rope = Rotary(cfg, max_len or cfg.max_position_embeddings)
+        # Optional fast path for passes of <= ROW_WISE_MAX tokens: all layers and the final norm in one call,
+        # (T, C) -> (T, C); set by loaders whose weights allow it (engine.quant.stack for GGUF models).
+        self.stack: Callable[[torch.Tensor, int, CacheView], torch.Tensor] | None = None
 
     @torch.inference_mode()
     def forward(self, ids: torch.Tensor, start: int, cache: CacheView, last_only: bool = False) -> torch.Tensor:
         """ids (T,) at positions [start, start + T) -> logits (T, V), or (1, V) with last_only."""
         x = self.embed(ids)  # (T, C)
-        for block in self.layers:
-            x = block(x, self.rope, cache, start)
+        if self.stack is not None and len(ids) <= ROW_WISE_MAX:
+            x = self.stack(x, start, cache)  # (T, C), normed
+        else:
+            for block in self.layers:
+                x = block(x, self.rope, cache, start)
+            x = self.norm(x)
         if last_only:
             x = x[-1:]
-        return self.lm_head(self.norm(x)).float()  # (T, V)
+        return self.lm_head(x).float()  # (T, V)
 
     @classmethod
     def from_state_dict(

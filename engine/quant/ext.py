@@ -24,7 +24,7 @@ from ..provision import cache_root  # stdlib only: no cycle, nothing heavy
 log = logging.getLogger(__name__)
 
 CSRC = Path(__file__).with_name("csrc")
-SOURCES = ("bindings.cpp", "repack.cpp", "kernels_scalar.cpp", "kernels_avx2.cpp", "kernels_avxvnni.cpp",
+SOURCES = ("bindings.cpp", "decoder.cpp", "repack.cpp", "kernels_scalar.cpp", "kernels_avx2.cpp", "kernels_avxvnni.cpp",
            "kernels_avx512.cpp")
 # -ffp-contract=off: every float operation rounds where the source says (no silent FMA fusion), which the
 # bit-exact dequantization and the cross-ISA identical results rely on. No unroll-and-jam: jamming two

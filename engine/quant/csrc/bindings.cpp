@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "decoder.h"
 #include "quant.h"
 
 namespace {
@@ -129,32 +130,96 @@ at::Tensor matmul(const at::Tensor& packed, int64_t qtype, int64_t N, int64_t K,
         bp = bc.data_ptr<float>();
     }
     if (R == 0) return out;
-    const int isa = g_isa;
-    const int64_t nb = K / ABLK;
-    std::vector<int8_t> q(exact ? 0 : MAX_ROWS * K);
-    std::vector<float> dx(exact ? 0 : MAX_ROWS * nb), xs(dx.size());
-    std::vector<int32_t> bs16(dx.size()), bs32(dx.size());
+    const IsaFns& f = isa_fns(g_isa);
+    const Lin w{static_cast<int>(qtype), packed.data_ptr<uint8_t>(), N, K, bp, exact};
     pybind11::gil_scoped_release nogil;
     // Rows are independent, so chunks of MAX_ROWS give every row the same result as any other batching.
     for (int64_t r0 = 0; r0 < R; r0 += MAX_ROWS) {
         const int rn = static_cast<int>(std::min<int64_t>(MAX_ROWS, R - r0));
-        const float* xp = xc.data_ptr<float>() + r0 * K;
-        MatArgs a{static_cast<int>(qtype), packed.data_ptr<uint8_t>(), N, K, bp, out.data_ptr<float>() + r0 * N,
-                  static_cast<int>(nthreads)};
-        if (exact) {
-            (isa == AVX512 ? avx512::matmul_f32 : isa == AVXVNNI ? avxvnni::matmul_f32 : isa == AVX2 ? avx2::matmul_f32
-                                                                                    : scalar::matmul_f32)(a, xp, rn);
-            continue;
-        }
-        ActQ aq{rn, K, q.data(), dx.data(), xs.data(), bs16.data(), bs32.data()};
-        (isa == AVX512 ? avx512::quantize_acts : isa == AVXVNNI ? avxvnni::quantize_acts : isa == AVX2 ? avx2::quantize_acts
-                                                                                     : scalar::quantize_acts)(
-            xp, rn, K, q.data(), dx.data(), xs.data(), bs16.data(), bs32.data());
-        (isa == AVX512 ? avx512::matmul_q8 : isa == AVXVNNI ? avxvnni::matmul_q8 : isa == AVX2 ? avx2::matmul_q8
-                                                                             : scalar::matmul_q8)(a, aq);
+        linear(w, xc.data_ptr<float>() + r0 * K, rn, out.data_ptr<float>() + r0 * N, f, static_cast<int>(nthreads));
     }
     return out;
 }
+
+// Python's view of a decoder stack: the tensors it points into are kept alive here.
+using LinT = std::tuple<at::Tensor, int64_t, int64_t, int64_t, std::optional<at::Tensor>, bool>;
+using LayerT = std::tuple<at::Tensor, at::Tensor, std::vector<LinT>, LinT, std::vector<LinT>, LinT>;
+
+class PyStack {
+   public:
+    PyStack(int64_t C, int64_t H, int64_t Hkv, int64_t D, int64_t I, double eps, const at::Tensor& cos,
+            const at::Tensor& sin, const at::Tensor& final_norm, const std::vector<LayerT>& layers) {
+        require(H > 0 && Hkv > 0 && H % Hkv == 0, "heads ", H, " must be a multiple of kv heads ", Hkv);
+        require(D > 0 && D % 8 == 0 && D <= MAX_HEAD_DIM, "head_dim must be a multiple of 8 up to ", MAX_HEAD_DIM);
+        require(cos.dim() == 2 && cos.size(1) == D && sin.sizes() == cos.sizes(), "rotary tables: (P, D)");
+        st_ = Stack{static_cast<int>(C), static_cast<int>(H), static_cast<int>(Hkv), static_cast<int>(D),
+                    static_cast<int>(I), static_cast<float>(eps), vec(cos, cos.numel()), vec(sin, sin.numel()),
+                    cos.size(0), vec(final_norm, C), {}};
+        for (const auto& [an, mn, qkv, o, gu, down] : layers) {
+            Layer L{vec(an, C), vec(mn, C), {}, lin(o, H * D, C), {}, lin(down, I, C)};
+            int64_t n = 0;
+            for (const auto& p : qkv) L.qkv.push_back(lin(p, C, -1)), n += L.qkv.back().N;
+            require(n == (H + 2 * Hkv) * D, "q|k|v parts give ", n, " outputs");
+            n = 0;
+            for (const auto& p : gu) L.gate_up.push_back(lin(p, C, -1)), n += L.gate_up.back().N;
+            require(n == 2 * I, "gate|up parts give ", n, " outputs");
+            st_.layers.push_back(std::move(L));
+        }
+    }
+
+    // x (T, C) embeddings -> (T, C) final-normed hidden states; k, v: the pool (L, slots, Hkv, D).
+    at::Tensor forward(const at::Tensor& x, int64_t start, const at::Tensor& k, const at::Tensor& v,
+                       const at::Tensor& write, const std::optional<at::Tensor>& read, int64_t base, int64_t S,
+                       int64_t nthreads) {
+        const int64_t T = x.dim() == 2 ? x.size(0) : -1;
+        require(T >= 1 && T <= MAX_ROWS && x.size(1) == st_.C && x.scalar_type() == at::kFloat, "x: (T <= ",
+                MAX_ROWS, ", ", st_.C, ") float32");
+        require(start >= 0 && start + T <= st_.P, "positions ", start, "..", start + T, " beyond the rotary table");
+        const int64_t L = static_cast<int64_t>(st_.layers.size());
+        for (const at::Tensor* p : {&k, &v})
+            require(p->dim() == 4 && p->size(0) == L && p->size(2) == st_.Hkv && p->size(3) == st_.D &&
+                        p->scalar_type() == at::kFloat && p->is_contiguous(),
+                    "cache: (", L, ", slots, ", st_.Hkv, ", ", st_.D, ") contiguous float32");
+        require(k.sizes() == v.sizes(), "k and v caches differ in shape");
+        const int64_t slots = k.size(1);
+        require(S >= T, "sequence length ", S, " < pass width ", T);
+        auto in_range = [&](const at::Tensor& idx, int64_t n, const char* what) {
+            require(idx.scalar_type() == at::kLong && idx.dim() == 1 && idx.numel() == n && idx.is_contiguous(),
+                    what, ": (", n, ",) int64");
+            const int64_t* p = idx.data_ptr<int64_t>();
+            for (int64_t i = 0; i < n; ++i) require(p[i] >= 0 && p[i] < slots, what, " slot out of range");
+            return p;
+        };
+        const int64_t* wp = in_range(write, T, "write");
+        const int64_t* rp = read ? in_range(*read, S, "read") : nullptr;
+        require(rp || (base >= 0 && base + S <= slots), "contiguous read beyond the cache");
+        at::Tensor out = x.contiguous().clone();
+        if (nthreads <= 0) nthreads = at::get_num_threads();
+        const Cache c{k.data_ptr<float>(), v.data_ptr<float>(), slots, wp, rp, base, S};
+        pybind11::gil_scoped_release nogil;
+        decode(st_, c, out.data_ptr<float>(), static_cast<int>(T), start, g_isa, static_cast<int>(nthreads));
+        return out;
+    }
+
+   private:
+    const float* vec(const at::Tensor& t, int64_t n) {
+        require(t.scalar_type() == at::kFloat && t.is_contiguous() && t.numel() == n, "float32 vector of ", n);
+        keep_.push_back(t);
+        return t.data_ptr<float>();
+    }
+    Lin lin(const LinT& spec, int64_t K, int64_t N) {
+        const auto& [packed, qtype, n, k, bias, exact] = spec;
+        checked_layout(qtype, k);
+        require(k == K && (N < 0 || n == N), "linear (", n, ", ", k, ") where (", N, ", ", K, ") is needed");
+        require(packed.dtype() == at::kByte && packed.is_contiguous() && packed.numel() == packed_bytes(qtype, n, k),
+                "packed weight size");
+        require(exact || (qtype != F16 && qtype != F32), "F16/F32 weights run only with exact activations");
+        keep_.push_back(packed);
+        return Lin{static_cast<int>(qtype), packed.data_ptr<uint8_t>(), n, k, bias ? vec(*bias, n) : nullptr, exact};
+    }
+    Stack st_{};
+    std::vector<at::Tensor> keep_;
+};
 
 }  // namespace
 
@@ -163,6 +228,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.def("repack", &py_repack, "GGUF blocks at raw_addr -> packed units");
     m.def("dequant_cols", &py_dequant_cols, "exact fp32 weights of the given output features");
     m.def("matmul", &matmul, "y = x W^T (+ bias)");
+    pybind11::class_<PyStack>(m, "Stack")
+        .def(pybind11::init<int64_t, int64_t, int64_t, int64_t, int64_t, double, const at::Tensor&, const at::Tensor&,
+                            const at::Tensor&, const std::vector<LayerT>&>())
+        .def("forward", &PyStack::forward, "decoder layers + final norm for a pass of up to 16 tokens");
     m.def("isa", &get_isa);
     m.def("set_isa", &set_isa);
     m.def("supported_isas", &supported_isas);

@@ -13,5 +13,6 @@
 namespace sq::avx2 {
 #define SQ_VNNI 0
 #include "kernels_x86.h"
+#include "attend.h"
 #undef SQ_VNNI
 }  // namespace sq::avx2

@@ -14,5 +14,6 @@
 namespace sq::avx512 {
 #define SQ_VNNI 1
 #include "kernels_x86.h"
+#include "attend.h"
 #undef SQ_VNNI
 }  // namespace sq::avx512

@@ -14,6 +14,7 @@ namespace sq::avxvnni {
 #define SQ_VNNI 1
 #define SQ_AVXVNNI 1
 #include "kernels_x86.h"
+#include "attend.h"
 #undef SQ_AVXVNNI
 #undef SQ_VNNI
 }  // namespace sq::avxvnni

@@ -14,6 +14,7 @@
 #include <omp.h>
 
 #include <cmath>
+#include <cstring>
 
 #include "quant.h"
 #include "unit.h"
@@ -141,5 +142,7 @@ void matmul_f32(const MatArgs& a, const float* x, int R) {
                 a.out[r * a.N + n] = a.bias ? y + a.bias[n] : y;
             }
 }
+
+#include "attend.h"
 
 }  // namespace sq::scalar

@@ -23,6 +23,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 namespace sq {
 
@@ -70,6 +71,20 @@ struct MatArgs {
     int nthreads;
 };
 
+// Causal attention of T queries (the last T of S positions) over one layer's cache, in attend.h.
+constexpr int MAX_HEAD_DIM = 256;
+struct AttnArgs {
+    const float* q;        // (T, H, D)
+    const float* k;        // this layer's key slots (slots, Hkv, D)
+    const float* v;        // this layer's value slots
+    const int64_t* read;   // (S,) slot of position j, or null: slot = base + j
+    int64_t base, S;
+    int T, H, Hkv, D;      // D a multiple of 8, at most MAX_HEAD_DIM
+    float scale;
+    float* out;            // (T, H, D)
+    int nthreads;
+};
+
 // f16 <-> f32 without F16C (exact; used by scalar code and repacking)
 float half_to_float(uint16_t h);
 
@@ -89,6 +104,7 @@ void dequant_cols(int qtype, const uint8_t* packed, int64_t N, int64_t K, const 
                        int32_t* bs16, int32_t* bs32);                                        \
     void matmul_q8(const MatArgs& a, const ActQ& x);                                         \
     void matmul_f32(const MatArgs& a, const float* x, int R);                                \
+    void attend(const AttnArgs& a);                                                          \
     }
 SQ_DECLARE_ISA(scalar)
 SQ_DECLARE_ISA(avx2)

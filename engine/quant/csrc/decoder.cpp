@@ -1,0 +1,130 @@
+// The decoder stack of decoder.h. Per layer, for T rows:
+//   h = rmsnorm(x) ; q|k|v = h Wqkv ; rope(q, k) ; cache[write] = k, v ; a = attend(q, cache) ; x += a Wo
+//   h = rmsnorm(x) ; g|u = h Wgu ; x += (silu(g) * u) Wdown
+// Every elementwise step and reduction here works on one row at a time in a fixed order, so like the
+// kernels and attend.h it is batch-invariant: a row's bits never depend on T.
+#include "decoder.h"
+
+#include <omp.h>
+
+#include <cmath>
+#include <cstring>
+
+namespace sq {
+
+const IsaFns& isa_fns(int isa) {
+    static const IsaFns table[] = {
+        {scalar::quantize_acts, scalar::matmul_q8, scalar::matmul_f32, scalar::attend},
+        {avx2::quantize_acts, avx2::matmul_q8, avx2::matmul_f32, avx2::attend},
+        {avxvnni::quantize_acts, avxvnni::matmul_q8, avxvnni::matmul_f32, avxvnni::attend},
+        {avx512::quantize_acts, avx512::matmul_q8, avx512::matmul_f32, avx512::attend},
+    };
+    return table[isa < 0 || isa > 3 ? 0 : isa];
+}
+
+void linear(const Lin& w, const float* x, int R, float* y, const IsaFns& f, int nthreads) {
+    const MatArgs a{w.qtype, w.packed, w.N, w.K, w.bias, y, nthreads};
+    if (w.exact) {
+        f.matmul_f32(a, x, R);
+        return;
+    }
+    const int64_t nb = w.K / ABLK;
+    thread_local std::vector<int8_t> q;
+    thread_local std::vector<float> dx, xs;
+    thread_local std::vector<int32_t> b16, b32;
+    q.resize(R * w.K);
+    for (auto* v : {&dx, &xs}) v->resize(R * nb);
+    for (auto* v : {&b16, &b32}) v->resize(R * nb);
+    f.quantize_acts(x, R, w.K, q.data(), dx.data(), xs.data(), b16.data(), b32.data());
+    f.matmul_q8(a, ActQ{R, w.K, q.data(), dx.data(), xs.data(), b16.data(), b32.data()});
+}
+
+namespace {
+
+// y = w * (x / sqrt(mean(x^2) + eps)), one row; the sum of squares runs in 8 lanes, then a fixed tree.
+void rmsnorm(const float* x, const float* w, int C, float eps, float* y) {
+    float lane[8] = {};
+    int i = 0;
+    for (; i + 8 <= C; i += 8)
+        for (int l = 0; l < 8; ++l) lane[l] += x[i + l] * x[i + l];
+    float ss = ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
+    for (; i < C; ++i) ss += x[i] * x[i];
+    const float r = 1.0f / std::sqrt(ss / static_cast<float>(C) + eps);
+    for (int j = 0; j < C; ++j) y[j] = w[j] * (x[j] * r);
+}
+
+// Rotate the first and second halves of each head of x (heads, D) at one position (Llama's rotate_half).
+void rope(float* x, int heads, int D, const float* cos, const float* sin) {
+    const int half = D / 2;
+    for (int h = 0; h < heads; ++h) {
+        float* v = x + static_cast<int64_t>(h) * D;
+        float lo[MAX_HEAD_DIM / 2];
+        std::memcpy(lo, v, sizeof(float) * half);
+        for (int j = 0; j < half; ++j) v[j] = lo[j] * cos[j] - v[j + half] * sin[j];
+        for (int j = half; j < D; ++j) v[j] = v[j] * cos[j] + lo[j - half] * sin[j];
+    }
+}
+
+// Linear layers made of parts (q|k|v stored as different block types): each part into its columns.
+void linear_parts(const std::vector<Lin>& parts, const float* x, int R, float* y, int64_t ldy,
+                  std::vector<float>& tmp, const IsaFns& f, int nthreads) {
+    if (parts.size() == 1) {
+        linear(parts[0], x, R, y, f, nthreads);
+        return;
+    }
+    int64_t col = 0;
+    for (const Lin& p : parts) {
+        tmp.resize(R * p.N);
+        linear(p, x, R, tmp.data(), f, nthreads);
+        for (int r = 0; r < R; ++r) std::memcpy(y + r * ldy + col, tmp.data() + r * p.N, sizeof(float) * p.N);
+        col += p.N;
+    }
+}
+
+}  // namespace
+
+void decode(const Stack& st, const Cache& c, float* x, int T, int64_t start, int isa, int nthreads) {
+    const IsaFns& f = isa_fns(isa);
+    const int C = st.C, H = st.H, Hkv = st.Hkv, D = st.D, I = st.I;
+    const int64_t nq = static_cast<int64_t>(H) * D, nkv = static_cast<int64_t>(Hkv) * D, nqkv = nq + 2 * nkv;
+    std::vector<float> h(T * C), qkv(T * nqkv), att(T * nq), y(T * C), gu(T * 2 * I), act(T * I), tmp;
+    std::vector<float> q(T * nq);
+    const int64_t layer_size = c.slots * nkv;
+    for (size_t li = 0; li < st.layers.size(); ++li) {
+        const Layer& L = st.layers[li];
+        float* kc = c.k + li * layer_size;
+        float* vc = c.v + li * layer_size;
+        for (int t = 0; t < T; ++t) rmsnorm(x + t * C, L.attn_norm, C, st.eps, h.data() + t * C);
+        linear_parts(L.qkv, h.data(), T, qkv.data(), nqkv, tmp, f, nthreads);
+        for (int t = 0; t < T; ++t) {
+            float* row = qkv.data() + t * nqkv;
+            const float* cs = st.cos + (start + t) * D;
+            const float* sn = st.sin + (start + t) * D;
+            rope(row, H, D, cs, sn);
+            rope(row + nq, Hkv, D, cs, sn);
+            std::memcpy(q.data() + t * nq, row, sizeof(float) * nq);
+            std::memcpy(kc + c.write[t] * nkv, row + nq, sizeof(float) * nkv);
+            std::memcpy(vc + c.write[t] * nkv, row + nq + nkv, sizeof(float) * nkv);
+        }
+        f.attend(AttnArgs{q.data(), kc, vc, c.read, c.base, c.S, T, H, Hkv, D, 1.0f / std::sqrt(static_cast<float>(D)),
+                          att.data(), nthreads});
+        linear(L.o, att.data(), T, y.data(), f, nthreads);
+        for (int64_t i = 0; i < static_cast<int64_t>(T) * C; ++i) x[i] += y[i];
+        for (int t = 0; t < T; ++t) rmsnorm(x + t * C, L.mlp_norm, C, st.eps, h.data() + t * C);
+        linear_parts(L.gate_up, h.data(), T, gu.data(), 2 * I, tmp, f, nthreads);
+        const int64_t n = static_cast<int64_t>(T) * I;
+#pragma omp parallel for schedule(static) num_threads(nthreads)
+        for (int64_t i = 0; i < n; ++i) {
+            const float g = gu[(i / I) * 2 * I + i % I], u = gu[(i / I) * 2 * I + I + i % I];
+            act[i] = g / (1.0f + std::exp(-g)) * u;
+        }
+        linear(L.down, act.data(), T, y.data(), f, nthreads);
+        for (int64_t i = 0; i < static_cast<int64_t>(T) * C; ++i) x[i] += y[i];
+    }
+    for (int t = 0; t < T; ++t) {
+        rmsnorm(x + t * C, st.final_norm, C, st.eps, h.data() + t * C);
+        std::memcpy(x + t * C, h.data() + t * C, sizeof(float) * C);
+    }
+}
+
+}  // namespace sq

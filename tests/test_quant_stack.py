@@ -1,0 +1,108 @@
+"""The C++ decoder stack (engine/quant/stack.py): same model as the torch modules, batch-invariant, same bits
+on every instruction set and thread count, over contiguous and scattered KV blocks."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.gguf_file import GGUFFile
+from engine.gguf_model import build_model
+from engine.kv_cache import BlockManager, CacheView, KVPool
+from engine.model import Transformer
+from engine.quant import ext, kernels_available
+
+try:
+    from test_weights import make_hf_model, make_tokenizer, write_gguf
+except ImportError:  # tests/ imported as a package
+    from tests.test_weights import make_hf_model, make_tokenizer, write_gguf
+
+pytestmark = pytest.mark.skipif(not kernels_available(), reason="the C++ kernels did not build")
+MAX_LEN = 64
+IDS = [5, 17, 99, 3, 42, 7, 250, 1, 64, 12, 88]
+
+
+@pytest.fixture(scope="module", params=[("llama", "Q8_0"), ("qwen2", "mixed"), ("llama", "F16")])
+def gguf_path(request, tmp_path_factory):
+    arch, qtype = request.param
+    tok = make_tokenizer()
+    return write_gguf(tmp_path_factory.mktemp("g") / f"{arch}-{qtype}.gguf", make_hf_model(arch, len(tok)), tok, qtype)
+
+
+def run(model: Transformer, widths: list[int], scatter: bool = False) -> torch.Tensor:
+    """Logits of IDS fed in passes of the given widths. scatter: another sequence takes every other block,
+    so this one's block table is not contiguous and the stack reads through its slot list."""
+    cfg = model.cfg
+    mgr = BlockManager(16, 2, MAX_LEN)
+    pool = KVPool(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, mgr, torch.float32, "cpu")
+    mgr.allocate(0)
+    if scatter:
+        mgr.allocate(1)
+    out, i = [], 0
+    for w in widths:
+        start, end = mgr.append(0, w)
+        if scatter:
+            mgr.append(1, 2)
+        out.append(model(torch.tensor(IDS[i : i + w]), start, pool.view(0, start, end)))
+        i += w
+    return torch.cat(out)  # (len(IDS), V)
+
+
+def test_the_stack_is_the_module_path(gguf_path):
+    """Exact activations: the C++ layers compute what the torch modules compute, up to the order of sums."""
+    model = build_model(GGUFFile(gguf_path), MAX_LEN, act="fp32")
+    assert model.stack is not None
+    fast = run(model, [1] * len(IDS))
+    model.stack = None
+    ref = run(model, [1] * len(IDS))
+    torch.testing.assert_close(fast, ref, rtol=1e-5, atol=1e-5)
+    assert not torch.equal(fast, torch.zeros_like(fast))
+
+
+@pytest.mark.parametrize("act", ["int8", "fp32"])
+def test_passes_are_batch_invariant_and_block_layout_free(gguf_path, act):
+    model = build_model(GGUFFile(gguf_path), MAX_LEN, act=act)
+    steps = run(model, [1] * len(IDS))
+    for widths in ([len(IDS)], [3, 8], [2, 5, 4]):
+        assert torch.equal(run(model, widths), steps), widths
+    assert torch.equal(run(model, [4, 7], scatter=True), steps)
+
+
+def test_same_bits_on_every_isa_and_thread_count(gguf_path):
+    kernels = ext.load()
+    model = build_model(GGUFFile(gguf_path), MAX_LEN)
+    before, threads = kernels.isa(), torch.get_num_threads()
+    outs = {}
+    try:
+        for isa in kernels.supported_isas():
+            kernels.set_isa(isa)
+            for t in (1, 2):
+                torch.set_num_threads(t)
+                outs[(isa, t)] = run(model, [3, 8], scatter=True)
+    finally:
+        kernels.set_isa(before)
+        torch.set_num_threads(threads)
+    first = next(iter(outs.values()))
+    assert len(outs) >= 2 and all(torch.equal(first, y) for y in outs.values()), list(outs)
+
+
+def test_bad_calls_raise_value_errors(gguf_path):
+    model = build_model(GGUFFile(gguf_path), MAX_LEN)
+    cfg = model.cfg
+    pool = KVPool(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, BlockManager(16, 2, MAX_LEN), torch.float32, "cpu")
+    x = torch.zeros(17, cfg.hidden_size)
+    with pytest.raises(ValueError, match="T <= 16"):
+        model.stack(x, 0, CacheView(pool, torch.arange(17), None, 0, 17))
+    with pytest.raises(ValueError, match="write slot out of range"):
+        model.stack(x[:2], 0, CacheView(pool, torch.tensor([0, 10**6]), None, 0, 2))
+    with pytest.raises(ValueError, match="contiguous read beyond the cache"):
+        model.stack(x[:2], 0, CacheView(pool, torch.arange(2), None, 31, 2))
+    with pytest.raises(ValueError, match="rotary"):
+        model.stack(x[:1], MAX_LEN, CacheView(pool, torch.arange(1), None, 0, 1))
+
+
+def test_without_the_kernels_the_modules_run(gguf_path, monkeypatch):
+    fast = run(build_model(GGUFFile(gguf_path), MAX_LEN, act="fp32"), [1] * len(IDS))
+    monkeypatch.setattr(ext, "load", lambda: None)
+    model = build_model(GGUFFile(gguf_path), MAX_LEN, act="fp32")
+    assert model.stack is None
+    torch.testing.assert_close(run(model, [1] * len(IDS)), fast, rtol=1e-4, atol=1e-4)
