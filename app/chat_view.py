@@ -10,7 +10,7 @@ from __future__ import annotations
 import html
 from dataclasses import dataclass, field
 
-from PySide6.QtCore import QEvent, QMimeData, QObject, QPoint, Qt
+from PySide6.QtCore import QEvent, QMimeData, QObject, QPoint, Qt, Signal
 from PySide6.QtGui import (
     QColor,
     QFont,
@@ -24,6 +24,7 @@ from PySide6.QtGui import (
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QTextEdit, QToolTip, QWidget
 
 from app.theme import ORIGIN_HELP, ORIGIN_LABEL, TokenColours, token_colours
+from engine.dists import PositionDist
 from engine.events import Origin, RoundEvent
 
 TOKEN_PROP = int(QTextFormat.Property.UserProperty) + 1  # int: index into ChatView.infos
@@ -44,6 +45,13 @@ class TokenInfo:
     text: str
     p: float | None
     q: float | None
+    event: RoundEvent | None = field(default=None, compare=False, repr=False)  # its round, for the inspector
+
+    @property
+    def dist(self) -> PositionDist | None:
+        """The inspector's data for this token's row of the verify pass, when the engine recorded it."""
+        rows = self.event.positions if self.event is not None else ()
+        return rows[self.position] if self.position < len(rows) else None
 
     @property
     def accept_prob(self) -> float | None:
@@ -79,7 +87,9 @@ def token_tooltip(info: TokenInfo) -> str:
         ("token", f"{info.token_id} \u00ab{html.escape(visible(info.text))}\u00bb"),
     ]
     body = "".join(f"<tr><td>{k}</td><td align='right'><tt>{v}</tt></td></tr>" for k, v in rows)
-    return f"<b>{title}</b><br><i>{html.escape(note)}</i><table cellspacing='0' cellpadding='1'>{body}</table>"
+    hint = "<br><small>Click for its distributions</small>" if info.dist is not None else ""
+    return (f"<b>{title}</b><br><i>{html.escape(note)}</i><table cellspacing='0' cellpadding='1'>{body}</table>"
+            f"{hint}")
 
 
 class FenceTracker:
@@ -138,7 +148,10 @@ class _Turn:
 
 
 class ChatView(QTextEdit):
-    """Read-only, selectable transcript. Copying leaves struck-through drafts out."""
+    """Read-only, selectable transcript. Copying leaves struck-through drafts out. A click on a token (not the
+    end of a selection) emits tokenClicked(TokenInfo)."""
+
+    tokenClicked = Signal(object)
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -278,6 +291,11 @@ class ChatView(QTextEdit):
             else:
                 QToolTip.showText(event.globalPos(), token_tooltip(info), self.viewport())
             return True
+        if (obj is self.viewport() and event.type() == QEvent.Type.MouseButtonRelease
+                and event.button() == Qt.MouseButton.LeftButton and not self.textCursor().hasSelection()):
+            info = self.token_info_at(event.position().toPoint())
+            if info is not None:
+                self.tokenClicked.emit(info)
         return super().eventFilter(obj, event)
 
     def createMimeDataFromSelection(self) -> QMimeData:
@@ -421,15 +439,15 @@ class ChatView(QTextEdit):
         final = [c for c in ev.committed if c.origin != Origin.ACCEPTED]
         for tok in accepted:
             self._insert(cursor, turn, tok.text, TokenInfo(tok.origin.value, ev.round, tok.index, tok.token_id,
-                                                           tok.text, tok.p, tok.q))
+                                                           tok.text, tok.p, tok.q, ev))
         if self._show_rejected:
             for i, d in enumerate(ev.drafted):
                 if not d.accepted:
                     kind = REJECTED if i == ev.accepted else DISCARDED
-                    self._insert(cursor, turn, d.text, TokenInfo(kind, ev.round, i, d.token_id, d.text, d.p, d.q))
+                    self._insert(cursor, turn, d.text, TokenInfo(kind, ev.round, i, d.token_id, d.text, d.p, d.q, ev))
         for tok in final:
             self._insert(cursor, turn, tok.text, TokenInfo(tok.origin.value, ev.round, tok.index, tok.token_id,
-                                                           tok.text, tok.p, tok.q))
+                                                           tok.text, tok.p, tok.q, ev))
 
     def _token_format(self, kind: str, mono: bool, key: int) -> QTextCharFormat:
         fmt = QTextCharFormat(self._formats[(kind, mono)])

@@ -138,7 +138,10 @@ class ChatController(QObject):
         if prompt is None:
             prompt = next((m["content"] for m in reversed(messages) if m["role"] == "user"), "")
         handle = self.host.generate(messages, sampling, spec)
-        req = Request(handle.id, kind, messages, sampling, spec, self.stats.begin(prompt, kind), handle)
+        record = self.stats.begin(prompt, kind)
+        record.messages, record.sampling, record.spec = [dict(m) for m in messages], sampling, spec  # for traces
+        record.target, record.draft = (self.info.target_name, self.info.draft_name) if self.info else (None, None)
+        req = Request(handle.id, kind, messages, sampling, spec, record, handle)
         self.requests[req.id] = req
         self.stateChanged.emit()
         return req

@@ -21,9 +21,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--smoke-test", action="store_true",
                     help="open the window (offscreen when there is no display), start the event loop, quit; "
                     "loads no model")
+    ap.add_argument("trace", nargs="?", metavar="TRACE.json",
+                    help="show a saved session trace (File > Save trace); no model is loaded")
     args = ap.parse_args(argv)
     if args.draft and not args.target:
         ap.error("--draft needs --target")
+    if args.trace and args.target:
+        ap.error("a trace needs no model: leave out --target")
     return args
 
 
@@ -56,6 +60,10 @@ def main(argv: list[str] | None = None) -> int:
     app.setDesktopFileName("speclens")
     app.setStyle("Fusion")
     app.setWindowIcon(app_icon())
+    if args.trace:  # a saved session alone: no engine process, no model
+        from app.trace_window import open_trace_cli
+
+        return open_trace_cli(app, args.trace, smoke_test=args.smoke_test)
 
     settings = QSettings(args.settings, QSettings.Format.IniFormat) if args.settings else QSettings()
     controller = ChatController(EngineHost())

@@ -35,6 +35,9 @@ from app.chat_view import ChatView, OriginLegend
 from app.compare import CompareDialog
 from app.controller import ChatController
 from app.controls import ControlsPanel
+from app.inspector import InspectorDock
+from app.trace import Settings, session_trace
+from app.trace_window import TraceWindow, open_trace_dialog, save_trace_dialog
 from app.prompt_edit import PromptEdit
 from app.resources import app_icon
 from app.theme import OKABE_ITO, THEMES, apply_theme
@@ -169,6 +172,8 @@ class MainWindow(QMainWindow):
         self.reuse_label = QLabel("")
         self.model_label = QLabel("No model loaded")
         for w in (self.round_label, self.reuse_label, self.model_label):
+        self.inspector = InspectorDock(self)  # opens on a click on a token
+        self.addDockWidget(Qt.DockWidgetArea.RightDockWidgetArea, self.inspector)
             w.setContentsMargins(8, 0, 8, 0)
             bar.addPermanentWidget(w)
 
@@ -196,6 +201,10 @@ class MainWindow(QMainWindow):
         self.compare_action = act("&Compare off vs on\u2026", self.compare, "Ctrl+R",
                                   "Replay the last prompt with speculation off, then on, with the same seed")
         self.rejected_action = act("Show &rejected drafts", self.chat.set_show_rejected, "Ctrl+Shift+R",
+        self.save_trace_action = act("&Save trace\u2026", lambda: self.save_trace(), "Ctrl+S",
+                                     "Write the whole session (every round, p/q, verdicts, settings) to a JSON trace")
+        self.open_trace_action = act("Open &trace\u2026", lambda: self.open_trace(), "Ctrl+Shift+O",
+                                     "Show a saved trace in its own window (no model needed)")
                                    "Show the drafts the target turned down, struck through", checkable=True)
         self.rejected_action.setChecked(True)
         self.focus_action = act("Focus message box", lambda: self.input.setFocus(), "Ctrl+L")
@@ -212,6 +221,7 @@ class MainWindow(QMainWindow):
         m.addActions([self.send_action, self.stop_action])
         m.addSeparator()
         m.addAction(self.compare_action)
+        m.addActions([self.save_trace_action, self.open_trace_action])
         m = menus.addMenu("&View")
         m.addAction(self.rejected_action)
         themes = m.addMenu("&Theme")
@@ -227,6 +237,7 @@ class MainWindow(QMainWindow):
         m.addAction(self.focus_action)
         m = menus.addMenu("&Help")
         m.addAction(self.about_action)
+        m.addAction(self.inspector.toggleViewAction())
 
         tb = QToolBar("Main")
         tb.setObjectName("main-toolbar")
@@ -255,6 +266,7 @@ class MainWindow(QMainWindow):
         c.chatCleared.connect(self._on_cleared)
         c.stateChanged.connect(self._update_actions)
         c.loadProgress.connect(self._on_load_progress)
+        self.chat.tokenClicked.connect(self.inspector.show_token)
         c.loaded.connect(self._on_loaded)
         c.loadFailed.connect(self._on_load_failed)
         c.loadCancelled.connect(self._on_load_cancelled)
@@ -319,6 +331,7 @@ class MainWindow(QMainWindow):
         self._status_dirty = True
 
     def _on_summary(self, s: Summary) -> None:
+        self.inspector.clear()
         self.summary = s
         self.chat.finish(reply_footer(s), s.text_tail)
         self.charts.set_plain_reference(self.controller.plain_ms_per_token)
@@ -547,6 +560,23 @@ class MainWindow(QMainWindow):
         s.setValue("view/theme", self.theme)
         self.controls.save_settings(s)
         s.sync()
+
+    # ---- traces --------------------------------------------------------------------------------------------
+    def save_trace(self, path: str | None = None) -> bool:
+        c, ctl = self.controller, self.controls
+        if not c.stats.records:
+            self.statusBar().showMessage("Nothing to save yet: send a message first.", 4000)
+            return False
+        trace = session_trace(c.stats.records, c.conversation, c.info,
+                              Settings(ctl.sampling_params(), ctl.spec_params(), ctl.system_prompt()), __version__)
+        written = save_trace_dialog(self, trace, self.settings, path)
+        if written is not None:
+            self.statusBar().showMessage(f"Wrote {written.name} ({len(trace.replies)} replies)", 6000)
+        return written is not None
+
+    def open_trace(self, path: str | None = None) -> TraceWindow | None:
+        """In a window of its own: this session stays as it is, whatever the file holds."""
+        return open_trace_dialog(self, self.settings, path)
 
     def closeEvent(self, event: QCloseEvent) -> None:
         self.save_settings()

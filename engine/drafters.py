@@ -29,6 +29,7 @@ class Proposal:
     tokens: torch.Tensor  # (n,), n <= K; n == 0 means "nothing to propose: decode plainly"
     q: torch.Tensor  # (n, V)
     prefill_s: float = 0.0  # part of the propose() time spent catching the drafter's cache up (prompt prefill)
+    logits: torch.Tensor | None = None  # (n, V) under greedy, where q is a point mass: what the inspector shows
 
 
 class Drafter(Protocol):
@@ -103,6 +104,7 @@ class ModelDrafter:
         feed = ids[len(self.cached) :]
         tokens: list[int] = []
         qs: list[torch.Tensor] = []
+        raw: list[torch.Tensor] = []  # kept under greedy only: the inspector shows them instead of point masses
         for i in range(k):
             logits = forward_chunked(self.model, self.pool, self.seq, feed, self.device)  # (V,)
             self.cached.extend(feed)
@@ -111,8 +113,11 @@ class ModelDrafter:
             t = sample(q, gen)
             tokens.append(t)
             qs.append(q)
+            if params.greedy:
+                raw.append(logits[: self.vocab].clone())  # a copy: the model may reuse its output buffer
             feed = [t]
-        return Proposal(torch.tensor(tokens, dtype=torch.long, device=self.device), torch.stack(qs), prefill_s)
+        return Proposal(torch.tensor(tokens, dtype=torch.long, device=self.device), torch.stack(qs), prefill_s,
+                        torch.stack(raw) if raw else None)
 
     def rollback(self, ids: list[int]) -> None:
         self._sync(ids)

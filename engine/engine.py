@@ -5,6 +5,7 @@ import secrets
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
+from functools import partial
 
 import torch
 
@@ -14,6 +15,7 @@ from .controls import Controls
 from .detok import Detokenizer
 from .drafters import Drafter, ModelDrafter, NGramDrafter, Proposal, common_prefix, forward_chunked
 from .events import CommittedToken, DraftToken, Origin, RoundEvent, Summary
+from .inspector import inspect_round
 from .kv_cache import BlockManager, KVPool
 from .model import Transformer
 from .speculative import Verdict, accept_reject
@@ -63,6 +65,8 @@ class Engine:
         )
         self.ngram_drafter = NGramDrafter(self.vocab, self.device)
         self._active: object | None = None  # the running generate() call, if any (one at a time)
+        self._pieces: dict[int, str] = {}  # token id -> its text alone (the inspector names ~20 tokens a row)
+        self.inspect = True  # record the inspector's rows in each RoundEvent (~1-3 ms a round for 150k tokens on CPU)
 
     def _pool(self, model: Transformer) -> KVPool:
         c = self.cache_cfg
@@ -215,9 +219,10 @@ class Engine:
                 proposal = drafter.propose(self.ids, k, params, gen) if drafter else None
                 t_drafted = time.perf_counter()
                 drafted = proposal.tokens if proposal is not None else torch.empty(0, dtype=torch.long)
-                verdict_tokens, committed_origin, verdict = self._verify(drafted, proposal, params, gen)
+                verdict_tokens, committed_origin, verdict, inspect = self._verify(drafted, proposal, params, gen)
                 forwards += 1
                 t_verified = time.perf_counter()
+                positions = inspect() if self.inspect else ()  # after the clock: verify_ms stays the verify's own
                 rounds += 1
 
                 n_acc = verdict.accepted
@@ -279,6 +284,7 @@ class Engine:
                     temperature=params.temperature, drafted=draft_tokens, committed=tuple(committed),
                     text_delta=delta, draft_ms=d_ms, verify_ms=v_ms, elapsed_s=time.perf_counter() - t0,
                     new_tokens=len(self.ids) - prompt_len, stop_reason=stop_reason, draft_prefill_ms=prefill_ms,
+                    positions=positions,
                 )
         finally:
             # Whatever happened (cancel, an exception, the consumer closing us), leave the caches consistent.
@@ -301,7 +307,8 @@ class Engine:
         )
 
     def _verify(self, drafted: torch.Tensor, proposal: Proposal | None, params: SamplingParams, gen):
-        """Feed [g, t1..tK] to the target in one pass and apply the accept/reject rule."""
+        """Feed [g, t1..tK] to the target in one pass and apply the accept/reject rule. Also returns a callable
+        that computes the round's inspector data (engine/inspector.py) from the same tensors."""
         m = self.target_pool.manager
         g = self.ids[-1]
         feed = torch.cat([torch.tensor([g], dtype=torch.long, device=self.device), drafted.to(self.device)])
@@ -309,17 +316,25 @@ class Engine:
         logits = self.target(feed, start, self.target_pool.view(0, start, end))  # (K+1, V)
         context = torch.tensor(self.ids, dtype=torch.long, device=self.device)
         p = probs_for_positions(logits[:, : self.vocab], params, context, drafted)  # (K+1, V)
+        shown = logits[:, : self.vocab] if params.greedy else None  # point masses say little: show the logits
         if len(drafted) == 0:  # a plain decode step
             tok = sample(p[0], gen)
-            return [tok], [Origin.PLAIN], Verdict(0, tok, (), (), float(p[0, tok]))
+            return [tok], [Origin.PLAIN], Verdict(0, tok, (), (), float(p[0, tok])), partial(
+                inspect_round, p, None, drafted, (), 0, tok, self._piece, logits=shown)
         assert proposal is not None
         v = accept_reject(drafted, proposal.q, p, gen)
         tokens = drafted[: v.accepted].tolist() + [v.next_token]
         origins = [Origin.ACCEPTED] * v.accepted + [Origin.BONUS if v.bonus else Origin.CORRECTED]
-        return tokens, origins, v
+        inspect = partial(inspect_round, p, proposal.q, drafted, v.u, v.accepted, v.next_token, self._piece,
+                          logits=shown, draft_logits=proposal.logits if shown is not None else None)
+        return tokens, origins, v, inspect
 
     def _piece(self, token: int) -> str:
-        return self.tokenizer.decode([token], skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        text = self._pieces.get(token)
+        if text is None:
+            text = self._pieces[token] = self.tokenizer.decode(
+                [token], skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        return text
 
 
 def check_context(role: str, model: Transformer, max_seq_len: int) -> None:

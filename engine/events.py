@@ -4,6 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 
+from .dists import PositionDist
+
 
 class Origin(str, Enum):
     """How a committed token was made."""
@@ -59,6 +61,9 @@ class RoundEvent:
     new_tokens: int  # committed so far in this request, this round included
     stop_reason: str | None = None  # set on the last round: "eos", "stop", "length", "cancelled"
     draft_prefill_ms: float = 0.0  # the draft model catching up with the prompt; not part of draft_ms
+    # The inspector's view of each verify row (engine/dists.py): row i is drafted[i] and committed[i]; the last
+    # row is the bonus (or plain) token's. Empty when the engine did not record it.
+    positions: tuple[PositionDist, ...] = ()
 
     @property
     def accepted(self) -> int:

@@ -10,9 +10,9 @@ import torch
 from torch import nn
 
 from .gguf_file import GGUFFile
-from .model import Rotary, Transformer
+from .model import Transformer
 from .quant import QuantEmbedding, QuantLinear
-from .quant.linear import Act
+from .quant.linear import Act, packed_slices
 from .quant.stack import QuantStack
 
 
@@ -37,24 +37,29 @@ def fused(parts: list[QuantLinear]) -> nn.Module:
 
 def build_model(gf: GGUFFile, max_len: int, act: Act = "int8") -> Transformer:
     cfg = gf.config()
-    with torch.device("meta"):
-        model = Transformer(cfg, max_len)
+    model = Transformer(cfg, max_len)
 
     def vector(name: str) -> nn.Parameter:
         return nn.Parameter(torch.from_numpy(gf.read_raw(name)), requires_grad=False)  # (N,) F32
 
-    def matrix(name: str, bias: str | None = None) -> QuantLinear:
+    def matrix(name: str, bias: str | None = None, out: torch.Tensor | None = None) -> QuantLinear:
         t = gf.tensors[name]
         b = torch.from_numpy(gf.read_raw(bias)) if bias and bias in gf.tensors else None
-        return QuantLinear(gf.blocks(name), t.qtype, t.shape[1], bias=b, act=act)
+        return QuantLinear(gf.blocks(name), t.qtype, t.shape[1], bias=b, act=act, out=out)
+
+    def matrices(names: list[str], biases: list[str | None]) -> nn.Module:
+        """Parts that run as one matrix: repacked straight into one buffer when their types agree."""
+        specs = [(gf.tensors[n].qtype, *gf.tensors[n].shape) for n in names]  # (qtype, N, K)
+        outs = packed_slices(specs) if len({q for q, *_ in specs}) == 1 else None
+        return fused([matrix(n, b, outs[i] if outs else None) for i, (n, b) in enumerate(zip(names, biases))])
 
     for i, block in enumerate(model.layers):
         p = f"blk.{i}."
         block.attn_norm.weight = vector(p + "attn_norm.weight")
         block.mlp_norm.weight = vector(p + "ffn_norm.weight")
-        block.attn.qkv = fused([matrix(p + f"attn_{n}.weight", p + f"attn_{n}.bias") for n in "qkv"])
+        block.attn.qkv = matrices([p + f"attn_{n}.weight" for n in "qkv"], [p + f"attn_{n}.bias" for n in "qkv"])
         block.attn.o = matrix(p + "attn_output.weight")
-        block.mlp.gate_up = fused([matrix(p + "ffn_gate.weight"), matrix(p + "ffn_up.weight")])
+        block.mlp.gate_up = matrices([p + "ffn_gate.weight", p + "ffn_up.weight"], [None, None])
         block.mlp.down = matrix(p + "ffn_down.weight")
     model.norm.weight = vector("output_norm.weight")
     if "output.weight" in gf.tensors:
@@ -64,7 +69,6 @@ def build_model(gf: GGUFFile, max_len: int, act: Act = "int8") -> Transformer:
     else:  # tied: the embedding looks its rows up in the LM head's blocks
         model.lm_head = matrix("token_embd.weight")
         model.embed = QuantEmbedding.tied(model.lm_head)
-    model.rope = Rotary(cfg, max_len)
     model.stack = QuantStack.of(model)
     left = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t is not None and t.is_meta]
     if left:

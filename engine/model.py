@@ -33,6 +33,25 @@ def rope_frequencies(cfg: ModelConfig) -> torch.Tensor:
     return inv
 
 
+# The model is a shell until a loader assigns its weights (from_state_dict here, engine.gguf_model for GGUF):
+# matrices and norms are placeholders on the meta device and are never initialised. Building them with an
+# explicit device, not under `with torch.device("meta")`, matters: ops without a meta kernel then go through
+# Python decompositions, whose first use imports torch._dynamo (seconds at every load).
+
+
+class Linear(nn.Linear):
+    def __init__(self, in_features: int, out_features: int, bias: bool) -> None:
+        super().__init__(in_features, out_features, bias=bias, device="meta")
+
+    def reset_parameters(self) -> None:  # weights come from the checkpoint
+        pass
+
+
+class Embedding(nn.Embedding):
+    def reset_parameters(self) -> None:  # weights come from the checkpoint
+        pass
+
+
 class Rotary(nn.Module):
     def __init__(self, cfg: ModelConfig, max_len: int) -> None:
         super().__init__()
@@ -54,7 +73,7 @@ class Rotary(nn.Module):
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
+        self.weight = nn.Parameter(torch.empty(dim, device="meta"))
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -68,8 +87,8 @@ class Attention(nn.Module):
         super().__init__()
         self.layer = layer
         self.h, self.hkv, self.d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        self.qkv = nn.Linear(cfg.hidden_size, (self.h + 2 * self.hkv) * self.d, bias=cfg.attention_bias)
-        self.o = nn.Linear(self.h * self.d, cfg.hidden_size, bias=False)
+        self.qkv = Linear(cfg.hidden_size, (self.h + 2 * self.hkv) * self.d, bias=cfg.attention_bias)
+        self.o = Linear(self.h * self.d, cfg.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor, rope: Rotary, cache: CacheView, start: int) -> torch.Tensor:
         T = x.shape[0]
@@ -85,8 +104,8 @@ class MLP(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.inter = cfg.intermediate_size
-        self.gate_up = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
-        self.down = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        self.gate_up = Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
+        self.down = Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up(x).split(self.inter, dim=-1)
@@ -110,10 +129,10 @@ class Transformer(nn.Module):
     def __init__(self, cfg: ModelConfig, max_len: int | None = None) -> None:
         super().__init__()
         self.cfg = cfg
-        self.embed = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.embed = Embedding(cfg.vocab_size, cfg.hidden_size, device="meta")
         self.layers = nn.ModuleList(Block(cfg, i) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed.weight
         self.rope = Rotary(cfg, max_len or cfg.max_position_embeddings)
@@ -141,9 +160,7 @@ class Transformer(nn.Module):
         max_len: int | None = None,
     ) -> Transformer:
         """Build from Hugging Face tensor names, fusing q/k/v and gate/up as we go."""
-        with torch.device("meta"):
-            model = cls(cfg, max_len)
-        model.rope = Rotary(cfg, max_len or cfg.max_position_embeddings)
+        model = cls(cfg, max_len)
         own: dict[str, torch.Tensor] = {
             "embed.weight": sd["model.embed_tokens.weight"],
             "norm.weight": sd["model.norm.weight"],

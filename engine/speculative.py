@@ -21,6 +21,7 @@ class Verdict:
     p_drafted: tuple[float, ...]  # p_i(t_i) for each drafted token
     q_drafted: tuple[float, ...]  # q_i(t_i) for each drafted token
     p_next: float  # probability of next_token under the distribution it was drawn from
+    u: tuple[float, ...] = ()  # the uniform draw that tested each drafted token (for the inspector)
 
     @property
     def bonus(self) -> bool:
@@ -50,4 +51,4 @@ def accept_reject(
     else:
         nxt = sample(p[k], generator)
         p_next = float(p[k, nxt])
-    return Verdict(n, nxt, tuple(p_t.tolist()), tuple(q_t.tolist()), p_next)
+    return Verdict(n, nxt, tuple(p_t.tolist()), tuple(q_t.tolist()), p_next, tuple(u.tolist()))

@@ -10,6 +10,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from engine.config import SamplingParams, SpecParams
 from engine.events import RoundEvent, Summary
 
 ROUND_COLUMNS: tuple[str, ...] = (
@@ -121,6 +122,13 @@ class MessageRecord:
     prompt: str
     rounds: list[RoundEvent] = field(default_factory=list)
     summary: Summary | None = None
+    # The request as sent, for session traces (app/trace.py): messages (system prompt included), the settings it
+    # started with (live changes show in its rounds) and the models that ran it.
+    messages: list[dict[str, str]] = field(default_factory=list)
+    sampling: SamplingParams | None = None
+    spec: SpecParams | None = None
+    target: str | None = None
+    draft: str | None = None
 
 
 def round_row(record: MessageRecord, event: RoundEvent) -> dict[str, object]:

@@ -22,7 +22,7 @@ import torch
 
 from engine.quant import ext, formats
 from engine.quant.formats import FORMATS, T
-from engine.quant.linear import QuantEmbedding, QuantLinear
+from engine.quant.linear import QuantEmbedding, QuantLinear, packed_slices
 
 try:
     from test_quant_formats import gguf_ref
@@ -166,6 +166,19 @@ def test_concat_and_tied_embedding(kernels, cases):
     emb = QuantEmbedding.tied(fused)
     assert emb.table.packed.data_ptr() == fused.packed.data_ptr()
     assert torch.equal(emb(torch.tensor([0, 43])).double(), w[[0, 43]])
+
+
+def test_parts_repacked_into_one_buffer_concat_without_a_copy(kernels, cases):
+    raw, *_ = cases[T.Q6_K]
+    slices = packed_slices([(T.Q6_K, 16, K), (T.Q6_K, N - 16, K)])
+    a = QuantLinear(raw[:16], T.Q6_K, K, out=slices[0])
+    b = QuantLinear(raw[16:], T.Q6_K, K, out=slices[1])
+    fused = QuantLinear.concat([a, b])
+    assert fused.packed.data_ptr() == a.packed.data_ptr() and fused.packed.numel() == a.nbytes + b.nbytes
+    assert torch.equal(fused.packed, QuantLinear.concat([QuantLinear(raw[:16], T.Q6_K, K),
+                                                         QuantLinear(raw[16:], T.Q6_K, K)]).packed)
+    with pytest.raises(ValueError, match="out:"):
+        QuantLinear(raw[:16], T.Q6_K, K, out=slices[1])
 
 
 def test_bad_shapes_are_refused(kernels, cases):

@@ -45,15 +45,39 @@ def _threads() -> int:
     return max(1, torch.get_num_threads())
 
 
+def packed_slices(specs: Sequence[tuple[int, int, int]]) -> list[torch.Tensor] | None:
+    """One buffer for parts (qtype, N, K) to be repacked side by side (`out=`), so that `concat` of the
+    parts copies nothing; None without the compiled kernels."""
+    mod = ext.load()
+    if mod is None:
+        return None
+    sizes = [mod.packed_bytes(q, n, k) for q, n, k in specs]
+    return list(torch.empty(sum(sizes), dtype=torch.uint8).split(sizes))
+
+
+def _adjacent(parts: Sequence[QuantLinear]) -> torch.Tensor | None:
+    """The parts' packed bytes as one tensor when they already lie back to back in one buffer, else None."""
+    first = parts[0].packed
+    storage, end = first.untyped_storage(), first.data_ptr()
+    for p in parts:
+        if p.packed.untyped_storage().data_ptr() != storage.data_ptr() or p.packed.data_ptr() != end:
+            return None
+        end += p.packed.numel()
+    offset = first.data_ptr() - storage.data_ptr()
+    return torch.empty(0, dtype=torch.uint8).set_(storage, offset, (end - first.data_ptr(),))
+
+
 class QuantLinear(nn.Module):
     """y = x W^T (+ bias) for x (..., in_features) float32, W (out_features, in_features) as GGML blocks.
 
     raw: the tensor's GGUF data, (rows, row_bytes) uint8 (e.g. `GGUFReader(path).tensors[i].data`).
     rows: which raw row each output feature takes (default: all, in order); e.g. an un-permutation.
+    out: a uint8 slice to repack into (see `packed_slices`), else a new buffer.
     """
 
     def __init__(self, raw: np.ndarray, qtype: int, in_features: int, out_features: int | None = None,
-                 bias: torch.Tensor | None = None, *, rows: np.ndarray | None = None, act: Act = "int8") -> None:
+                 bias: torch.Tensor | None = None, *, rows: np.ndarray | None = None, act: Act = "int8",
+                 out: torch.Tensor | None = None) -> None:
         super().__init__()
         self.format = fmt(qtype)
         self.qtype = int(self.format.qtype)
@@ -75,7 +99,7 @@ class QuantLinear(nn.Module):
         if self._mod is not None:
             rt = None if rows is None else torch.from_numpy(rows)
             packed = self._mod.repack(raw.ctypes.data, raw.shape[0], self.qtype, self.out_features, in_features, rt,
-                                      _threads())
+                                      _threads(), out)
             self.register_buffer("packed", packed, persistent=False)  # (bytes,) uint8
         else:
             self._raw, self._rows = raw, rows  # keeps the memory map alive; dequantized on first use
@@ -106,7 +130,9 @@ class QuantLinear(nn.Module):
                             persistent=False)
         out._mod, out._raw, out._rows, out._dense = first._mod, None, None, None
         if first._mod is not None:
-            out.register_buffer("packed", torch.cat([p.packed for p in parts]), persistent=False)
+            packed = _adjacent(parts)  # repacked side by side already (packed_slices): no copy
+            out.register_buffer("packed", torch.cat([p.packed for p in parts]) if packed is None else packed,
+                                persistent=False)
         else:
             out.register_buffer("packed", None, persistent=False)
             out._dense = torch.cat([p.dequantize() for p in parts])

@@ -78,15 +78,18 @@ Layout checked_layout(int64_t qtype, int64_t K) {
     return L;
 }
 
+// out: where to write (a contiguous uint8 slice of the right size, e.g. a fused layer's part), else a new tensor.
 at::Tensor py_repack(int64_t raw_addr, int64_t raw_rows, int64_t qtype, int64_t N, int64_t K,
-                     std::optional<at::Tensor> rows, int64_t nthreads) {
+                     std::optional<at::Tensor> rows, int64_t nthreads, std::optional<at::Tensor> out) {
     checked_layout(qtype, K);
     const int64_t* rp = nullptr;
     if (rows) {
         require(rows->dtype() == at::kLong && rows->is_contiguous() && rows->numel() == N, "rows: (N,) int64");
         rp = rows->data_ptr<int64_t>();
     }
-    auto packed = at::empty({packed_bytes(qtype, N, K)}, at::kByte);
+    at::Tensor packed = out ? *out : at::empty({packed_bytes(qtype, N, K)}, at::kByte);
+    require(packed.dtype() == at::kByte && packed.is_contiguous() && packed.numel() == packed_bytes(qtype, N, K),
+            "out: (", packed_bytes(qtype, N, K), ",) contiguous uint8");
     {
         pybind11::gil_scoped_release nogil;
         sq::repack(static_cast<int>(qtype), reinterpret_cast<const uint8_t*>(raw_addr), raw_rows, N, K, rp,
@@ -225,7 +228,9 @@ class PyStack {
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.doc() = "SpecLens quantized linear kernels (GGML block types, batch-invariant)";
-    m.def("repack", &py_repack, "GGUF blocks at raw_addr -> packed units");
+    m.def("repack", &py_repack, "GGUF blocks at raw_addr -> packed units", pybind11::arg("raw_addr"),
+          pybind11::arg("raw_rows"), pybind11::arg("qtype"), pybind11::arg("N"), pybind11::arg("K"),
+          pybind11::arg("rows"), pybind11::arg("nthreads"), pybind11::arg("out") = pybind11::none());
     m.def("dequant_cols", &py_dequant_cols, "exact fp32 weights of the given output features");
     m.def("matmul", &matmul, "y = x W^T (+ bias)");
     pybind11::class_<PyStack>(m, "Stack")

@@ -1,0 +1,205 @@
+"""A saved session trace on screen, with no model and no engine process: the chat as it was painted (colours,
+tooltips, rejected drafts), the inspector on any token, and the charts. Also the save / open dialogs the main
+window's File menu uses, and `speclens TRACE.json` (open_trace_cli)."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from PySide6.QtCore import QSettings, Qt, QTimer
+from PySide6.QtGui import QAction, QKeySequence
+from PySide6.QtWidgets import (
+    QApplication,
+    QComboBox,
+    QFileDialog,
+    QHBoxLayout,
+    QLabel,
+    QMainWindow,
+    QMessageBox,
+    QSplitter,
+    QVBoxLayout,
+    QWidget,
+)
+
+from app.charts import ChartsPanel
+from app.chat_view import ChatView, OriginLegend
+from app.inspector import InspectorDock
+from app.resources import app_icon
+from app.trace import Trace, TraceError, read_trace, write_trace
+from engine.stats import MessageRecord, SessionStats
+
+FILTER = "SpecLens traces (*.json);;All files (*)"
+
+
+def footer_of(record: MessageRecord) -> tuple[str, str]:
+    """The reply's meta line and closing text, as the main window wrote them."""
+    from app.window import reply_footer  # the main window's own wording (imported late: it imports this module)
+
+    s = record.summary
+    if s is None:
+        return "ended without a summary (failed or interrupted)", ""
+    return reply_footer(s), s.text_tail
+
+
+class TraceWindow(QMainWindow):
+    def __init__(self, trace: Trace, path: Path | None = None, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.trace, self.path = trace, path
+        self.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
+        self.setWindowIcon(app_icon())
+        self.setWindowTitle(f"{path.name if path else 'Trace'} \u2014 SpecLens trace")
+        self.resize(1400, 860)
+        self.header = QLabel()
+        self.header.setWordWrap(True)
+        self.header.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.chat_select = QComboBox()
+        self.chat_select.setToolTip("Each New chat of the session")
+        self.chat = ChatView()
+        self.chat.setPlaceholderText("This trace has no chat replies.")
+        self.legend = OriginLegend()
+        self.charts = ChartsPanel()
+        self.charts.setMinimumWidth(360)
+        self.inspector = InspectorDock(self)
+        self.addDockWidget(Qt.DockWidgetArea.RightDockWidgetArea, self.inspector)
+        self.chat.tokenClicked.connect(self.inspector.show_token)
+
+        top = QHBoxLayout()
+        top.addWidget(self.header, 1)
+        top.addWidget(self.chat_select)
+        left = QWidget()
+        lay = QVBoxLayout(left)
+        lay.setContentsMargins(8, 6, 4, 8)
+        lay.addLayout(top)
+        lay.addWidget(self.legend)
+        lay.addWidget(self.chat, 1)
+        split = QSplitter(Qt.Orientation.Horizontal)
+        split.addWidget(left)
+        split.addWidget(self.charts)
+        split.setSizes([700, 520])
+        split.setChildrenCollapsible(False)
+        self.setCentralWidget(split)
+        self._build_menus()
+
+        self.chats = sorted({r.chat for r in trace.chat_replies})
+        for n in self.chats:
+            self.chat_select.addItem(f"Chat {n}", n)
+        self.chat_select.setVisible(len(self.chats) > 1)
+        self.chat_select.currentIndexChanged.connect(lambda i: self.show_chat(self.chat_select.itemData(i)))
+        self.header.setText(self._header_text())
+        if self.chats:
+            self.chat_select.setCurrentIndex(len(self.chats) - 1)  # the chat on screen when it was saved
+            self.show_chat(self.chats[-1])
+        self.statusBar().showMessage("Click any token for its distributions.", 8000)
+
+    def _build_menus(self) -> None:
+        m = self.menuBar().addMenu("&File")
+        open_action = QAction("&Open trace\u2026", self)
+        open_action.setShortcut(QKeySequence("Ctrl+Shift+O"))
+        open_action.triggered.connect(lambda: open_trace_dialog(self, QSettings()))
+        close_action = QAction("&Close", self)
+        close_action.setShortcut(QKeySequence(QKeySequence.StandardKey.Close))
+        close_action.triggered.connect(self.close)
+        m.addActions([open_action, close_action])
+        v = self.menuBar().addMenu("&View")
+        self.rejected_action = QAction("Show &rejected drafts", self, checkable=True)
+        self.rejected_action.setChecked(True)
+        self.rejected_action.toggled.connect(self.chat.set_show_rejected)
+        v.addAction(self.rejected_action)
+        v.addAction(self.inspector.toggleViewAction())
+
+    def _header_text(self) -> str:
+        t = self.trace
+        models = t.models
+        pair = (f"{models.target_name}" + (f" + {models.draft_name}" if models.draft_name else "")
+                + f" \u00b7 {models.device} \u00b7 {models.dtype_name}") if models else "models not recorded"
+        n = len(t.chat_replies)
+        saved = f"saved {t.saved_at.replace('T', ' ')}" if t.saved_at else "save time not recorded"
+        return (f"<b>Trace</b> \u00b7 {pair} \u00b7 {n} repl{'y' if n == 1 else 'ies'} \u00b7 {saved}"
+                + (f" \u00b7 SpecLens {t.app_version}" if t.app_version else ""))
+
+    def show_chat(self, chat: int) -> None:
+        """Paint one chat of the session as the main window did, charts included."""
+        self.chat.clear_chat()
+        self.charts.clear()
+        self.inspector.clear()
+        running = SessionStats()
+        for record in self.trace.replies:  # in session order: the charts' plain reference grows as it did
+            running.records.append(record)
+            if record.kind != "chat" or record.chat != chat:
+                continue
+            self.chat.add_user(record.prompt)
+            self.chat.begin_assistant(record.target or "Assistant")
+            self.charts.start_message()
+            for ev in record.rounds:
+                self.chat.feed(ev)
+                self.charts.feed(ev)
+            self.chat.finish(*footer_of(record))
+            self.chat.flush()
+            self.charts.set_plain_reference(running.totals().plain_ms_per_token)
+        self.charts.flush(full=True)
+
+
+# ---- dialogs ---------------------------------------------------------------------------------------------------
+def ask_path(parent: QWidget, settings: QSettings, saving: bool) -> str:
+    start = Path(str(settings.value("trace/dir", str(Path.home()))))
+    if saving:
+        path, _ = QFileDialog.getSaveFileName(parent, "Save trace", str(start / "speclens-trace.json"), FILTER)
+    else:
+        path, _ = QFileDialog.getOpenFileName(parent, "Open trace", str(start), FILTER)
+    if path:
+        settings.setValue("trace/dir", str(Path(path).parent))
+    return path
+
+
+def save_trace_dialog(parent: QWidget, trace: Trace, settings: QSettings, path: str | None = None) -> Path | None:
+    """Ask where (unless given), write, and say how it went; None when nothing was written."""
+    path = path or ask_path(parent, settings, saving=True)
+    if not path:
+        return None
+    try:
+        written = write_trace(trace, path)
+    except TraceError as e:
+        QMessageBox.critical(parent, "Could not save the trace", f"{e}\n\nThe session is kept; try another folder.")
+        return None
+    return written
+
+
+def open_trace_dialog(parent: QWidget | None, settings: QSettings, path: str | None = None) -> TraceWindow | None:
+    """Ask which file (unless given) and show it in a window of its own: the session on screen stays as it is.
+    A file that cannot be read gets a dialog saying why; None then."""
+    path = path or ask_path(parent, settings, saving=False)
+    if not path:
+        return None
+    try:
+        trace = read_trace(path)
+    except TraceError as e:
+        QMessageBox.critical(parent, "Could not open the trace", str(e))
+        return None
+    win = TraceWindow(trace, Path(path), parent)
+    win.show()
+    return win
+
+
+def open_trace_cli(app: QApplication, path: str, smoke_test: bool = False) -> int:
+    """`speclens TRACE.json`: the trace alone, no engine process. Exit status 2 for a file that cannot be read."""
+    try:
+        trace = read_trace(path)
+    except TraceError as e:
+        print(f"speclens: {e}", file=sys.stderr)
+        if not smoke_test:
+            QMessageBox.critical(None, "Could not open the trace", str(e))
+        return 2
+    win = TraceWindow(trace, Path(path))
+    win.show()
+    result = {"code": 0}
+    if smoke_test:
+        def check() -> None:
+            ok = win.isVisible() and win.chat.isVisible()
+            print(f"smoke-test {'ok' if ok else 'FAILED'}: trace {Path(path).name}, "
+                  f"{len(trace.chat_replies)} chat replies, {len(win.chat.infos)} tokens painted", flush=True)
+            result["code"] = 0 if ok else 1
+            win.close()
+            app.quit()
+
+        QTimer.singleShot(0, check)
+    return app.exec() or result["code"]

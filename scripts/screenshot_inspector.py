@@ -1,0 +1,95 @@
+"""The distribution inspector open on a rejected draft, in the real window under Xvfb (how docs/inspector.png was
+made), and the session saved as a trace.
+
+    Xvfb :99 -screen 0 1480x900x24 &
+    DISPLAY=:99 SHOT=docs/inspector.png TRACE=docs/inspector-trace.json python scripts/screenshot_inspector.py light
+
+One reply of the embedded pair at temperature 0.8 with the draft model; then a click on the first rejected draft
+(a real mouse click on the chat) opens the inspector, and the screen is grabbed. MODELS=tiny runs the tiny random
+pair of tests/tiny.py instead.
+"""
+import os
+import sys
+import tempfile
+import time
+
+
+def main() -> int:
+    os.environ["QT_QPA_PLATFORM"] = "xcb"
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from PySide6.QtCore import QEventLoop, QSettings, Qt, QTimer
+    from PySide6.QtGui import QTextCursor
+    from PySide6.QtTest import QTest
+    from PySide6.QtWidgets import QApplication
+
+    from app.chat_view import REJECTED
+    from app.controller import ChatController
+    from app.host import EngineHost
+    from app.resources import app_icon
+    from app.window import MainWindow
+    from engine.service import DEFAULT_LISTER, DEFAULT_LOADER, Factory
+
+    qa = QApplication([])
+    qa.setStyle("Fusion")
+    qa.setApplicationName("SpecLens")
+    qa.setWindowIcon(app_icon())
+    tiny = os.environ.get("MODELS") == "tiny"
+    loader = Factory("tests.app_fixtures:tiny_loader", {"max_seq_len": 512}) if tiny else DEFAULT_LOADER
+    controller = ChatController(EngineHost(loader, DEFAULT_LISTER))
+    w = MainWindow(controller, QSettings(tempfile.mktemp(suffix=".ini"), QSettings.Format.IniFormat))
+    w.set_theme(sys.argv[1] if len(sys.argv) > 1 else "light")
+    w.resize(1480, 900)
+    w.show()
+
+    def wait(ms):
+        loop = QEventLoop()
+        QTimer.singleShot(ms, loop.quit)
+        loop.exec()
+
+    def wait_until(cond, timeout=900):
+        t = time.time()
+        while not cond():
+            wait(20)
+            if time.time() - t > timeout:
+                raise TimeoutError
+
+    w.load_models(None)
+    wait_until(lambda: not controller.loading)
+    print("loaded", controller.info, flush=True)
+    if not controller.ready:
+        return 1
+    w.controls.max_tokens_spin.setValue(int(os.environ.get("N", "70")))
+    w.controls.temp_slider.setValue(int(os.environ.get("T", "80")))
+    w.controls.k_slider.setValue(int(os.environ.get("K", "3")))
+    w.input.setPlainText(os.environ.get("PROMPT", "Explain in two sentences what a hash map is, then give a "
+                                                  "one-line Python example."))
+    w.send()
+    wait_until(lambda: not controller.busy and not w.frame_timer.isActive())
+    chat = w.chat
+    doc = chat.document()
+    pos = next((i for i in range(doc.characterCount() - 1)
+                if (info := chat.token_info_at_position(i)) is not None and info.kind == REJECTED), None)
+    if pos is None:
+        print("no rejected draft in this reply; try another SEED or prompt", flush=True)
+        return 1
+    cursor = QTextCursor(doc)
+    cursor.setPosition(pos)
+    chat.setTextCursor(cursor)
+    chat.ensureCursorVisible()
+    point = chat.cursorRect(cursor).center()
+    point.setX(point.x() + 3)
+    QTest.mouseClick(chat.viewport(), Qt.MouseButton.LeftButton, pos=point)
+    wait(500)
+    info = w.inspector.panel.info
+    print("inspecting", info and (info.kind, info.text, info.round, info.position), flush=True)
+    qa.primaryScreen().grabWindow(0).save(os.environ.get("SHOT", "/tmp/speclens-inspector.png"))
+    print("shot taken", flush=True)
+    if os.environ.get("TRACE"):
+        print("trace saved" if w.save_trace(os.environ["TRACE"]) else "trace NOT saved", flush=True)
+    w.close()
+    controller.shutdown()
+    return 0
+
+
+if __name__ == "__main__":  # the engine process is spawned: it must not run this again
+    sys.exit(main())
