@@ -166,14 +166,14 @@ class MainWindow(QMainWindow):
         self.splitter.setChildrenCollapsible(False)
         self.splitter.setSizes([620, 560, 300])
         self.setCentralWidget(self.splitter)
+        self.inspector = InspectorDock(self)  # opens on a click on a token
+        self.addDockWidget(Qt.DockWidgetArea.RightDockWidgetArea, self.inspector)
 
         bar = self.statusBar()
         self.round_label = QLabel("Idle")
         self.reuse_label = QLabel("")
         self.model_label = QLabel("No model loaded")
         for w in (self.round_label, self.reuse_label, self.model_label):
-        self.inspector = InspectorDock(self)  # opens on a click on a token
-        self.addDockWidget(Qt.DockWidgetArea.RightDockWidgetArea, self.inspector)
             w.setContentsMargins(8, 0, 8, 0)
             bar.addPermanentWidget(w)
 
@@ -195,16 +195,16 @@ class MainWindow(QMainWindow):
                                "Load a model folder (config.json + safetensors) or a .gguf as the target")
         self.export_action = act("&Export session stats\u2026", lambda: self.export_stats(), "Ctrl+E",
                                  "Write every round of this session to CSV (plus <name>_summary.csv)")
+        self.save_trace_action = act("&Save trace\u2026", lambda: self.save_trace(), "Ctrl+S",
+                                     "Write the whole session (every round, p/q, verdicts, settings) to a JSON trace")
+        self.open_trace_action = act("Open &trace\u2026", lambda: self.open_trace(), "Ctrl+Shift+O",
+                                     "Show a saved trace in its own window (no model needed)")
         self.quit_action = act("&Quit", self.close, "Ctrl+Q")
         self.send_action = act("&Send", self.send, "Ctrl+Return", "Send the message")
         self.stop_action = act("S&top", self.stop, "Esc", "Stop after the current round")
         self.compare_action = act("&Compare off vs on\u2026", self.compare, "Ctrl+R",
                                   "Replay the last prompt with speculation off, then on, with the same seed")
         self.rejected_action = act("Show &rejected drafts", self.chat.set_show_rejected, "Ctrl+Shift+R",
-        self.save_trace_action = act("&Save trace\u2026", lambda: self.save_trace(), "Ctrl+S",
-                                     "Write the whole session (every round, p/q, verdicts, settings) to a JSON trace")
-        self.open_trace_action = act("Open &trace\u2026", lambda: self.open_trace(), "Ctrl+Shift+O",
-                                     "Show a saved trace in its own window (no model needed)")
                                    "Show the drafts the target turned down, struck through", checkable=True)
         self.rejected_action.setChecked(True)
         self.focus_action = act("Focus message box", lambda: self.input.setFocus(), "Ctrl+L")
@@ -215,15 +215,16 @@ class MainWindow(QMainWindow):
         m.addActions([self.new_action, self.open_action])
         m.addSeparator()
         m.addAction(self.export_action)
+        m.addActions([self.save_trace_action, self.open_trace_action])
         m.addSeparator()
         m.addAction(self.quit_action)
         m = menus.addMenu("&Run")
         m.addActions([self.send_action, self.stop_action])
         m.addSeparator()
         m.addAction(self.compare_action)
-        m.addActions([self.save_trace_action, self.open_trace_action])
         m = menus.addMenu("&View")
         m.addAction(self.rejected_action)
+        m.addAction(self.inspector.toggleViewAction())
         themes = m.addMenu("&Theme")
         self.theme_group = QActionGroup(self)
         self.theme_actions: dict[str, QAction] = {}
@@ -237,7 +238,6 @@ class MainWindow(QMainWindow):
         m.addAction(self.focus_action)
         m = menus.addMenu("&Help")
         m.addAction(self.about_action)
-        m.addAction(self.inspector.toggleViewAction())
 
         tb = QToolBar("Main")
         tb.setObjectName("main-toolbar")
@@ -252,6 +252,7 @@ class MainWindow(QMainWindow):
         self.input.submitted.connect(self.send)
         self.send_button.clicked.connect(self.send)
         self.stop_button.clicked.connect(self.stop)
+        self.chat.tokenClicked.connect(self.inspector.show_token)
         self.banner.reload_button.clicked.connect(self.reload_models)
         self.controls.changed.connect(self.push_controls)
         self.controls.loadRequested.connect(lambda t, d: self.load_models(t, d))
@@ -266,7 +267,6 @@ class MainWindow(QMainWindow):
         c.chatCleared.connect(self._on_cleared)
         c.stateChanged.connect(self._update_actions)
         c.loadProgress.connect(self._on_load_progress)
-        self.chat.tokenClicked.connect(self.inspector.show_token)
         c.loaded.connect(self._on_loaded)
         c.loadFailed.connect(self._on_load_failed)
         c.loadCancelled.connect(self._on_load_cancelled)
@@ -317,6 +317,7 @@ class MainWindow(QMainWindow):
     def _on_cleared(self) -> None:
         self.last_round = self.summary = None
         self.chat.clear_chat()
+        self.inspector.clear()
         self.charts.clear()
         self.reuse_label.setText("")
         self.round_label.setText("Idle")
@@ -331,7 +332,6 @@ class MainWindow(QMainWindow):
         self._status_dirty = True
 
     def _on_summary(self, s: Summary) -> None:
-        self.inspector.clear()
         self.summary = s
         self.chat.finish(reply_footer(s), s.text_tail)
         self.charts.set_plain_reference(self.controller.plain_ms_per_token)
@@ -520,6 +520,23 @@ class MainWindow(QMainWindow):
                                      6000)
         return True
 
+    # ---- traces --------------------------------------------------------------------------------------------
+    def save_trace(self, path: str | None = None) -> bool:
+        c, ctl = self.controller, self.controls
+        if not c.stats.records:
+            self.statusBar().showMessage("Nothing to save yet: send a message first.", 4000)
+            return False
+        trace = session_trace(c.stats.records, c.conversation, c.info,
+                              Settings(ctl.sampling_params(), ctl.spec_params(), ctl.system_prompt()), __version__)
+        written = save_trace_dialog(self, trace, self.settings, path)
+        if written is not None:
+            self.statusBar().showMessage(f"Wrote {written.name} ({len(trace.replies)} replies)", 6000)
+        return written is not None
+
+    def open_trace(self, path: str | None = None) -> TraceWindow | None:
+        """In a window of its own: this session stays as it is, whatever the file holds."""
+        return open_trace_dialog(self, self.settings, path)
+
     # ---- look + persistence --------------------------------------------------------------------------------
     def set_theme(self, mode: str) -> None:
         self.theme = mode if mode in THEMES else "system"
@@ -560,23 +577,6 @@ class MainWindow(QMainWindow):
         s.setValue("view/theme", self.theme)
         self.controls.save_settings(s)
         s.sync()
-
-    # ---- traces --------------------------------------------------------------------------------------------
-    def save_trace(self, path: str | None = None) -> bool:
-        c, ctl = self.controller, self.controls
-        if not c.stats.records:
-            self.statusBar().showMessage("Nothing to save yet: send a message first.", 4000)
-            return False
-        trace = session_trace(c.stats.records, c.conversation, c.info,
-                              Settings(ctl.sampling_params(), ctl.spec_params(), ctl.system_prompt()), __version__)
-        written = save_trace_dialog(self, trace, self.settings, path)
-        if written is not None:
-            self.statusBar().showMessage(f"Wrote {written.name} ({len(trace.replies)} replies)", 6000)
-        return written is not None
-
-    def open_trace(self, path: str | None = None) -> TraceWindow | None:
-        """In a window of its own: this session stays as it is, whatever the file holds."""
-        return open_trace_dialog(self, self.settings, path)
 
     def closeEvent(self, event: QCloseEvent) -> None:
         self.save_settings()
