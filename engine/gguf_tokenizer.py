@@ -2,7 +2,8 @@
 
 transformers can convert GGUF tokenizers too, but it takes tens of seconds for a 150k-token vocabulary; this
 builds the same byte-level BPE in well under a second for the pre-tokenizers we know (tests check both agree
-token for token). Anything else falls back to transformers' converter.
+token for token), wrapped in engine.chat_tokenizer rather than transformers. Anything else falls back to
+transformers' converter.
 """
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .chat_tokenizer import ChatTokenizer
 from .errors import ModelLoadError
 
 if TYPE_CHECKING:
@@ -28,7 +30,7 @@ PRE_TOKENIZERS: dict[str, tuple[str, bool]] = {
 CONTROL, USER_DEFINED = 3, 4  # tokenizer.ggml.token_type values of special tokens
 
 
-def tokenizer_from_gguf(path: Path, metadata: dict[str, Any]) -> PreTrainedTokenizerBase:
+def tokenizer_from_gguf(path: Path, metadata: dict[str, Any]) -> ChatTokenizer | PreTrainedTokenizerBase:
     """The tokenizer (with chat template and special tokens) that the GGUF describes."""
     model, pre = metadata.get("tokenizer.ggml.model"), metadata.get("tokenizer.ggml.pre")
     if model == "gpt2" and pre in PRE_TOKENIZERS:
@@ -37,9 +39,8 @@ def tokenizer_from_gguf(path: Path, metadata: dict[str, Any]) -> PreTrainedToken
     return _via_transformers(path, metadata)
 
 
-def _byte_level_bpe(meta: dict[str, Any], pattern: str, ignore_merges: bool) -> PreTrainedTokenizerBase:
+def _byte_level_bpe(meta: dict[str, Any], pattern: str, ignore_merges: bool) -> ChatTokenizer:
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
-    from transformers import PreTrainedTokenizerFast
 
     tokens: list[str] = meta["tokenizer.ggml.tokens"]
     types: list[int] = meta.get("tokenizer.ggml.token_type") or [1] * len(tokens)
@@ -62,10 +63,8 @@ def _byte_level_bpe(meta: dict[str, Any], pattern: str, ignore_merges: bool) -> 
     if meta.get("tokenizer.ggml.add_bos_token") and bos is not None:
         tk.post_processor = processors.TemplateProcessing(single=f"{bos} $A", pair=f"{bos} $A {bos} $B",
                                                           special_tokens=[(bos, tokens.index(bos))])
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tk, bos_token=bos, eos_token=token("eos"), pad_token=token("padding"),
-        unk_token=token("unknown"), chat_template=meta.get("tokenizer.chat_template"), clean_up_tokenization_spaces=False,
-    )
+    return ChatTokenizer(tk, bos_token=bos, eos_token=token("eos"), pad_token=token("padding"),
+                         unk_token=token("unknown"), chat_template=meta.get("tokenizer.chat_template"))
 
 
 def _via_transformers(path: Path, meta: dict[str, Any]) -> PreTrainedTokenizerBase:

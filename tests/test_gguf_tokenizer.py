@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -30,10 +32,18 @@ def same(path: Path, texts: list[str]) -> None:
     for text in texts:
         assert ours.encode(text) == ref.encode(text), repr(text)
         assert ours.decode(ours.encode(text)) == ref.decode(ref.encode(text)), repr(text)
-    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi there"}]
-    assert ours.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True) == \
-        ref.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+    chats = [
+        [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi there"}],
+        [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"}, {"role": "user", "content": "ü 🙂"}],
+    ]
+    for msgs in chats:
+        for gen in (True, False):
+            text = ours.apply_chat_template(msgs, tokenize=False, add_generation_prompt=gen)
+            assert text == ref.apply_chat_template(msgs, tokenize=False, add_generation_prompt=gen)
+            ids = ref.apply_chat_template(msgs, tokenize=True, add_generation_prompt=gen)
+            assert ours.apply_chat_template(msgs, add_generation_prompt=gen) == list(getattr(ids, "input_ids", ids))
     assert (ours.eos_token_id, ours.bos_token_id) == (ref.eos_token_id, ref.bos_token_id)
+    assert ours.get_vocab() == ref.get_vocab() and len(ours) == len(ref)
 
 
 @pytest.mark.parametrize("arch", ["qwen2", "llama"])
@@ -53,3 +63,30 @@ def test_embedded_target_tokenizer_matches_transformers():
         texts += [m["content"] for line in PROMPTS.read_text().splitlines() if line.strip()
                   for m in json.loads(line)["messages"]]
     same(target, texts)
+
+
+def test_gguf_tokenizer_needs_no_transformers(tmp_path):
+    """Loading a GGUF model's tokenizer must not import transformers (about 1.5 s of every load)."""
+    tok = make_tokenizer()
+    path = write_gguf(tmp_path / "q.gguf", make_hf_model("qwen2", len(tok)), tok, "F16")
+    code = ("import sys; from pathlib import Path; from engine.gguf_file import GGUFFile; "
+            "from engine.gguf_tokenizer import tokenizer_from_gguf; p = Path(sys.argv[1]); "
+            "t = tokenizer_from_gguf(p, GGUFFile(p).metadata); t.apply_chat_template([{'role': 'user', 'content': 'x'}]); "
+            "print('transformers' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=120,
+                         cwd=Path(__file__).resolve().parents[1])
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"
+
+
+def test_a_template_that_raises_gives_a_clear_error():
+    from tokenizers import Tokenizer, models
+
+    from engine.chat_tokenizer import ChatTokenizer, TemplateError
+
+    t = ChatTokenizer(Tokenizer(models.BPE()), bos_token=None, eos_token=None,
+                      chat_template="{{ raise_exception('roles must alternate') }}")
+    with pytest.raises(TemplateError, match="roles must alternate"):
+        t.apply_chat_template([{"role": "user", "content": "x"}])
+    with pytest.raises(TemplateError, match="no chat template"):
+        ChatTokenizer(Tokenizer(models.BPE()), bos_token=None, eos_token=None).apply_chat_template([])
