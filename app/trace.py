@@ -118,6 +118,16 @@ def read_trace(path: str | Path) -> Trace:
     return from_json(data, path.name)
 
 
+def _file_mode(path: Path) -> int:
+    """An existing file's permissions, else what a plain open() would give (0o666 less the umask)."""
+    try:
+        return path.stat().st_mode & 0o777
+    except OSError:
+        mask = os.umask(0)
+        os.umask(mask)
+        return 0o666 & ~mask
+
+
 def write_trace(trace: Trace, path: str | Path) -> Path:
     """Write atomically (a temporary file beside it, then a rename): a failed save never leaves half a file."""
     path = Path(path)
@@ -127,6 +137,7 @@ def write_trace(trace: Trace, path: str | Path) -> Path:
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as f:
                 f.write(text)
+            os.chmod(tmp, _file_mode(path))  # mkstemp makes it private; a trace is made to be shared
             os.replace(tmp, path)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)

@@ -196,7 +196,8 @@ def open_trace_cli(app: QApplication, path: str, smoke_test: bool = False) -> in
         def check() -> None:
             ok = win.isVisible() and win.chat.isVisible()
             print(f"smoke-test {'ok' if ok else 'FAILED'}: trace {Path(path).name}, "
-                  f"{len(trace.chat_replies)} chat replies, {len(win.chat.infos)} tokens painted", flush=True)
+                  f"{len(trace.chat_replies)} chat {'reply' if len(trace.chat_replies) == 1 else 'replies'}, "
+                  f"{len(win.chat.infos)} tokens painted", flush=True)
             result["code"] = 0 if ok else 1
             win.close()
             app.quit()

@@ -49,6 +49,9 @@ def test_json_round_trip_is_exact(tmp_path):
     assert data["format"] == FORMAT and data["version"] == VERSION
     assert data["models"]["target_name"] == "tiny-target" and data["settings"]["system_prompt"] == "be brief"
     assert data["replies"][0]["rounds"][0]["positions"][1]["residual"] == [1.0]
+    mask = os.umask(0)
+    os.umask(mask)
+    assert path.stat().st_mode & 0o777 == 0o666 & ~mask, "readable like any saved file, not private"
     back = read_trace(path)
     assert back == trace
     assert back.replies[0].rounds[0].positions[1].u == 0.9  # exact floats, not approximately
