@@ -13,6 +13,7 @@ from .adaptive import AdaptiveK
 from .config import CacheConfig, SamplingParams, SpecParams
 from .controls import Controls
 from .detok import Detokenizer
+from .draft_vocab import DRAFT_VOCAB
 from .drafters import Drafter, ModelDrafter, NGramDrafter, Proposal, common_prefix, forward_chunked
 from .events import CommittedToken, DraftToken, Origin, RoundEvent, Summary
 from .inspector import inspect_round
@@ -83,11 +84,14 @@ class Engine:
     @classmethod
     def load(
         cls, target: str, draft: str | None = None, *, device: str | None = None, progress: Progress | None = None,
-        cache: CacheConfig | None = None, draft_int8: bool | None = None,
+        cache: CacheConfig | None = None, draft_int8: bool | None = None, draft_vocab: int | None = DRAFT_VOCAB,
     ) -> Engine:
+        """draft_vocab: how many of the most common token ids a GGUF draft's LM head scores (engine.draft_vocab;
+        None: all). Lossless either way; a smaller head makes draft steps cheaper."""
         from .loading import load_engine
 
-        return load_engine(cls, target, draft, device=device, progress=progress, cache=cache, draft_int8=draft_int8)
+        return load_engine(cls, target, draft, device=device, progress=progress, cache=cache, draft_int8=draft_int8,
+                           draft_vocab=draft_vocab)
 
     # -- chat ---------------------------------------------------------------------------------------
 

@@ -6,6 +6,7 @@ gate/up run as one matrix when their block types agree (Q4_K_M files store some 
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -35,17 +36,19 @@ def fused(parts: list[QuantLinear]) -> nn.Module:
         return Concat(parts)
 
 
-def build_model(gf: GGUFFile, max_len: int, act: Act = "int8") -> Transformer:
+def build_model(gf: GGUFFile, max_len: int, act: Act = "int8", head_rows: np.ndarray | None = None) -> Transformer:
+    """head_rows: the vocabulary ids the LM head scores (a trimmed draft head, engine.draft_vocab); default all."""
     cfg = gf.config()
     model = Transformer(cfg, max_len)
 
     def vector(name: str) -> nn.Parameter:
         return nn.Parameter(torch.from_numpy(gf.read_raw(name)), requires_grad=False)  # (N,) F32
 
-    def matrix(name: str, bias: str | None = None, out: torch.Tensor | None = None) -> QuantLinear:
+    def matrix(name: str, bias: str | None = None, out: torch.Tensor | None = None,
+               rows: np.ndarray | None = None) -> QuantLinear:
         t = gf.tensors[name]
         b = torch.from_numpy(gf.read_raw(bias)) if bias and bias in gf.tensors else None
-        return QuantLinear(gf.blocks(name), t.qtype, t.shape[1], bias=b, act=act, out=out)
+        return QuantLinear(gf.blocks(name), t.qtype, t.shape[1], bias=b, act=act, out=out, rows=rows)
 
     def matrices(names: list[str], biases: list[str | None]) -> nn.Module:
         """Parts that run as one matrix: repacked straight into one buffer when their types agree."""
@@ -62,13 +65,15 @@ def build_model(gf: GGUFFile, max_len: int, act: Act = "int8") -> Transformer:
         block.mlp.gate_up = matrices([p + "ffn_gate.weight", p + "ffn_up.weight"], [None, None])
         block.mlp.down = matrix(p + "ffn_down.weight")
     model.norm.weight = vector("output_norm.weight")
-    if "output.weight" in gf.tensors:
-        model.lm_head = matrix("output.weight")
+    head = "output.weight" if "output.weight" in gf.tensors else "token_embd.weight"
+    model.lm_head = matrix(head, rows=head_rows)
+    if head == "output.weight" or head_rows is not None:
         embd = gf.tensors["token_embd.weight"]
         model.embed = QuantEmbedding(gf.blocks(embd.name), embd.qtype, cfg.hidden_size, act=act)
     else:  # tied: the embedding looks its rows up in the LM head's blocks
-        model.lm_head = matrix("token_embd.weight")
         model.embed = QuantEmbedding.tied(model.lm_head)
+    if head_rows is not None:
+        model.head_ids = torch.from_numpy(np.asarray(head_rows, dtype=np.int64))
     model.stack = QuantStack.of(model)
     left = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t is not None and t.is_meta]
     if left:

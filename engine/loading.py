@@ -5,9 +5,11 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 
 from .config import CacheConfig
+from .draft_vocab import DRAFT_VOCAB, head_rows
 from .model import Transformer
 from .cpu_linear import Int8Linear, PackedLinear, int8_supported, packed_supported, swap_linears
 from .weights import Checkpoint, ModelLoadError, load_checkpoint
@@ -71,7 +73,7 @@ def eos_ids(ckpt: Checkpoint) -> set[int]:
 
 def load_engine(
     cls: type[Engine], target: str, draft: str | None, *, device: str | None, progress: Progress | None,
-    cache: CacheConfig | None, draft_int8: bool | None,
+    cache: CacheConfig | None, draft_int8: bool | None, draft_vocab: int | None = DRAFT_VOCAB,
 ) -> Engine:
     from .engine import pick_device
 
@@ -92,7 +94,8 @@ def load_engine(
     draft_model = None
     if dft is not None:
         report("Placing draft on " + dev.type, 0.9)
-        draft_model = place(dft, dtype, dev, max_len, int8=draft_int8 if draft_int8 is not None else cpu)
+        rows = head_rows(dft.gguf.metadata, dft.config.vocab_size, draft_vocab) if dft.tensors is None else None
+        draft_model = place(dft, dtype, dev, max_len, int8=draft_int8 if draft_int8 is not None else cpu, head_rows=rows)
     engine = cls(
         target_model, tgt.tokenizer, draft_model, cache=cache or CacheConfig(max_seq_len=max_len),
         target_name=tgt.name, draft_name=dft.name if dft else None, eos_ids=eos_ids(tgt),
@@ -105,7 +108,7 @@ def load_engine(
 
 
 def place(ckpt: Checkpoint, dtype: torch.dtype, dev: torch.device, max_len: int, int8: bool,
-          act: str = "int8") -> Transformer:
+          act: str = "int8", head_rows: np.ndarray | None = None) -> Transformer:
     """The model on its device: a GGUF's own blocks through the quantized kernels, or dense tensors.
 
     Dense on the CPU: fp32 prepacked for oneDNN, so verify widths up to ~8 cost about one step; a draft may go
@@ -113,7 +116,7 @@ def place(ckpt: Checkpoint, dtype: torch.dtype, dev: torch.device, max_len: int,
     if ckpt.tensors is None:
         from .gguf_model import build_model
 
-        return build_model(ckpt.gguf, max_len, act)
+        return build_model(ckpt.gguf, max_len, act, head_rows)
     model = Transformer.from_state_dict(ckpt.config, ckpt.tensors, dtype, dev, max_len)
     if dev.type != "cpu":
         return model

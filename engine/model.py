@@ -139,6 +139,8 @@ class Transformer(nn.Module):
         # Optional fast path for passes of <= ROW_WISE_MAX tokens: all layers and the final norm in one call,
         # (T, C) -> (T, C); set by loaders whose weights allow it (engine.quant.stack for GGUF models).
         self.stack: Callable[[torch.Tensor, int, CacheView], torch.Tensor] | None = None
+        # The vocabulary ids a trimmed LM head scores (a draft's, engine.draft_vocab); the others get -inf.
+        self.head_ids: torch.Tensor | None = None
 
     @torch.inference_mode()
     def forward(self, ids: torch.Tensor, start: int, cache: CacheView, last_only: bool = False) -> torch.Tensor:
@@ -152,7 +154,11 @@ class Transformer(nn.Module):
             x = self.norm(x)
         if last_only:
             x = x[-1:]
-        return self.lm_head(x).float()  # (T, V)
+        logits = self.lm_head(x).float()  # (T, V), or (T, len(head_ids))
+        if self.head_ids is None:
+            return logits
+        full = logits.new_full((logits.shape[0], self.cfg.vocab_size), float("-inf"))  # (T, V)
+        return full.index_copy_(1, self.head_ids, logits)
 
     @classmethod
     def from_state_dict(

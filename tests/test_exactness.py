@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import itertools
 
+import numpy as np
 import pytest
 import torch
 from scipy.stats import chisquare
@@ -145,6 +146,20 @@ def test_sampling_distribution_is_exact(drafter, temperature, top_p):
 def test_sampling_distribution_is_exact_on_quantized_models(tmp_path):
     """The verify pass through the quantized kernels scores K+1 rows exactly as the reference forward does."""
     assert_exact_distribution(*quantized_pair(tmp_path), "model", 1.0, 1.0)
+
+
+def test_sampling_distribution_is_exact_with_a_trimmed_draft_head(tmp_path):
+    """A draft whose LM head scores only part of the vocabulary (q = 0 elsewhere) changes acceptance, never
+    the output distribution."""
+    from engine.gguf_file import GGUFFile
+    from engine.gguf_model import build_model
+
+    target, draft, tok = quantized_pair(tmp_path)
+    keep = np.arange(0, target.cfg.vocab_size, 2)  # every other token: plenty of mass outside the head
+    trimmed = build_model(GGUFFile(tmp_path / "draft.gguf"), 256, head_rows=keep)
+    q = next_probs(trimmed, [1, 5, 9], SamplingParams(temperature=1.0))
+    assert q[1::2].sum() == 0 and abs(float(q.sum()) - 1) < 1e-5
+    assert_exact_distribution(target, trimmed, tok, "model", 1.0, 1.0)
 
 
 def assert_exact_distribution(target: Transformer, draft: Transformer, tok, drafter: str, temperature: float,

@@ -154,6 +154,7 @@ class PyStack {
             const at::Tensor& sin, const at::Tensor& final_norm, const std::vector<LayerT>& layers) {
         require(H > 0 && Hkv > 0 && H % Hkv == 0, "heads ", H, " must be a multiple of kv heads ", Hkv);
         require(D > 0 && D % 8 == 0 && D <= MAX_HEAD_DIM, "head_dim must be a multiple of 8 up to ", MAX_HEAD_DIM);
+        require(I > 0 && I % 8 == 0, "intermediate size ", I, " must be a multiple of 8");
         require(cos.dim() == 2 && cos.size(1) == D && sin.sizes() == cos.sizes(), "rotary tables: (P, D)");
         st_ = Stack{static_cast<int>(C), static_cast<int>(H), static_cast<int>(Hkv), static_cast<int>(D),
                     static_cast<int>(I), static_cast<float>(eps), vec(cos, cos.numel()), vec(sin, sin.numel()),

@@ -14,10 +14,10 @@ namespace sq {
 
 const IsaFns& isa_fns(int isa) {
     static const IsaFns table[] = {
-        {scalar::quantize_acts, scalar::matmul_q8, scalar::matmul_f32, scalar::attend},
-        {avx2::quantize_acts, avx2::matmul_q8, avx2::matmul_f32, avx2::attend},
-        {avxvnni::quantize_acts, avxvnni::matmul_q8, avxvnni::matmul_f32, avxvnni::attend},
-        {avx512::quantize_acts, avx512::matmul_q8, avx512::matmul_f32, avx512::attend},
+        {scalar::quantize_acts, scalar::matmul_q8, scalar::matmul_f32, scalar::attend, scalar::silu_mul},
+        {avx2::quantize_acts, avx2::matmul_q8, avx2::matmul_f32, avx2::attend, avx2::silu_mul},
+        {avxvnni::quantize_acts, avxvnni::matmul_q8, avxvnni::matmul_f32, avxvnni::attend, avxvnni::silu_mul},
+        {avx512::quantize_acts, avx512::matmul_q8, avx512::matmul_f32, avx512::attend, avx512::silu_mul},
     };
     return table[isa < 0 || isa > 3 ? 0 : isa];
 }
@@ -112,12 +112,7 @@ void decode(const Stack& st, const Cache& c, float* x, int T, int64_t start, int
         for (int64_t i = 0; i < static_cast<int64_t>(T) * C; ++i) x[i] += y[i];
         for (int t = 0; t < T; ++t) rmsnorm(x + t * C, L.mlp_norm, C, st.eps, h.data() + t * C);
         linear_parts(L.gate_up, h.data(), T, gu.data(), 2 * I, tmp, f, nthreads);
-        const int64_t n = static_cast<int64_t>(T) * I;
-#pragma omp parallel for schedule(static) num_threads(nthreads)
-        for (int64_t i = 0; i < n; ++i) {
-            const float g = gu[(i / I) * 2 * I + i % I], u = gu[(i / I) * 2 * I + I + i % I];
-            act[i] = g / (1.0f + std::exp(-g)) * u;
-        }
+        f.silu_mul(gu.data(), T, I, act.data(), nthreads);
         linear(L.down, act.data(), T, y.data(), f, nthreads);
         for (int64_t i = 0; i < static_cast<int64_t>(T) * C; ++i) x[i] += y[i];
     }

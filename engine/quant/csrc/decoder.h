@@ -52,6 +52,7 @@ struct IsaFns {
     void (*matmul_q8)(const MatArgs&, const ActQ&);
     void (*matmul_f32)(const MatArgs&, const float*, int);
     void (*attend)(const AttnArgs&);
+    void (*silu_mul)(const float*, int, int64_t, float*, int);
 };
 const IsaFns& isa_fns(int isa);
 

@@ -105,6 +105,7 @@ void dequant_cols(int qtype, const uint8_t* packed, int64_t N, int64_t K, const 
     void matmul_q8(const MatArgs& a, const ActQ& x);                                         \
     void matmul_f32(const MatArgs& a, const float* x, int R);                                \
     void attend(const AttnArgs& a);                                                          \
+    void silu_mul(const float* gu, int T, int64_t I, float* out, int nthreads);              \
     }
 SQ_DECLARE_ISA(scalar)
 SQ_DECLARE_ISA(avx2)
