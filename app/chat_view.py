@@ -23,7 +23,7 @@ from PySide6.QtGui import (
 )
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QTextEdit, QToolTip, QWidget
 
-from app.theme import ORIGIN_HELP, ORIGIN_LABEL, TokenColours, token_colours
+from app.theme import OKABE_ITO, ORIGIN_HELP, ORIGIN_LABEL, TokenColours, mix, token_colours
 from engine.dists import PositionDist
 from engine.events import Origin, RoundEvent
 
@@ -31,6 +31,7 @@ TOKEN_PROP = int(QTextFormat.Property.UserProperty) + 1  # int: index into ChatV
 REJECTED_PROP = int(QTextFormat.Property.UserProperty) + 2  # bool: left out of copies
 
 REJECTED = "rejected"  # the first draft the target turned down
+PROVISIONAL = "provisional"  # step-through: a draft on screen before the target has decided on it
 DISCARDED = "discarded"  # drafts after it: never verified, dropped with it
 
 
@@ -174,6 +175,8 @@ class ChatView(QTextEdit):
         self._build_formats()
         self.viewport().installEventFilter(self)
         self._follow = True  # keep the end in view as the document grows, until the user scrolls up
+        self._provisional: list[tuple[str, str]] = []  # step-through: (text, kind) shown after the reply
+        self._provisional_span: tuple[int, int] | None = None  # where they sit in the document
         self.verticalScrollBar().valueChanged.connect(self._on_value)
         self.verticalScrollBar().rangeChanged.connect(self._on_range)
 
@@ -227,6 +230,7 @@ class ChatView(QTextEdit):
         the next call); returns how many."""
         if not self.pending:
             return 0
+        self.clear_provisional()  # real rounds take its place
         turn = self.turns[-1]
         n = len(turn.rounds) - turn.rendered if limit is None else min(limit, len(turn.rounds) - turn.rendered)
         cursor = self._end_cursor()
@@ -241,6 +245,47 @@ class ChatView(QTextEdit):
         """The committed text of an assistant turn (rejected drafts excluded)."""
         replies = [t for t in self.turns if t.role == "assistant"]
         return "".join(ev.text_delta for ev in replies[index].rounds) if replies else ""
+
+    # ---- step-through: a round shown before it is committed ------------------------------------------------
+    def show_provisional(self, pieces: list[tuple[str, str]]) -> None:
+        """Show (text, kind) pieces after the reply, replacing any shown before. kind: PROVISIONAL (drafted, not yet
+        decided), an Origin value, REJECTED or DISCARDED. They are no part of the reply or its copies: the next
+        painted round, or clear_provisional(), removes them."""
+        self.flush()
+        self.clear_provisional()
+        self._provisional = list(pieces)
+        mono = bool(self.turns) and self.turns[-1].fence.in_code
+        cursor = self._end_cursor()
+        start = cursor.position()
+        cursor.beginEditBlock()
+        for text, kind in pieces:
+            fmt = QTextCharFormat(self._formats[(kind, mono)])
+            fmt.setProperty(REJECTED_PROP, True)  # never copied
+            if kind != REJECTED and kind != DISCARDED:
+                fmt.setUnderlineStyle(QTextCharFormat.UnderlineStyle.DotLine)  # still only a proposal on screen
+            cursor.insertText(visible(text) if not text.strip() else text.replace("\n", "\u21b5"), fmt)
+        cursor.endEditBlock()
+        self._provisional_span = (start, cursor.position())
+
+    def clear_provisional(self) -> None:
+        span, self._provisional_span, self._provisional = self._provisional_span, None, []
+        if span is None:
+            return
+        cursor = QTextCursor(self.document())
+        end = min(span[1], self.document().characterCount() - 1)
+        cursor.setPosition(min(span[0], end))
+        cursor.setPosition(end, QTextCursor.MoveMode.KeepAnchor)
+        cursor.removeSelectedText()
+
+    @property
+    def provisional_text(self) -> str:
+        span = self._provisional_span
+        if span is None:
+            return ""
+        cursor = QTextCursor(self.document())
+        cursor.setPosition(span[0])
+        cursor.setPosition(span[1], QTextCursor.MoveMode.KeepAnchor)
+        return cursor.selectedText()
 
     # ---- options -------------------------------------------------------------------------------------------
     @property
@@ -354,6 +399,10 @@ class ChatView(QTextEdit):
             plain = QTextCharFormat()
             plain.setForeground(c.text)
             self._formats[("text", mono)] = plain
+            proposed = QTextCharFormat()  # step-through: drafted, not yet verified
+            proposed.setForeground(c.text)
+            proposed.setBackground(mix(c.base, QColor(OKABE_ITO["yellow"]), 0.45 if c.dark else 0.35))
+            self._formats[(PROVISIONAL, mono)] = proposed
             if mono:
                 for f in (v for (k, m), v in self._formats.items() if m):
                     f.setFontFamilies([self._mono.family()])
@@ -384,6 +433,7 @@ class ChatView(QTextEdit):
     def _rebuild(self) -> None:
         self.document().clear()
         self.infos.clear()
+        self._provisional_span = None
         cursor = self._end_cursor()
         cursor.beginEditBlock()
         for turn in self.turns:
@@ -392,6 +442,8 @@ class ChatView(QTextEdit):
             self._render_rounds(cursor, turn)
             self._render_footer(cursor, turn)
         cursor.endEditBlock()
+        if self._provisional:
+            self.show_provisional(self._provisional)
 
     def _new_block(self, cursor: QTextCursor, block: QTextBlockFormat, char: QTextCharFormat) -> None:
         """Start a block at the end, reusing an empty last block (the document's first, or the one Qt

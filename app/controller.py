@@ -13,6 +13,10 @@ Chat reply (the main window's conversation), in order for one reply:
       replyInterrupted(str)     the engine process died: its one-sentence cause
     replyFinished()             always last
 
+Step-through (`stepping` on when the reply starts, or set_stepping() mid-reply): after each phase of a round the
+engine waits, and phaseArrived(object) brings its PhaseEvent (`paused` holds it); step() runs the next phase,
+resume() the rest of the reply, stop() cancels it (the paused round finishes first).
+
 Any request (chat and Compare): requestRounds(int, list), requestSummary(int, object), requestFailed(int, str),
 requestFinished(int) (always last; also when the engine process died).
 
@@ -30,7 +34,7 @@ from PySide6.QtCore import QObject, Signal
 from app.host import EngineHost, LoadRequest
 from app.host import Request as HostRequest
 from engine.config import SamplingParams, SpecParams
-from engine.events import RoundEvent, Summary
+from engine.events import PhaseEvent, RoundEvent, Summary
 from engine.stats import MessageRecord, SessionStats
 
 Messages = list[dict[str, str]]
@@ -56,6 +60,7 @@ class Request:
 class ChatController(QObject):
     replyStarted = Signal(str, str)
     roundsArrived = Signal(list)
+    phaseArrived = Signal(object)
     replyDone = Signal(object)
     replyFailed = Signal(str)
     replyInterrupted = Signal(str)
@@ -83,7 +88,10 @@ class ChatController(QObject):
         self.active: Request | None = None  # the chat reply running now
         self.last_request: tuple[Messages, SamplingParams, SpecParams] | None = None  # what Compare replays
         self.death: str | None = None  # why the engine process ended, until it is reloaded
+        self.stepping = False  # step-through for the chat replies sent from now on
+        self.paused: PhaseEvent | None = None  # the phase the active reply waits after, while stepping
         host.roundsReady.connect(self._on_rounds)
+        host.phaseReady.connect(self._on_phase)
         host.summaryReady.connect(self._on_summary)
         host.errored.connect(self._on_error)
         host.finished.connect(self._on_finished)
@@ -127,17 +135,17 @@ class ChatController(QObject):
             return False
         messages = self.messages_for(text, system)
         self.conversation.append({"role": "user", "content": text})
-        self.active = self.submit(messages, sampling, spec, "chat", text)
+        self.active = self.submit(messages, sampling, spec, "chat", text, stepping=self.stepping)
         self.last_request = (messages, sampling, spec)
         self.replyStarted.emit(text, self.info.target_name if self.info else "Assistant")
         return True
 
     def submit(self, messages: Messages, sampling: SamplingParams, spec: SpecParams, kind: str,
-               prompt: str | None = None) -> Request:
+               prompt: str | None = None, stepping: bool = False) -> Request:
         """Any request: its rounds go into the session stats as `kind`."""
         if prompt is None:
             prompt = next((m["content"] for m in reversed(messages) if m["role"] == "user"), "")
-        handle = self.host.generate(messages, sampling, spec)
+        handle = self.host.generate(messages, sampling, spec, stepping)
         record = self.stats.begin(prompt, kind)
         record.messages, record.sampling, record.spec = [dict(m) for m in messages], sampling, spec  # for traces
         record.target, record.draft = (self.info.target_name, self.info.draft_name) if self.info else (None, None)
@@ -155,6 +163,38 @@ class ChatController(QObject):
         if rid in self.requests:
             self.requests[rid].cancel()
 
+    def forget_cache(self) -> None:
+        """The engine forgets its cached prefix (the conversation stays; its next turn prefills in full)."""
+        self.host.reset()
+
+    # ---- step-through --------------------------------------------------------------------------------------
+    def set_stepping(self, on: bool) -> None:
+        """Step-through on or off, for the running chat reply too (on: it pauses after its next phase)."""
+        self.stepping = on
+        if self.active is not None:
+            self.active.handle.set_stepping(on)
+            if not on:
+                self.paused = None
+        self.stateChanged.emit()
+
+    def step(self) -> bool:
+        """Run the paused reply to its next phase; False when nothing is paused."""
+        if self.active is None or self.paused is None:
+            return False
+        self.paused = None
+        self.active.handle.step()
+        self.stateChanged.emit()
+        return True
+
+    def resume(self) -> bool:
+        """Let the paused reply run to its end without pausing (step-through stays on for the next one)."""
+        if self.active is None or self.paused is None:
+            return False
+        self.paused = None
+        self.active.handle.resume()
+        self.stateChanged.emit()
+        return True
+
     def stop(self) -> bool:
         """Cancel every running request; returns whether there was one."""
         if not self.busy:
@@ -166,7 +206,7 @@ class ChatController(QObject):
         """Clear the conversation and the engine's cached prefix; the session's stats stay."""
         self.host.cancel_all()
         if self.active is not None:  # its late rounds are dropped; the request still finishes
-            self.active = None
+            self.active = self.paused = None
         self.conversation.clear()
         self.last_request = None
         self.stats.new_chat()
@@ -223,6 +263,13 @@ class ChatController(QObject):
         if req is self.active:
             self.roundsArrived.emit(events)
 
+    def _on_phase(self, rid: int, event: PhaseEvent) -> None:
+        req = self.requests.get(rid)
+        if req is not None and req is self.active:
+            self.paused = event
+            self.phaseArrived.emit(event)
+            self.stateChanged.emit()
+
     def _on_summary(self, rid: int, s: Summary) -> None:
         req = self.requests.get(rid)
         if req is None:
@@ -259,7 +306,7 @@ class ChatController(QObject):
         if req is self.active:
             if req.record.summary is None and not req.failed:  # cancelled before its first round
                 self._keep_partial(req)
-            self.active = None
+            self.active = self.paused = None
             self.replyFinished.emit()
         self.stateChanged.emit()
 

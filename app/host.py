@@ -13,6 +13,7 @@ Signals (GUI thread):
     loadCancelled()             the user cancelled; the previous engine stays in use
     modelsListed(list)          engine.hub.LocalModel entries for the model picker
     roundsReady(int, list)      request id, RoundEvents in order (batched: at most ~60 signals a second)
+    phaseReady(int, object)     request id, PhaseEvent: a stepping request now waits for step() or resume()
     summaryReady(int, object)   request id, Summary (once per request that ran to a stop or a cancel)
     errored(int, str)           request id, readable message (the request produced no Summary)
     finished(int)               request id; always last for a request, after summaryReady or errored
@@ -52,6 +53,17 @@ class Request:
     def update(self, sampling: SamplingParams, spec: SpecParams) -> None:
         self.host.send("controls", self.id, sampling, spec)
 
+    def step(self) -> None:
+        """Step-through: run to the next phase."""
+        self.host.send("step", self.id)
+
+    def resume(self) -> None:
+        """Step-through off for this request: it runs on without pausing."""
+        self.host.send("continue", self.id)
+
+    def set_stepping(self, on: bool) -> None:
+        self.host.send("stepping", self.id, on)
+
 
 @dataclass(frozen=True)
 class LoadRequest:
@@ -86,6 +98,7 @@ class EngineHost(QObject):
     loadCancelled = Signal()
     modelsListed = Signal(list)
     roundsReady = Signal(int, list)
+    phaseReady = Signal(int, object)
     summaryReady = Signal(int, object)
     errored = Signal(int, str)
     finished = Signal(int)
@@ -196,10 +209,12 @@ class EngineHost(QObject):
     def ready(self) -> bool:
         return self.info is not None
 
-    def generate(self, messages: list[dict[str, str]], sampling: SamplingParams, spec: SpecParams) -> Request:
+    def generate(self, messages: list[dict[str, str]], sampling: SamplingParams, spec: SpecParams,
+                 stepping: bool = False) -> Request:
+        """stepping: the engine pauses after each phase of a round (phaseReady) until step() or resume()."""
         req = Request(next(self._ids), self)
         self.pending[req.id] = req
-        self.send("generate", req.id, list(messages), sampling, spec)
+        self.send("generate", req.id, list(messages), sampling, spec, stepping)
         return req
 
     def cancel(self, rid: int | None = None) -> None:
@@ -244,6 +259,9 @@ class EngineHost(QObject):
         elif kind == "summary":
             if msg[1] in self.pending:
                 self.summaryReady.emit(msg[1], msg[2])
+        elif kind == "phase":
+            if msg[1] in self.pending:
+                self.phaseReady.emit(msg[1], msg[2])
         elif kind == "errored":
             if msg[1] in self.pending:
                 self.errored.emit(msg[1], msg[2])

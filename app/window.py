@@ -39,10 +39,13 @@ from app.inspector import InspectorDock
 from app.trace import Settings, session_trace
 from app.trace_window import TraceWindow, open_trace_dialog, save_trace_dialog
 from app.prompt_edit import PromptEdit
+from app.stepper import StepPanel
+from app.tuner_dialog import TunerDialog
 from app.resources import app_icon
 from app.theme import OKABE_ITO, THEMES, apply_theme
 from engine.events import RoundEvent, Summary
 from engine.service import EngineInfo
+from engine.stats import tuner_path
 
 
 FRAME_MS = 50  # repaint timer, 20 Hz: one chart per frame within the charts' time budget ...
@@ -102,6 +105,7 @@ class MainWindow(QMainWindow):
         self.last_round: RoundEvent | None = None
         self.summary: Summary | None = None  # of the last chat reply, once it arrives
         self.compare_dialog: CompareDialog | None = None
+        self.tuner_dialog: TunerDialog | None = None
         self.load_dialog: QProgressDialog | None = None
         self.theme = "system"
         self._status_dirty = False
@@ -144,6 +148,8 @@ class MainWindow(QMainWindow):
         lay.addWidget(self.banner)
         lay.addWidget(self.legend)
         lay.addWidget(self.chat, 1)
+        self.stepper = StepPanel(self.controller, self.chat)  # Run > Step through
+        lay.addWidget(self.stepper)
         lay.addLayout(row)
 
         self.charts = ChartsPanel()
@@ -222,6 +228,13 @@ class MainWindow(QMainWindow):
         m.addActions([self.send_action, self.stop_action])
         m.addSeparator()
         m.addAction(self.compare_action)
+        self.tune_action = act("Tune &K\u2026", self.tune_k, "Ctrl+K",
+                               "Replay the last prompt plain, then at K = 1..8 with each drafter; apply the best K")
+        m.addAction(self.tune_action)
+        m.addSeparator()
+        step_actions = [self.stepper.toggle_action, self.stepper.next_action, self.stepper.continue_action]
+        m.addActions(step_actions)
+        self.addActions(step_actions)  # their keys work wherever the focus is in the window
         m = menus.addMenu("&View")
         m.addAction(self.rejected_action)
         m.addAction(self.inspector.toggleViewAction())
@@ -243,7 +256,8 @@ class MainWindow(QMainWindow):
         tb.setObjectName("main-toolbar")
         tb.setMovable(False)
         tb.setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonTextOnly)
-        tb.addActions([self.new_action, self.stop_action, self.compare_action, self.export_action])
+        tb.addActions([self.new_action, self.stop_action, self.compare_action, self.tune_action, self.export_action])
+        tb.addAction(self.stepper.toggle_action)
         tb.addSeparator()
         tb.addAction(self.rejected_action)
         self.addToolBar(tb)
@@ -390,6 +404,7 @@ class MainWindow(QMainWindow):
         self.stop_button.setEnabled(busy)
         self.stop_action.setEnabled(busy)
         self.compare_action.setEnabled(ready and not busy and c.last_request is not None)
+        self.tune_action.setEnabled(ready and not busy and c.last_request is not None)
         self.banner.reload_button.setEnabled(not c.loading)
 
     # ---- compare -------------------------------------------------------------------------------------------
@@ -410,6 +425,31 @@ class MainWindow(QMainWindow):
     def _on_compare_done(self, _verdict) -> None:
         self.charts.set_plain_reference(self.controller.plain_ms_per_token)
         self.frame_timer.start()
+
+    # ---- K tuner -------------------------------------------------------------------------------------------
+    def tune_k(self) -> TunerDialog | None:
+        replay = self.controller.compare_request()  # the last prompt, its settings, one fixed seed
+        if replay is None:
+            self.statusBar().showMessage("Send a message first; Tune K replays the last prompt.", 4000)
+            return None
+        if self.tuner_dialog is not None:
+            self.tuner_dialog.deleteLater()
+        info = self.controller.info
+        dlg = TunerDialog(self.controller, *replay, info is not None and info.draft_name is not None, self)
+        dlg.applyRequested.connect(self.apply_k)
+        self.tuner_dialog = dlg
+        dlg.show()
+        dlg.start()
+        return dlg
+
+    def apply_k(self, drafter: str, k: int) -> None:
+        """The tuner's best: drafter and K into the controls (and so into the next request)."""
+        c = self.controls
+        c.spec_toggle.setChecked(True)
+        c.adaptive_check.setChecked(False)  # the sweep measured fixed K
+        c.drafter_combo.setCurrentIndex(max(c.drafter_combo.findData(drafter), 0))
+        c.k_slider.setValue(k)
+        self.statusBar().showMessage(f"K set to {k} ({'draft model' if drafter == 'model' else 'n-gram'})", 5000)
 
     # ---- models and the engine process ---------------------------------------------------------------------
     def load_models(self, target: str | None = None, draft: str | None = None, device: str | None = None) -> None:
@@ -515,8 +555,9 @@ class MainWindow(QMainWindow):
                             "try another folder.")
             return False
         self.settings.setValue("export/dir", str(Path(path).parent))
+        sweeps = f" and {tuner_path(path).name} (the K tuner)" if self.controller.stats.sweeps else ""
         self.statusBar().showMessage(f"Wrote {main.name} ({len(self.controller.stats.round_rows())} rounds) and "
-                                     f"{side.name}",
+                                     f"{side.name}{sweeps}",
                                      6000)
         return True
 
@@ -583,4 +624,6 @@ class MainWindow(QMainWindow):
         self.controller.stop()
         if self.compare_dialog is not None:
             self.compare_dialog.close()
+        if self.tuner_dialog is not None:
+            self.tuner_dialog.close()
         super().closeEvent(event)

@@ -20,6 +20,7 @@ from .inspector import inspect_round
 from .kv_cache import BlockManager, KVPool
 from .model import Transformer
 from .speculative import Verdict, accept_reject
+from .stepping import RoundSteps, cache_marks
 from .sampling import probs_for_positions, sample
 from .stops import StopChecker
 
@@ -66,8 +67,13 @@ class Engine:
         )
         self.ngram_drafter = NGramDrafter(self.vocab, self.device)
         self._active: object | None = None  # the running generate() call, if any (one at a time)
+        self.paused_s = 0.0  # time held by step-through (engine/stepping.py): `_clock` leaves it out
         self._pieces: dict[int, str] = {}  # token id -> its text alone (the inspector names ~20 tokens a row)
         self.inspect = True  # record the inspector's rows in each RoundEvent (~1-3 ms a round for 150k tokens on CPU)
+
+    def _clock(self) -> float:
+        """perf_counter without the time step-through held the engine: a stepped round times like any other."""
+        return time.perf_counter() - self.paused_s
 
     def _pool(self, model: Transformer) -> KVPool:
         c = self.cache_cfg
@@ -187,9 +193,9 @@ class Engine:
         gen.manual_seed(sampling.seed if sampling.seed is not None else secrets.randbits(63))  # global RNG untouched
         max_new = sampling.max_new_tokens
 
-        t0 = time.perf_counter()
+        t0 = self._clock()
         reused = self._prefill(prompt_ids)
-        prefill_s = time.perf_counter() - t0
+        prefill_s = self._clock() - t0
         prompt_len = len(prompt_ids)
         forwards = 1 if prompt_len - 1 > reused else 0
         detok = Detokenizer(self.tokenizer)
@@ -219,13 +225,16 @@ class Engine:
                 k = min(k, self.max_seq_len - len(self.ids), max_new - generated - 1)
                 drafter = self._drafter(spec) if spec.enabled and k >= 1 else None
 
-                t_round = time.perf_counter()
+                t_round = self._clock()
                 proposal = drafter.propose(self.ids, k, params, gen) if drafter else None
-                t_drafted = time.perf_counter()
+                t_drafted = self._clock()
+                steps = RoundSteps(self, controls, rounds + 1, drafter, k, proposal) if controls.gate.stepping else None
+                if steps is not None:
+                    steps.drafted()
                 drafted = proposal.tokens if proposal is not None else torch.empty(0, dtype=torch.long)
-                verdict_tokens, committed_origin, verdict, inspect = self._verify(drafted, proposal, params, gen)
+                verdict_tokens, committed_origin, verdict, inspect = self._verify(drafted, proposal, params, gen, steps)
                 forwards += 1
-                t_verified = time.perf_counter()
+                t_verified = self._clock()
                 positions = inspect() if self.inspect else ()  # after the clock: verify_ms stays the verify's own
                 rounds += 1
 
@@ -254,9 +263,12 @@ class Engine:
                     if stop_reason:
                         break
                 # Rollback: both caches keep only committed ids (all but the last token).
+                marks = cache_marks(self, drafter) if steps is not None else []
                 self.target_pool.manager.truncate_to(0, len(self.ids) - 1)
                 if drafter is not None:
                     drafter.rollback(self.ids)
+                if steps is not None:
+                    steps.decided(n_acc, verdict.p_drafted, committed, marks, cache_marks(self, drafter))
                 if ttft is None:
                     ttft = t_verified - t0
 
@@ -286,7 +298,7 @@ class Engine:
                     round=rounds, mode="speculative" if drafter else "plain",
                     drafter=drafter.name if drafter else None, k=k if drafter else 0,
                     temperature=params.temperature, drafted=draft_tokens, committed=tuple(committed),
-                    text_delta=delta, draft_ms=d_ms, verify_ms=v_ms, elapsed_s=time.perf_counter() - t0,
+                    text_delta=delta, draft_ms=d_ms, verify_ms=v_ms, elapsed_s=self._clock() - t0,
                     new_tokens=len(self.ids) - prompt_len, stop_reason=stop_reason, draft_prefill_ms=prefill_ms,
                     positions=positions,
                 )
@@ -296,7 +308,7 @@ class Engine:
             if self.model_drafter:
                 self.model_drafter.rollback(self.ids)
 
-        total = time.perf_counter() - t0
+        total = self._clock() - t0
         new_ids = self.ids[prompt_len:]
         yield Summary(
             new_tokens=len(new_ids), rounds=rounds, target_forwards=forwards, drafted=drafted_total,
@@ -310,7 +322,8 @@ class Engine:
             draft_prefill_ms=draft_prefill_ms_total, text_tail=tail,
         )
 
-    def _verify(self, drafted: torch.Tensor, proposal: Proposal | None, params: SamplingParams, gen):
+    def _verify(self, drafted: torch.Tensor, proposal: Proposal | None, params: SamplingParams, gen,
+                steps: RoundSteps | None = None):
         """Feed [g, t1..tK] to the target in one pass and apply the accept/reject rule. Also returns a callable
         that computes the round's inspector data (engine/inspector.py) from the same tensors."""
         m = self.target_pool.manager
@@ -320,6 +333,8 @@ class Engine:
         logits = self.target(feed, start, self.target_pool.view(0, start, end))  # (K+1, V)
         context = torch.tensor(self.ids, dtype=torch.long, device=self.device)
         p = probs_for_positions(logits[:, : self.vocab], params, context, drafted)  # (K+1, V)
+        if steps is not None:  # step-through: p beside q, before anything is decided
+            steps.verified(p)
         shown = logits[:, : self.vocab] if params.greedy else None  # point masses say little: show the logits
         if len(drafted) == 0:  # a plain decode step
             tok = sample(p[0], gen)

@@ -100,3 +100,71 @@ class Summary:
     prefill_s: float = 0.0  # target prefill of the uncached prompt suffix
     draft_prefill_ms: float = 0.0  # summed draft-model prefill (excluded from draft_ms)
     text_tail: str = ""  # text released at a cancel that no RoundEvent carried: text == deltas + text_tail
+
+
+# ---- step-through (optional: only a request with stepping on produces these) ------------------------------------
+
+
+class Phase(str, Enum):
+    """Where a round stands when step-through pauses it."""
+
+    DRAFTED = "drafted"  # the drafter proposed; the target has not looked yet
+    VERIFIED = "verified"  # the target's p is known at every drafted position; nothing decided yet
+    DECIDED = "decided"  # accept/reject done, the correction or bonus drawn, both caches rolled back
+
+
+@dataclass(frozen=True)
+class CacheRollback:
+    """One KV cache across a round's rollback: the positions and blocks it held before and after."""
+
+    cache: str  # "target" or "draft"
+    positions_before: int
+    positions_after: int
+    blocks_before: int
+    blocks_after: int
+
+    def __post_init__(self) -> None:
+        if self.cache not in ("target", "draft"):
+            raise ValueError(f"cache must be 'target' or 'draft', got {self.cache!r}")
+        if min(self.positions_before, self.positions_after, self.blocks_before, self.blocks_after) < 0:
+            raise ValueError(f"negative cache size in {self}")
+
+    @property
+    def positions_freed(self) -> int:
+        return max(0, self.positions_before - self.positions_after)
+
+    @property
+    def blocks_freed(self) -> int:
+        return max(0, self.blocks_before - self.blocks_after)
+
+
+@dataclass(frozen=True)
+class PhaseEvent:
+    """One phase of a round while step-through holds the engine at `Controls.gate` (see engine/controls.py).
+
+    It goes to `Controls.on_phase`, not through generate()'s yields: the RoundEvent stays the one record of a
+    round, and a request that does not step never builds one. A round that drafts nothing (plain decoding, or an
+    n-gram drafter with no match) has only its DECIDED phase.
+    """
+
+    round: int  # the round's number, as its RoundEvent will carry it
+    phase: Phase
+    drafter: str | None
+    k: int
+    tokens: tuple[int, ...]  # the drafted ids, in order
+    texts: tuple[str, ...]  # each drafted token decoded on its own
+    q: tuple[float, ...]  # q(t_i) for each drafted token
+    p: tuple[float, ...] = ()  # p(t_i), from VERIFIED on
+    accepted: int | None = None  # drafts kept, from DECIDED on
+    committed: tuple[CommittedToken, ...] = ()  # DECIDED: the accepted drafts, then the correction or bonus
+    rollback: tuple[CacheRollback, ...] = ()  # DECIDED: the target's cache, and the draft model's if any
+
+    def __post_init__(self) -> None:
+        n = len(self.tokens)
+        if len(self.texts) != n or len(self.q) != n or len(self.p) not in (0, n):
+            raise ValueError(f"a PhaseEvent needs one text, one q and (once verified) one p per drafted token; "
+                             f"got {n} tokens, {len(self.texts)} texts, {len(self.q)} q, {len(self.p)} p")
+        if self.phase != Phase.DRAFTED and n and not self.p:
+            raise ValueError(f"the {self.phase.value} phase needs p for the drafted tokens")
+        if self.phase == Phase.DECIDED and (self.accepted is None or not 0 <= self.accepted <= n):
+            raise ValueError(f"the decided phase needs 0 <= accepted <= {n}, got {self.accepted}")

@@ -12,11 +12,14 @@ at once, so they reach a running request between two of its rounds.
     ("load", target, draft, device)      target None: the embedded default pair
     ("cancel_load",)                     the running load stops at its next progress check
     ("scan",)                            list the local models for the picker
-    ("generate", rid, messages, sampling, spec)
+    ("generate", rid, messages, sampling, spec[, stepping])   stepping True: pause after each phase (below)
     ("controls", rid, sampling, spec)    live settings, read by the engine at the start of its next round
     ("cancel", rid)                      rid None: every request, running or queued
     ("reset",)                           forget the cached conversation
     ("status",)                          answered at once with ("status", dict), even mid-request
+    ("step", rid)                        step-through: the paused request runs to its next phase
+    ("continue", rid)                    step-through off for this request: it runs on without pausing
+    ("stepping", rid, on)                step-through on or off mid-request (on: it pauses at its next phase)
     ("shutdown",)                        cancel everything, then exit
 
 Events (engine -> GUI):
@@ -26,6 +29,8 @@ Events (engine -> GUI):
     ("loaded", EngineInfo) | ("load_failed", message) | ("load_cancelled",)
     ("models", [engine.hub.LocalModel])            answers "scan"
     ("rounds", rid, [RoundEvent])                  in order; batched to at most ~60 messages/s
+    ("phase", rid, PhaseEvent)                     step-through only: the request now waits for a command;
+                                                   every round before it was sent first
     ("summary", rid, Summary)                      once per request that reached a stop or a cancel ...
     ("errored", rid, message)                      ... or once per request that failed
     ("finished", rid)                              always, last for every request (also one cancelled in
@@ -173,9 +178,13 @@ class Service:
                     self.load_cancel.set()
             elif kind == "status":
                 self.send("status", self.status())
+            elif kind in ("step", "continue", "stepping"):
+                self._step(kind, *cmd[1:])
             else:
                 if kind == "generate":  # registered now, so a cancel that follows finds it in the queue
                     self.requests[cmd[1]] = Controls(cmd[3], cmd[4])
+                    self.requests[cmd[1]].gate.set_stepping(len(cmd) > 5 and bool(cmd[5]))
+                    cmd = cmd[:5]
                 elif kind == "load":
                     self.load_cancel = threading.Event()
                     cmd = (*cmd, self.load_cancel)
@@ -188,6 +197,15 @@ class Service:
                 self.jobs.put(cmd)
                 if kind == "shutdown":
                     return
+
+    def _step(self, kind: str, rid: int, on: bool = True) -> None:
+        c = self.requests.get(rid)
+        if c is None:  # finished meanwhile: nothing waits
+            return
+        if kind == "step":
+            c.gate.step()
+        else:
+            c.gate.set_stepping(kind == "stepping" and on)
 
     def _cancel(self, rid: int | None) -> None:
         for key, c in list(self.requests.items()):
@@ -270,6 +288,14 @@ class Service:
                 raise RuntimeError("no model is loaded yet")
             ids = self.engine.encode_chat(messages)
             sent = 0.0
+
+            def on_phase(event: Any) -> None:  # step-through: the rounds so far go first, then the pause
+                if batch:
+                    self.send("rounds", rid, list(batch))
+                    batch.clear()
+                self.send("phase", rid, event)
+
+            controls.on_phase = on_phase
             for item in self.engine.generate(ids, sampling, spec, controls):
                 if isinstance(item, Summary):
                     if batch:

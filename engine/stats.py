@@ -211,6 +211,12 @@ def summary_path(path: str | Path) -> Path:
     return p.with_name(f"{p.stem}_summary{p.suffix or '.csv'}")
 
 
+def tuner_path(path: str | Path) -> Path:
+    """`stats.csv` -> `stats_tuner.csv` (the K tuner's sweeps), beside it."""
+    p = Path(path)
+    return p.with_name(f"{p.stem}_tuner{p.suffix or '.csv'}")
+
+
 class SessionStats:
     """Every reply of the app session, in order. `chat` counts conversations (New chat starts the next),
     `message` counts replies across the whole session."""
@@ -218,6 +224,7 @@ class SessionStats:
     def __init__(self) -> None:
         self.records: list[MessageRecord] = []
         self.chat = 1
+        self.sweeps: list = []  # engine.sweep.Sweep, one per completed Run > Tune K
 
     def new_chat(self) -> None:
         if any(r.chat == self.chat for r in self.records):
@@ -245,10 +252,16 @@ class SessionStats:
         return t
 
     def write_csv(self, path: str | Path) -> tuple[Path, Path]:
-        """Rounds to `path`, per-message summaries to `<name>_summary.csv`. Raises OSError."""
+        """Rounds to `path`, per-message summaries to `<name>_summary.csv`, and the K tuner's sweeps (when there
+        are any) to `<name>_tuner.csv`. Raises OSError."""
         main, side = Path(path), summary_path(path)
         _write(main, ROUND_COLUMNS, self.round_rows())
         _write(side, SUMMARY_COLUMNS, self.summary_rows())
+        if self.sweeps:
+            from engine.sweep import SWEEP_COLUMNS  # engine.sweep imports this module
+
+            rows = [row for i, sweep in enumerate(self.sweeps, 1) for row in sweep.rows(i)]
+            _write(tuner_path(path), SWEEP_COLUMNS, rows)
         return main, side
 
 

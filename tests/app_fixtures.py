@@ -258,16 +258,17 @@ def tiny(**kw) -> Factory:
 
 
 def tiny_loader(target, draft, device, progress, cancelled, *, max_seq_len: int = 256, no_eos: bool = True,
-                round_delay: float = 0.0):
+                round_delay: float = 0.0, draft_name: str | None = None):
     """Runs in the engine process: the tiny random pair of tests/tiny.py on one thread (tiny models only pay
     for more). `no_eos`: a random model says EOS early, run to the token limit instead. `round_delay`: sleep
-    that long after each round, so that a test can act mid-reply."""
+    that long after each round, so that a test can act mid-reply. `draft_name`: what the window is told the draft
+    is called (None: it is told of no draft model, though the engine has one)."""
     import torch
 
     from tests.tiny import tiny_engine
 
     torch.set_num_threads(1)
-    engine = tiny_engine(max_seq_len=max_seq_len)
+    engine = tiny_engine(max_seq_len=max_seq_len, draft_name=draft_name)
     if no_eos:
         engine.eos_ids = set()
     if round_delay:
