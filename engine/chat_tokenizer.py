@@ -47,6 +47,9 @@ class ChatTokenizer:
         # No clean-up pass: byte-level BPE text is exact as decoded (transformers' is off for these files too).
         return self.tk.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
+    def token_to_id(self, token: str) -> int | None:
+        return self.tk.token_to_id(token)
+
     def convert_ids_to_tokens(self, ids: list[int]) -> list[str | None]:
         return [self.tk.id_to_token(i) for i in ids]
 

@@ -6,10 +6,12 @@ and loading GGUF models stays quick. Dequantization is `gguf.quants.dequantize`.
 """
 from __future__ import annotations
 
+import bisect
+import functools
 import math
 import mmap
 import struct
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -62,6 +64,47 @@ class TensorInfo:
         return math.prod(self.shape)
 
 
+class StringArray(Sequence[str]):
+    """A GGUF string array, decoded on first use. A vocabulary and its merges are 300k strings (~0.4 s to
+    decode); a draft's are only compared with its target's, which raw bytes do, and searched for a few
+    end-of-turn markers."""
+
+    def __init__(self, raw: bytes, starts: list[int]) -> None:
+        self.raw, self.starts = raw, starts  # length-prefixed entries, and where each begins in raw
+
+    @functools.cached_property
+    def items(self) -> list[str]:
+        raw, ends = self.raw, [*self.starts[1:], len(self.raw)]
+        return [raw[a + 8:b].decode("utf-8", errors="replace") for a, b in zip(self.starts, ends)]
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+    def __getitem__(self, i):  # type: ignore[override]
+        return self.items[i]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.items)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, StringArray):
+            return self.raw == other.raw and len(self) == len(other)
+        return isinstance(other, (list, tuple)) and list(self.items) == list(other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def find(self, text: str) -> int | None:
+        """Index of the first entry equal to text, without decoding the others."""
+        data = text.encode()
+        needle, at = struct.pack("<Q", len(data)) + data, 0
+        while (at := self.raw.find(needle, at)) >= 0:
+            i = bisect.bisect_left(self.starts, at)
+            if i < len(self.starts) and self.starts[i] == at:
+                return i
+            at += 1
+        return None
+
+
 class _Cursor:
     """Little-endian reads over a buffer; running off its end means the file is truncated."""
 
@@ -84,21 +127,21 @@ class _Cursor:
         self.pos += n
         return bytes(raw).decode("utf-8", errors="replace")
 
-    def strings(self, count: int) -> list[str]:
-        """An array of strings in one tight loop: a vocabulary and its merges are 300k of them."""
-        buf, pos, size, out = self.buf, self.pos, len(self.buf), []
+    def strings(self, count: int) -> StringArray:
+        """An array of strings, located now and decoded on first use (see StringArray)."""
+        buf, pos, size, starts = self.buf, self.pos, len(self.buf), []
         length = struct.Struct("<Q").unpack_from
         for _ in range(count):
             if pos + 8 > size:
                 raise ModelLoadError(f"{self.path}: GGUF header is truncated inside a string array at byte {pos}")
+            starts.append(pos)
             (n,) = length(buf, pos)
-            pos += 8
-            if pos + n > size:
-                raise ModelLoadError(f"{self.path}: GGUF header is truncated inside a string at byte {pos}")
-            out.append(buf[pos:pos + n].decode("utf-8", errors="replace"))
-            pos += n
+            pos += 8 + n
+            if pos > size:
+                raise ModelLoadError(f"{self.path}: GGUF header is truncated inside a string at byte {pos - n}")
+        arr = StringArray(bytes(buf[self.pos:pos]), [p - self.pos for p in starts])
         self.pos = pos
-        return out
+        return arr
 
     def value(self, vtype: int) -> Any:
         if vtype == GGUFValueType.STRING:
@@ -223,7 +266,8 @@ class GGUFFile:
     def _eos_ids(self, tokens: list[str]) -> tuple[int, ...]:
         ids = [self.metadata.get(f"tokenizer.ggml.{k}_token_id") for k in ("eos", "eot", "eom")]
         if self.arch == "qwen2":  # Qwen2.5 chat models end turns with <|im_end|>; base models with <|endoftext|>
-            ids += [i for i, t in enumerate(tokens) if t in ("<|im_end|>", "<|endoftext|>")]
+            find = tokens.find if isinstance(tokens, StringArray) else lambda t: tokens.index(t) if t in tokens else None
+            ids += sorted(i for i in map(find, ("<|im_end|>", "<|endoftext|>")) if i is not None)
         return tuple(dict.fromkeys(i for i in ids if i is not None))
 
     def _rope_scaling(self) -> dict[str, Any] | None:

@@ -64,10 +64,11 @@ def eos_ids(ckpt: Checkpoint) -> set[int]:
     tok = ckpt.tokenizer
     if tok.eos_token_id is not None:
         ids.add(tok.eos_token_id)
-    vocab = tok.get_vocab()
+    # token_to_id where the tokenizer has it: get_vocab() builds a 150k-entry dict (~0.2 s)
+    lookup = getattr(tok, "token_to_id", None) or tok.get_vocab().get
     for marker in ("<|im_end|>", "<|eot_id|>", "<|endoftext|>", "<|end_of_text|>"):
-        if marker in vocab:
-            ids.add(vocab[marker])
+        if (i := lookup(marker)) is not None:
+            ids.add(i)
     return ids
 
 

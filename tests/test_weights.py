@@ -347,11 +347,11 @@ def test_gguf_qwen2_checkpoint_with_tokenizer_and_chat_eos(tmp_path):
     t = ck.tokenizer
     assert t.chat_template == CHAT
     text = "def add(a, b):\n    return a + b"
-    assert t.decode(t(text).input_ids) == text
+    assert t.decode(t.encode(text)) == text
     msgs = [{"role": "user", "content": "hi"}]
     assert t.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True) == \
         tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
-    assert t.convert_tokens_to_ids("<|im_end|>") == vocab["<|im_end|>"]
+    assert t.token_to_id("<|im_end|>") == vocab["<|im_end|>"]
 
 
 def test_header_parse_matches_gguf_reader(tmp_path):
@@ -406,3 +406,21 @@ def test_corrupt_truncated_and_unsupported_gguf(tmp_path):
     w.add_tensor("token_embd.weight", np.zeros((4, 8), np.float32))
     w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
     _raises(tmp_path / "gpt2.gguf", "gpt2.gguf", "unsupported architecture 'gpt2'")
+
+
+def test_string_arrays_decode_lazily_and_compare_raw():
+    import struct
+
+    from engine.gguf_file import StringArray
+
+    words = ["a", "<|im_end|>", "ü🙂", "", "<|im_end|>x"]
+    raw, starts = b"", []
+    for w in words:
+        starts.append(len(raw))
+        raw += struct.pack("<Q", len(w.encode())) + w.encode()
+    arr = StringArray(raw, starts)
+    assert "items" not in vars(arr)  # nothing decoded by comparing or searching
+    assert arr == StringArray(bytes(raw), list(starts)) and arr != StringArray(raw[:-1] + b"y", starts)
+    assert arr.find("<|im_end|>") == 1 and arr.find("<|im_end|>x") == 4 and arr.find("x") is None
+    assert "items" not in vars(arr)
+    assert arr == words and list(arr) == words and arr[2] == "ü🙂" and len(arr) == 5
