@@ -13,6 +13,7 @@ from torch import nn
 from .gguf_file import GGUFFile
 from .model import Transformer
 from .quant import QuantEmbedding, QuantLinear
+from .quant.linear import FileEmbedding
 from .quant.linear import Act, packed_slices
 from .quant.stack import QuantStack
 
@@ -69,7 +70,7 @@ def build_model(gf: GGUFFile, max_len: int, act: Act = "int8", head_rows: np.nda
     model.lm_head = matrix(head, rows=head_rows)
     if head == "output.weight" or head_rows is not None:
         embd = gf.tensors["token_embd.weight"]
-        model.embed = QuantEmbedding(gf.blocks(embd.name), embd.qtype, cfg.hidden_size, act=act)
+        model.embed = FileEmbedding(gf.blocks(embd.name), embd.qtype, cfg.hidden_size)
     else:  # tied: the embedding looks its rows up in the LM head's blocks
         model.embed = QuantEmbedding.tied(model.lm_head)
     if head_rows is not None:

@@ -22,7 +22,7 @@ import torch
 
 from engine.quant import ext, formats
 from engine.quant.formats import FORMATS, T
-from engine.quant.linear import QuantEmbedding, QuantLinear, packed_slices
+from engine.quant.linear import FileEmbedding, QuantEmbedding, QuantLinear, packed_slices
 
 try:
     from test_quant_formats import gguf_ref
@@ -216,6 +216,16 @@ def test_fallback_agrees_and_is_batch_invariant(no_kernels, cases, qtype):
     assert all(torch.equal(lin(x[:r]), y[:r]) for r in (1, 2, 5))
     assert torch.equal(lin.dequantize().double(), w)
     assert torch.equal(QuantEmbedding(raw, qtype, K)(torch.tensor([2, 7])).double(), w[[2, 7]])
+
+
+@pytest.mark.parametrize("qtype", list(FORMATS), ids=lambda t: t.name)
+def test_file_embedding_reads_the_same_rows(kernels, cases, qtype):
+    raw, w, *_ = cases[qtype]
+    ids = torch.tensor([[3, 0], [N - 1, 3]])
+    emb = FileEmbedding(raw, qtype, K)
+    assert torch.equal(emb(ids), QuantEmbedding(raw, qtype, K)(ids)) and torch.equal(emb(ids[0]).double(), w[[3, 0]])
+    with pytest.raises(IndexError, match="out of range"):
+        emb(torch.tensor([N]))
 
 
 def test_build_failure_falls_back_with_one_line(monkeypatch, caplog):

@@ -213,3 +213,23 @@ class QuantEmbedding(nn.Module):
         else:
             out = t.dequantize()[flat]
         return out.reshape(*ids.shape, t.in_features)
+
+
+class FileEmbedding(nn.Module):
+    """ids -> rows of a GGML matrix read from the file as stored (a memory map) and dequantized by the numpy
+    reference, bit for bit what QuantEmbedding gives. An untied embedding is only ever read a few rows at a
+    time: repacking it would hold its whole size in RAM (225 MB for the embedded pair) for nothing."""
+
+    def __init__(self, raw: np.ndarray, qtype: int, dim: int) -> None:
+        super().__init__()
+        self.format = fmt(qtype)
+        self.raw = _as_rows(raw, int(self.format.qtype), dim)  # (V, row_bytes), a view of the file
+        self.qtype, self.num_embeddings, self.embedding_dim = int(self.format.qtype), self.raw.shape[0], dim
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        flat = ids.reshape(-1).long().numpy()
+        if len(flat) and (flat.min() < 0 or flat.max() >= self.num_embeddings):
+            raise IndexError(f"token id out of range [0, {self.num_embeddings})")
+        rows = torch.from_numpy(dequantize(self.raw[flat], self.qtype))  # (T, C)
+        return rows.reshape(*ids.shape, self.embedding_dim)
+
