@@ -321,6 +321,16 @@ class GGUFFile:
         heads = self._permuted_heads(name)
         return _unpermute(arr, heads) if heads else arr
 
+    def release(self, name: str) -> None:
+        """Drop a tensor's pages from this process's memory map once its blocks were copied (repacked): they
+        stay in the page cache, and a later read faults them back in. Without this the whole file counts
+        towards the process's RSS while a model loads."""
+        t = self.tensors[name]
+        start = t.offset // mmap.PAGESIZE * mmap.PAGESIZE
+        end = min(len(self._mm), t.offset + t.nbytes)
+        if hasattr(mmap, "MADV_DONTNEED") and end > start:
+            self._mm.madvise(mmap.MADV_DONTNEED, start, end - start)
+
     def blocks(self, name: str) -> np.ndarray:
         """A 2-D tensor's quantized blocks as stored, (rows, bytes per row) uint8, rows in Hugging Face order.
         A read-only view of the file's memory map, except for llama's q/k, whose rows are reordered (a copy):

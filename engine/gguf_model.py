@@ -49,7 +49,10 @@ def build_model(gf: GGUFFile, max_len: int, act: Act = "int8", head_rows: np.nda
                rows: np.ndarray | None = None) -> QuantLinear:
         t = gf.tensors[name]
         b = torch.from_numpy(gf.read_raw(bias)) if bias and bias in gf.tensors else None
-        return QuantLinear(gf.blocks(name), t.qtype, t.shape[1], bias=b, act=act, out=out, rows=rows)
+        lin = QuantLinear(gf.blocks(name), t.qtype, t.shape[1], bias=b, act=act, out=out, rows=rows)
+        if lin.packed is not None:  # repacked: the file's copy is no longer needed in memory
+            gf.release(name)
+        return lin
 
     def matrices(names: list[str], biases: list[str | None]) -> nn.Module:
         """Parts that run as one matrix: repacked straight into one buffer when their types agree."""
