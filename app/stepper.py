@@ -73,17 +73,17 @@ def phase_html(ev: PhaseEvent) -> str:
         accept = None if p is None else (min(1.0, p / ev.q[i]) if ev.q[i] > 0 else 0.0)
         verdict = verdict_of(ev, i)
         mark = f"<span style='color:{verdict_hue[verdict]}'><b>{verdict}</b></span>" if verdict else ""
-        rows.append(f"<tr><td align='right'>{i + 1}</td><td><tt>{html.escape(visible(text))}</tt></td>"
+        rows.append(f"<tr><td align='right'>{i + 1}</td><td>&nbsp;<tt>{html.escape(visible(text))}</tt>&nbsp;</td>"
                     f"<td align='right'><tt>{_num(ev.q[i])}</tt></td><td align='right'><tt>{_num(p)}</tt></td>"
-                    f"<td align='right'><tt>{_num(accept)}</tt></td><td>{mark}</td></tr>")
+                    f"<td align='right'><tt>{_num(accept)}</tt></td><td>&nbsp;{mark}</td></tr>")
     for c in ev.committed:
         if c.origin == Origin.ACCEPTED:
             continue
         label = {Origin.CORRECTED: "correction", Origin.BONUS: "bonus", Origin.PLAIN: "plain decode"}[c.origin]
-        rows.append(f"<tr><td align='right'>{c.index + 1}</td><td><tt>{html.escape(visible(c.text))}</tt></td>"
+        rows.append(f"<tr><td align='right'>{c.index + 1}</td><td>&nbsp;<tt>{html.escape(visible(c.text))}</tt>&nbsp;</td>"
                     f"<td></td><td align='right'><tt>{_num(c.p)}</tt></td><td></td>"
-                    f"<td><span style='color:{ORIGIN_HUE[c.origin]}'><b>{label}</b></span></td></tr>")
-    table = f"<table cellspacing='0' cellpadding='1'><tr>{head}</tr>{''.join(rows)}</table>" if rows else ""
+                    f"<td>&nbsp;<span style='color:{ORIGIN_HUE[c.origin]}'><b>{label}</b></span></td></tr>")
+    table = f"<table cellspacing='0' cellpadding='2'><tr>{head}</tr>{''.join(rows)}</table>" if rows else ""
     caches = "<br>".join(html.escape(rollback_line(r)) for r in ev.rollback)
     return table + (f"<p style='margin-top:4px'>{caches}</p>" if caches else "")
 

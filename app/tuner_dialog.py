@@ -24,6 +24,7 @@ from engine.sweep import KS, Sweep, SweepRun
 HUE = {"model": SERIES["measured"], "ngram": OKABE_ITO["blue"], "leviathan": SERIES["theoretical"],
        "plain": SERIES["plain"], "best": OKABE_ITO["orange"]}
 NAME = {"model": "draft model", "ngram": "n-gram"}
+NOISE = 1.05  # a best speedup under this is no clear win: single replays' rates vary by a few percent
 
 
 def curve_points(sweep: Sweep, drafter: str) -> tuple[list[int], list[float]]:
@@ -61,7 +62,8 @@ class TunerDialog(QDialog):
         self.plot.setLabel("left", "speedup over plain (\u00d7)")
         self.plot.setXRange(0.5, ks[-1] + 0.5, padding=0)
         self.plot.getAxis("bottom").setTicks([[(k, str(k)) for k in ks]])
-        self.legend = self.plot.addLegend(offset=(-10, 10))
+        text = self.palette().color(QPalette.ColorRole.Text)
+        self.legend = self.plot.addLegend(offset=(10, -10), labelTextColor=text)  # bottom left: rarely data there
         self.plain_line = pg.InfiniteLine(pos=1.0, angle=0, movable=False,
                                           pen=pg.mkPen(HUE["plain"], width=1.5, style=Qt.PenStyle.DashLine))
         self.plot.addItem(self.plain_line)
@@ -158,9 +160,10 @@ class TunerDialog(QDialog):
             y = s.speedup(best)
             self.best_marker.setData([best.k], [y])
             self.best_label.setText(f"best: K={best.k}, {NAME[best.drafter]}, {y:.2f}\u00d7")
+            self.best_label.setAnchor((1.0 if best.k > (self.tuner.plan[-1][1] + 1) / 2 else 0.0, 1.2))  # inside
             self.best_label.setPos(best.k, y)
         ys = [v for c in self.curves.values() for v in (c.yData if c.yData is not None else [])]
-        self.plot.setYRange(0, max([1.2, *ys]) * 1.15, padding=0)
+        self.plot.setYRange(0, max([1.2, *ys]) * 1.15, padding=0.04)  # a tick at the very top would be clipped
         self.result.setText(self.summary_text())
 
     def summary_text(self) -> str:
@@ -175,6 +178,10 @@ class TunerDialog(QDialog):
         best = s.best
         if best is not None:
             parts.append(f"<b>best: {best.label}, {best.tokens_per_s:.1f} tok/s, {s.speedup(best):.2f}\u00d7</b>")
+            noise = max(NOISE - 1.0, s.noise or 0.0)
+            if s.speedup(best) - 1.0 <= noise:
+                parts.append(f"within timing noise of plain decoding (\u00b1{noise:.0%}: replays that accepted "
+                             "nothing spread that far): no K clearly pays for this prompt here")
         return " \u00b7 ".join(parts)
 
     def apply_best(self) -> None:
@@ -191,7 +198,6 @@ class TunerDialog(QDialog):
             ax = self.plot.getAxis(side)
             ax.setPen(pg.mkPen(mix(base, text, 0.55)))
             ax.setTextPen(pg.mkPen(mix(base, text, 0.8)))
-        self.legend.setLabelTextColor(QColor(text))
         self.best_label.setColor(QColor(text))
 
     def closeEvent(self, event) -> None:  # noqa: N802 - Qt naming

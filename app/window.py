@@ -379,8 +379,9 @@ class MainWindow(QMainWindow):
             if self._status_dirty:
                 self._status_dirty = False
                 self._update_status()
-        # Once the reply is over the budget no longer applies: the engine is idle, and the charts catch up.
-        charted = self.charts.flush(budgeted=not final)
+        # Once the reply is over (or paused by step-through) the budget no longer applies: the engine is idle, and
+        # the charts catch up.
+        charted = self.charts.flush(budgeted=not final and self.controller.paused is None)
         if final and not charted and not self.chat.pending:
             self.frame_timer.stop()
 

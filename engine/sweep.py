@@ -117,6 +117,14 @@ class Sweep:
         return None if alpha is None or c is None else theoretical_speedup(alpha, k, c)
 
     @property
+    def noise(self) -> float | None:
+        """How far from 1× the replays that accepted no draft landed (their tokens are all plain target steps, so
+        their spread is timing noise plus drafting overhead); None when every speculative replay accepted some."""
+        spreads = [abs(s - 1.0) for r in self.runs
+                   if r.drafter is not None and r.accepted == 0 and (s := self.speedup(r)) is not None]
+        return max(spreads) if spreads else None
+
+    @property
     def best(self) -> SweepRun | None:
         """The fastest speculative replay (None before any has a speedup)."""
         scored = [(s, r) for r in self.runs if r.drafter is not None and (s := self.speedup(r)) is not None]

@@ -54,6 +54,9 @@ def test_speedup_alpha_c_leviathan_and_best():
     assert sweep.c == pytest.approx((500 / 50) / 100)
     assert sweep.leviathan(3) == pytest.approx(theoretical_speedup(0.75, 3, 0.1))
     assert sweep.best is m2
+    assert sweep.noise is None  # every speculative replay accepted something
+    idle = run("ngram", 5, new=40, drafted=2, accepted=0, trials=2, decode_s=3.6)  # nothing accepted: ~plain, 1.11x
+    assert Sweep((plain, m1, idle)).noise == pytest.approx(4.0 / 3.6 - 1.0)
     rows = sweep.rows(2)
     assert [r["drafter"] for r in rows] == ["plain", "model", "model", "ngram"]
     assert [r["best"] for r in rows] == [0, 0, 1, 0] and rows[0]["sweep"] == 2
