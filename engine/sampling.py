@@ -85,8 +85,15 @@ def _rows(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
-    """Draw one token from probs (V,). A point mass (greedy) needs no random number."""
-    return int(torch.multinomial(probs, 1, generator=generator).item())
+    """Draw one token from probs (V,) by inverting its CDF (float64) at one uniform draw. A point mass
+    (greedy) returns its token and draws nothing. torch.multinomial does the same job but cost ~4.4 ms for a
+    151,936-token vocabulary on the CPU: a tenth of a decode step, paid by every draft step too."""
+    cdf = probs.double().cumsum(0)  # (V,); a zero-probability token adds no width, so it is never drawn
+    first = torch.searchsorted(cdf, cdf.new_zeros(()), right=True)  # the first token with any mass
+    if bool(cdf[first] >= cdf[-1]):  # all of it: a point mass
+        return int(first)
+    u = torch.rand((), generator=generator, dtype=torch.float64, device=probs.device) * cdf[-1]
+    return min(int(torch.searchsorted(cdf, u, right=True)), len(probs) - 1)
 
 
 def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
