@@ -15,7 +15,7 @@ from tests.tiny import ENGINE_CFG, draft_weights, hf_model, state_dict
 
 from engine.config import SamplingParams, SpecParams
 from engine.events import Origin, RoundEvent, Summary
-from engine.sampling import residual
+from engine.sampling import residual, sample
 from engine.speculative import accept_reject
 
 PROMPT = [{"role": "user", "content": "Tell me a story about a cat."}]
@@ -148,7 +148,7 @@ def test_verdict_u_is_the_draw_and_takes_no_extra_randomness():
     assert v.u == tuple(u.tolist())
     n = v.accepted
     dist = residual(p[n], q[n]) if n < k else p[k]
-    torch.multinomial(dist, 1, generator=ref)
+    sample(dist, ref)  # the correction or bonus: the sampler's own draw, nothing more
     assert torch.equal(ours.get_state(), ref.get_state()), "accept_reject drew more (or fewer) random numbers"
 
 
