@@ -1,8 +1,8 @@
 """All decoder layers of a quantized model in one C++ call, for passes of up to 16 tokens.
 
 A decode step, a draft step or a verify pass runs ~300 small ops besides the matmuls (norms, rope, cache
-writes, attention, residuals). As separate torch calls they cost ~15 ms of a ~70 ms target step on a
-2-core CPU; in C++ (csrc/decoder.cpp) they cost under 2 ms. Longer passes (prompt prefill) stay in the
+writes, attention, residuals). As separate torch calls they cost ~16 ms of a ~70 ms target step on a
+2-core CPU; with them in C++ (csrc/decoder.cpp) the whole one-token pass measures ~42 ms. Longer passes (prompt prefill) stay in the
 torch modules, whose fused attention is faster there; both paths give the same results up to float rounding,
 and each is batch-invariant on its own, which is what exactness needs (plain and speculative decoding make
 the same prefill calls and only passes of <= 16 tokens otherwise).
