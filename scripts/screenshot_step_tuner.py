@@ -9,52 +9,20 @@ pressed until a round is decided with a rejected draft (round 3 or later), and t
 Continue (F5) finishes the reply, Run > Tune K replays it (N_TUNE new tokens each), and the dialog is grabbed when
 the sweep is done. MODELS=tiny runs the tiny random pair of tests/tiny.py instead.
 """
+import functools
 import os
 import sys
-import tempfile
 import time
+
+import xvfb_window  # noqa: E402  (scripts/, beside this file)
 
 
 def main() -> int:
-    os.environ["QT_QPA_PLATFORM"] = "xcb"
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    from PySide6.QtCore import QEventLoop, QSettings, QTimer
-    from PySide6.QtWidgets import QApplication
-
-    from app.controller import ChatController
-    from app.host import EngineHost
-    from app.resources import app_icon
-    from app.window import MainWindow
+    qa, controller, w = xvfb_window.open_window({"draft_name": "tiny-draft"})
+    wait = xvfb_window.wait
+    wait_until = functools.partial(xvfb_window.wait_until, timeout=1200)
+    idle = functools.partial(xvfb_window.idle, controller, w)
     from engine.events import Phase
-    from engine.service import DEFAULT_LISTER, DEFAULT_LOADER, Factory
-
-    qa = QApplication([])
-    qa.setStyle("Fusion")
-    qa.setApplicationName("SpecLens")
-    qa.setWindowIcon(app_icon())
-    tiny = os.environ.get("MODELS") == "tiny"
-    loader = Factory("tests.app_fixtures:tiny_loader", {"max_seq_len": 512, "draft_name": "tiny-draft"}) if tiny \
-        else DEFAULT_LOADER
-    controller = ChatController(EngineHost(loader, DEFAULT_LISTER))
-    w = MainWindow(controller, QSettings(tempfile.mktemp(suffix=".ini"), QSettings.Format.IniFormat))
-    w.set_theme(sys.argv[1] if len(sys.argv) > 1 else "light")
-    w.resize(1480, 900)
-    w.show()
-
-    def wait(ms):
-        loop = QEventLoop()
-        QTimer.singleShot(ms, loop.quit)
-        loop.exec()
-
-    def wait_until(cond, timeout=1200):
-        t = time.time()
-        while not cond():
-            wait(20)
-            if time.time() - t > timeout:
-                raise TimeoutError
-
-    def idle():
-        return not controller.busy and not w.frame_timer.isActive()
 
     t0 = time.time()
     w.load_models(None)

@@ -8,52 +8,20 @@ Turn 1 (greedy code), Run > Compare, then turn 2 at temperature 0.8, grabbed fro
 CRASH set, the engine process is then killed (SIGKILL) in the middle of turn 3, and the window is grabbed showing
 how it reports that. MODELS=tiny runs the tiny random pair of tests/tiny.py instead of the embedded one.
 """
+import functools
 import os
 import signal
 import sys
-import tempfile
 import time
+
+import xvfb_window  # noqa: E402  (scripts/, beside this file)
 
 
 def main() -> int:
-    os.environ["QT_QPA_PLATFORM"] = "xcb"
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    from PySide6.QtCore import QEventLoop, QSettings, QTimer
-    from PySide6.QtWidgets import QApplication
-
-    from app.controller import ChatController
-    from app.host import EngineHost
-    from app.resources import app_icon
-    from app.window import MainWindow
-    from engine.service import DEFAULT_LISTER, DEFAULT_LOADER, Factory
-
-    qa = QApplication([])
-    qa.setStyle("Fusion")
-    qa.setApplicationName("SpecLens")
-    qa.setWindowIcon(app_icon())
-    tiny = os.environ.get("MODELS") == "tiny"
-    loader = Factory("tests.app_fixtures:tiny_loader", {"max_seq_len": 512, "round_delay": 0.03}) if tiny \
-        else DEFAULT_LOADER
-    controller = ChatController(EngineHost(loader, DEFAULT_LISTER))
-    w = MainWindow(controller, QSettings(tempfile.mktemp(suffix=".ini"), QSettings.Format.IniFormat))
-    w.set_theme(sys.argv[1] if len(sys.argv) > 1 else "light")
-    w.resize(1480, 900)
-    w.show()
-
-    def wait(ms):
-        loop = QEventLoop()
-        QTimer.singleShot(ms, loop.quit)
-        loop.exec()
-
-    def wait_until(cond, timeout=900):
-        t = time.time()
-        while not cond():
-            wait(20)
-            if time.time() - t > timeout:
-                raise TimeoutError
-
-    def idle():
-        return not controller.busy and not w.frame_timer.isActive()
+    qa, controller, w = xvfb_window.open_window({"round_delay": 0.03})
+    wait = xvfb_window.wait
+    wait_until = functools.partial(xvfb_window.wait_until, timeout=900)
+    idle = functools.partial(xvfb_window.idle, controller, w)
 
     controller.scan_models()
     t0 = time.time()

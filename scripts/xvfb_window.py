@@ -1,0 +1,57 @@
+"""The real window on an X display (Xvfb) for the screenshot scripts: one place for the set-up they share."""
+import os
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def open_window(tiny_loader_kw: dict | None = None):
+    """(QApplication, ChatController, MainWindow), the window shown at 1480x900 in the theme named by argv[1].
+    MODELS=tiny runs tests/tiny.py's pair with tiny_loader_kw instead of the embedded one."""
+    os.environ["QT_QPA_PLATFORM"] = "xcb"
+    from PySide6.QtCore import QSettings
+    from PySide6.QtWidgets import QApplication
+
+    from app.controller import ChatController
+    from app.host import EngineHost
+    from app.resources import app_icon
+    from app.window import MainWindow
+    from engine.service import DEFAULT_LISTER, DEFAULT_LOADER, Factory
+
+    qa = QApplication([])
+    qa.setStyle("Fusion")
+    qa.setApplicationName("SpecLens")
+    qa.setWindowIcon(app_icon())
+    tiny = os.environ.get("MODELS") == "tiny"
+    loader = Factory("tests.app_fixtures:tiny_loader", {"max_seq_len": 512, **(tiny_loader_kw or {})}) if tiny \
+        else DEFAULT_LOADER
+    controller = ChatController(EngineHost(loader, DEFAULT_LISTER))
+    w = MainWindow(controller, QSettings(tempfile.mktemp(suffix=".ini"), QSettings.Format.IniFormat))
+    w.set_theme(sys.argv[1] if len(sys.argv) > 1 else "light")
+    w.resize(1480, 900)
+    w.show()
+    return qa, controller, w
+
+
+def wait(ms: int) -> None:
+    """Run the event loop for ms milliseconds."""
+    from PySide6.QtCore import QEventLoop, QTimer
+
+    loop = QEventLoop()
+    QTimer.singleShot(ms, loop.quit)
+    loop.exec()
+
+
+def wait_until(cond, timeout: float = 900) -> None:
+    t = time.time()
+    while not cond():
+        wait(20)
+        if time.time() - t > timeout:
+            raise TimeoutError
+
+
+def idle(controller, w) -> bool:
+    """No request running and no repaint pending."""
+    return not controller.busy and not w.frame_timer.isActive()
