@@ -25,6 +25,11 @@ from engine.quant.formats import FORMATS, T
 from engine.quant.linear import FileEmbedding, QuantEmbedding, QuantLinear, packed_slices
 
 try:
+    from isa import outputs_per_isa_and_threads
+except ImportError:  # tests/ imported as a package
+    from tests.isa import outputs_per_isa_and_threads
+
+try:
     from test_quant_formats import gguf_ref
 except ImportError:  # tests/ imported as a package
     from tests.test_quant_formats import gguf_ref
@@ -141,17 +146,7 @@ def test_same_bits_on_every_isa_and_thread_count(kernels, cases, mode):
     qtype, act = mode
     lin = layer(cases[qtype], qtype, act)
     x = activations(9, seed=2)
-    before, threads = kernels.isa(), torch.get_num_threads()
-    outs = {}
-    try:
-        for isa in kernels.supported_isas():
-            kernels.set_isa(isa)
-            for t in (1, 2):
-                torch.set_num_threads(t)
-                outs[(isa, t)] = lin(x)
-    finally:
-        kernels.set_isa(before)
-        torch.set_num_threads(threads)
+    outs = outputs_per_isa_and_threads(lambda: lin(x))
     first = next(iter(outs.values()))
     assert all(torch.equal(first, y) for y in outs.values()), list(outs)
 

@@ -12,8 +12,10 @@ from engine.model import Transformer
 from engine.quant import ext, kernels_available
 
 try:
+    from isa import outputs_per_isa_and_threads
     from test_weights import make_hf_model, make_tokenizer, write_gguf
 except ImportError:  # tests/ imported as a package
+    from tests.isa import outputs_per_isa_and_threads
     from tests.test_weights import make_hf_model, make_tokenizer, write_gguf
 
 # Without the compiled kernels there is no stack to test (the torch modules run instead; test_quant_kernels.py
@@ -70,19 +72,8 @@ def test_passes_are_batch_invariant_and_block_layout_free(gguf_path, act):
 
 
 def test_same_bits_on_every_isa_and_thread_count(gguf_path):
-    kernels = ext.load()
     model = build_model(GGUFFile(gguf_path), MAX_LEN)
-    before, threads = kernels.isa(), torch.get_num_threads()
-    outs = {}
-    try:
-        for isa in kernels.supported_isas():
-            kernels.set_isa(isa)
-            for t in (1, 2):
-                torch.set_num_threads(t)
-                outs[(isa, t)] = run(model, [3, 8], scatter=True)
-    finally:
-        kernels.set_isa(before)
-        torch.set_num_threads(threads)
+    outs = outputs_per_isa_and_threads(lambda: run(model, [3, 8], scatter=True))
     first = next(iter(outs.values()))
     assert len(outs) >= 2 and all(torch.equal(first, y) for y in outs.values()), list(outs)
 
