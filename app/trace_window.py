@@ -24,6 +24,7 @@ from PySide6.QtWidgets import (
 from app.charts import ChartsPanel
 from app.chat_view import ChatView, OriginLegend
 from app.inspector import InspectorDock
+from app.reply_footer import reply_footer
 from app.resources import app_icon
 from app.trace import Trace, TraceError, read_trace, write_trace
 from engine.stats import MessageRecord, SessionStats
@@ -33,8 +34,6 @@ FILTER = "SpecLens traces (*.json);;All files (*)"
 
 def footer_of(record: MessageRecord) -> tuple[str, str]:
     """The reply's meta line and closing text, as the main window wrote them."""
-    from app.window import reply_footer  # the main window's own wording (imported late: it imports this module)
-
     s = record.summary
     if s is None:
         return "ended without a summary (failed or interrupted)", ""

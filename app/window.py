@@ -11,11 +11,10 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from PySide6.QtCore import QByteArray, QRectF, QSettings, Qt, QTimer
-from PySide6.QtGui import QAction, QActionGroup, QCloseEvent, QColor, QGuiApplication, QKeySequence, QPainter, QPen
+from PySide6.QtCore import QByteArray, QSettings, Qt, QTimer
+from PySide6.QtGui import QAction, QActionGroup, QCloseEvent, QGuiApplication, QKeySequence
 from PySide6.QtWidgets import (
     QFileDialog,
-    QFrame,
     QHBoxLayout,
     QLabel,
     QMainWindow,
@@ -35,14 +34,16 @@ from app.chat_view import ChatView, OriginLegend
 from app.compare import CompareDialog
 from app.controller import ChatController
 from app.controls import ControlsPanel
+from app.crash_banner import CrashBanner
 from app.inspector import InspectorDock
 from app.trace import Settings, session_trace
 from app.trace_window import TraceWindow, open_trace_dialog, save_trace_dialog
 from app.prompt_edit import PromptEdit
+from app.reply_footer import reply_footer
 from app.stepper import StepPanel
 from app.tuner_dialog import TunerDialog
 from app.resources import app_icon
-from app.theme import OKABE_ITO, THEMES, apply_theme
+from app.theme import THEMES, apply_theme
 from engine.events import RoundEvent, Summary
 from engine.service import EngineInfo
 from engine.stats import tuner_path
@@ -51,50 +52,6 @@ from engine.stats import tuner_path
 FRAME_MS = 50  # repaint timer, 20 Hz: one chart per frame within the charts' time budget ...
 TEXT_FRAME_S = 0.09  # ... and the chat at most every other frame (about 10 Hz) while rounds keep coming ...
 TEXT_ROUNDS_PER_FRAME = 24  # ... and at most this many rounds of text per frame: one frame's layout stays short
-
-
-def reply_footer(s: Summary) -> str:
-    parts = [f"{s.new_tokens} tokens in {s.rounds} rounds", f"{s.tokens_per_s:.1f} tok/s",
-             f"{s.mean_tokens_per_round:.2f} tokens/round"]
-    if s.drafted:
-        parts.append(f"acceptance {s.acceptance_rate:.0%}")
-    parts.append(f"reused {s.reused_prefix_tokens} of {s.prompt_tokens} prompt tokens")
-    if s.stop_reason not in ("eos", "stop"):
-        parts.append({"cancelled": "stopped", "length": "hit the token limit"}.get(s.stop_reason, s.stop_reason))
-    return "  \u00b7  ".join(parts)
-
-
-class CrashBanner(QFrame):
-    """What happened to the engine process, in one sentence, and a way back: shown above the chat."""
-
-    def __init__(self, parent: QWidget | None = None) -> None:
-        super().__init__(parent)
-        self.label = QLabel()
-        self.label.setWordWrap(True)
-        self.label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
-        self.reload_button = QPushButton("Reload models")
-        self.reload_button.setToolTip("Start a new engine process and load the same models; the chat is kept")
-        self.dismiss_button = QPushButton("Dismiss")
-        lay = QHBoxLayout(self)
-        lay.setContentsMargins(10, 6, 6, 6)
-        lay.addWidget(self.label, 1)
-        lay.addWidget(self.reload_button)
-        lay.addWidget(self.dismiss_button)
-        self.dismiss_button.clicked.connect(self.hide)
-        self.hide()
-
-    def show_message(self, sentence: str) -> None:
-        self.label.setText(f"<span style='color:{OKABE_ITO['vermillion']}'>\u26a0</span> {sentence} "
-                           "The chat, the charts and the session stats are kept.")
-        self.show()
-
-    def paintEvent(self, event) -> None:  # noqa: N802 - Qt naming
-        """A vermillion outline, painted rather than style-sheeted: a style sheet would pin the label's colours
-        to the palette of the moment, unreadable after a switch to the dark theme."""
-        p = QPainter(self)
-        p.setRenderHint(QPainter.RenderHint.Antialiasing)
-        p.setPen(QPen(QColor(OKABE_ITO["vermillion"]), 1.2))
-        p.drawRoundedRect(QRectF(self.rect()).adjusted(0.6, 0.6, -0.6, -0.6), 4, 4)
 
 
 class MainWindow(QMainWindow):
