@@ -64,6 +64,9 @@ class TensorInfo:
         return math.prod(self.shape)
 
 
+MADV_POPULATE_READ = 22  # Linux's value; Python's mmap module does not name it
+
+
 class StringArray(Sequence[str]):
     """A GGUF string array, decoded on first use. A vocabulary and its merges are 300k strings (~0.4 s to
     decode); a draft's are only compared with its target's, which raw bytes do, and searched for a few
@@ -128,18 +131,20 @@ class _Cursor:
         return bytes(raw).decode("utf-8", errors="replace")
 
     def strings(self, count: int) -> StringArray:
-        """An array of strings, located now and decoded on first use (see StringArray)."""
-        buf, pos, size, starts = self.buf, self.pos, len(self.buf), []
-        length = struct.Struct("<Q").unpack_from
-        for _ in range(count):
-            if pos + 8 > size:
-                raise ModelLoadError(f"{self.path}: GGUF header is truncated inside a string array at byte {pos}")
-            starts.append(pos)
-            (n,) = length(buf, pos)
-            pos += 8 + n
-            if pos > size:
-                raise ModelLoadError(f"{self.path}: GGUF header is truncated inside a string at byte {pos - n}")
-        arr = StringArray(bytes(buf[self.pos:pos]), [p - self.pos for p in starts])
+        """An array of strings, located now and decoded on first use (see StringArray). Locating is a walk over
+        the length prefixes (~600k in a vocabulary and its merges, per file), so the loop does nothing else:
+        a prefix past the end raises struct.error, and the end is checked once."""
+        buf, base, starts = self.buf, self.pos, [0] * count
+        length, pos = struct.Struct("<Q").unpack_from, base
+        try:
+            for i in range(count):
+                starts[i] = pos - base
+                pos += 8 + length(buf, pos)[0]
+        except struct.error:
+            pos = len(self.buf) + 1
+        if pos > len(self.buf):
+            raise ModelLoadError(f"{self.path}: GGUF header is truncated inside a string array that starts at byte {base}")
+        arr = StringArray(bytes(buf[base:pos]), starts)
         self.pos = pos
         return arr
 
@@ -325,11 +330,23 @@ class GGUFFile:
         """Drop a tensor's pages from this process's memory map once its blocks were copied (repacked): they
         stay in the page cache, and a later read faults them back in. Without this the whole file counts
         towards the process's RSS while a model loads."""
+        if hasattr(mmap, "MADV_DONTNEED"):
+            self._advise(name, mmap.MADV_DONTNEED)
+
+    def prefault(self, name: str) -> None:
+        """Map a tensor's pages in one call before reading all of it (repacking), rather than faulting them in
+        4 KB at a time (~20% of a repack's time). A no-op before Linux 5.14 and on other systems."""
+        try:
+            self._advise(name, MADV_POPULATE_READ)
+        except (OSError, ValueError):
+            pass
+
+    def _advise(self, name: str, advice: int) -> None:
         t = self.tensors[name]
         start = t.offset // mmap.PAGESIZE * mmap.PAGESIZE
         end = min(len(self._mm), t.offset + t.nbytes)
-        if hasattr(mmap, "MADV_DONTNEED") and end > start:
-            self._mm.madvise(mmap.MADV_DONTNEED, start, end - start)
+        if end > start:
+            self._mm.madvise(advice, start, end - start)
 
     def blocks(self, name: str) -> np.ndarray:
         """A 2-D tensor's quantized blocks as stored, (rows, bytes per row) uint8, rows in Hugging Face order.

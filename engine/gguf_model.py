@@ -12,9 +12,9 @@ from torch import nn
 
 from .gguf_file import GGUFFile
 from .model import Transformer
-from .quant import QuantEmbedding, QuantLinear
-from .quant.linear import FileEmbedding
-from .quant.linear import Act, packed_slices
+from .pages import Arena
+from .quant import QuantEmbedding, QuantLinear, ext, formats
+from .quant.linear import Act, FileEmbedding, packed_slices
 from .quant.stack import QuantStack
 
 
@@ -37,10 +37,22 @@ def fused(parts: list[QuantLinear]) -> nn.Module:
         return Concat(parts)
 
 
+def _arena(gf: GGUFFile) -> Arena | None:
+    """Room for every matrix of the file, packed (engine.pages: what stays unused, like an untied embedding's
+    share, is never touched, so costs nothing); None without the compiled kernels."""
+    if ext.load() is None:
+        return None
+    total = sum(formats.packed_bytes(t.qtype, *t.shape) + Arena.ALIGN
+                for t in gf.tensors.values() if len(t.shape) == 2 and t.qtype in formats.FORMATS)
+    return Arena(total) if total else None
+
+
 def build_model(gf: GGUFFile, max_len: int, act: Act = "int8", head_rows: np.ndarray | None = None) -> Transformer:
     """head_rows: the vocabulary ids the LM head scores (a trimmed draft head, engine.draft_vocab); default all."""
     cfg = gf.config()
     model = Transformer(cfg, max_len)
+    arena = _arena(gf)
+    take = arena.take if arena is not None else None
 
     def vector(name: str) -> nn.Parameter:
         return nn.Parameter(torch.from_numpy(gf.read_raw(name)), requires_grad=False)  # (N,) F32
@@ -49,6 +61,10 @@ def build_model(gf: GGUFFile, max_len: int, act: Act = "int8", head_rows: np.nda
                rows: np.ndarray | None = None) -> QuantLinear:
         t = gf.tensors[name]
         b = torch.from_numpy(gf.read_raw(bias)) if bias and bias in gf.tensors else None
+        if out is None and take is not None:
+            n = len(rows) if rows is not None else t.shape[0]
+            out = packed_slices([(t.qtype, n, t.shape[1])], take)[0]
+        gf.prefault(name)
         lin = QuantLinear(gf.blocks(name), t.qtype, t.shape[1], bias=b, act=act, out=out, rows=rows)
         if lin.packed is not None:  # repacked: the file's copy is no longer needed in memory
             gf.release(name)
@@ -57,7 +73,7 @@ def build_model(gf: GGUFFile, max_len: int, act: Act = "int8", head_rows: np.nda
     def matrices(names: list[str], biases: list[str | None]) -> nn.Module:
         """Parts that run as one matrix: repacked straight into one buffer when their types agree."""
         specs = [(gf.tensors[n].qtype, *gf.tensors[n].shape) for n in names]  # (qtype, N, K)
-        outs = packed_slices(specs) if len({q for q, *_ in specs}) == 1 else None
+        outs = packed_slices(specs, take) if len({q for q, *_ in specs}) == 1 else None
         return fused([matrix(n, b, outs[i] if outs else None) for i, (n, b) in enumerate(zip(names, biases))])
 
     for i, block in enumerate(model.layers):

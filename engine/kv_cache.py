@@ -6,8 +6,11 @@ so it can be tested on its own. KVPool holds the tensors and maps token position
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import partial
 
 import torch
+
+from . import pages
 
 
 class CacheFullError(RuntimeError):
@@ -112,8 +115,10 @@ class KVPool:
         self.manager = manager
         n_slots = manager.num_blocks * manager.block_size
         shape = (num_layers, n_slots, num_kv_heads, head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)  # (L, S, Hkv, D)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)  # (L, S, Hkv, D)
+        # On the CPU in lazily zeroed huge pages: slots a short chat never reaches cost no memory
+        alloc = pages.zeros if torch.device(device).type == "cpu" else partial(torch.zeros, device=device)
+        self.k = alloc(shape, dtype=dtype)  # (L, S, Hkv, D)
+        self.v = alloc(shape, dtype=dtype)  # (L, S, Hkv, D)
 
     def view(self, seq: int, start: int, end: int) -> CacheView:
         """Where a forward pass writing positions [start, end) of seq puts and reads its KV."""

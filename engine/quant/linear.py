@@ -17,7 +17,7 @@ dequantized once to fp32 (memory-hungry), one row at a time (so still batch-inva
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Literal
 
 import numpy as np
@@ -45,14 +45,17 @@ def _threads() -> int:
     return max(1, torch.get_num_threads())
 
 
-def packed_slices(specs: Sequence[tuple[int, int, int]]) -> list[torch.Tensor] | None:
+def packed_slices(specs: Sequence[tuple[int, int, int]],
+                  take: Callable[[int], torch.Tensor] | None = None) -> list[torch.Tensor] | None:
     """One buffer for parts (qtype, N, K) to be repacked side by side (`out=`), so that `concat` of the
-    parts copies nothing; None without the compiled kernels."""
+    parts copies nothing; None without the compiled kernels. take(nbytes): where the buffer comes from
+    (e.g. `engine.pages.Arena.take`); default a new tensor."""
     mod = ext.load()
     if mod is None:
         return None
     sizes = [mod.packed_bytes(q, n, k) for q, n, k in specs]
-    return list(torch.empty(sum(sizes), dtype=torch.uint8).split(sizes))
+    buf = take(sum(sizes)) if take is not None else torch.empty(sum(sizes), dtype=torch.uint8)
+    return list(buf.split(sizes))
 
 
 def _adjacent(parts: Sequence[QuantLinear]) -> torch.Tensor | None:
