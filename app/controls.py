@@ -26,7 +26,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine.config import SamplingParams, SpecParams
+from engine.config import STOP_BELOW, SamplingParams, SpecParams
 
 K_MIN, K_MAX = 1, 16
 # The fastest K for the embedded pair on a 2-vCPU AVX2 machine (scripts/bench_cpu.py; see the README): with the
@@ -118,7 +118,14 @@ class ControlsPanel(QWidget):
         form.addRow(self.spec_toggle)
         form.addRow("Drafter", self.drafter_combo)
         form.addRow("K", _with_value(self.k_slider, self.k_label))
+        self.stop_check = QCheckBox("Stop drafting when unsure")
+        self.stop_check.setChecked(True)
+        self.stop_check.setToolTip(
+            f"The draft model ends a round's draft early once its own confidence that all its tokens pass drops "
+            f"below {STOP_BELOW:.0%}, so K is a ceiling: fewer wasted draft steps and verify rows. Output is "
+            "unchanged either way")
         form.addRow(self.adaptive_check)
+        form.addRow(self.stop_check)
         outer.addWidget(box)
 
         # Sampling
@@ -162,6 +169,7 @@ class ControlsPanel(QWidget):
 
         for sig in (self.k_slider.valueChanged, self.temp_slider.valueChanged, self.top_p_slider.valueChanged,
                     self.top_k_spin.valueChanged, self.spec_toggle.toggled, self.adaptive_check.toggled,
+                    self.stop_check.toggled,
                     self.drafter_combo.currentIndexChanged):
             sig.connect(self._on_live_change)
         self.target_combo.currentIndexChanged.connect(self._refill_drafts)
@@ -188,6 +196,7 @@ class ControlsPanel(QWidget):
             drafter=self.drafter_combo.currentData(),
             adaptive=self.adaptive_check.isChecked(),
             k_max=K_MAX,
+            stop_below=STOP_BELOW if self.stop_check.isChecked() else 0.0,
         )
 
     def system_prompt(self) -> str:
@@ -206,6 +215,7 @@ class ControlsPanel(QWidget):
         self.drafter_combo.setEnabled(spec)
         self.k_slider.setEnabled(spec)
         self.adaptive_check.setEnabled(spec)
+        self.stop_check.setEnabled(spec and self.drafter_combo.currentData() == "model")
 
     # ---- models --------------------------------------------------------------------------------------------
     def set_local_models(self, models: Sequence[Any]) -> None:
@@ -267,6 +277,7 @@ class ControlsPanel(QWidget):
         s.setValue("speculative", self.spec_toggle.isChecked())
         s.setValue("drafter", self.drafter_combo.currentData())
         s.setValue("adaptive", self.adaptive_check.isChecked())
+        s.setValue("stop_when_unsure", self.stop_check.isChecked())
         s.setValue("system_prompt", self.system_edit.toPlainText())
         s.setValue("target", self.target_combo.currentData() or "")
         s.setValue("draft", self.draft_combo.currentData() or "")
@@ -285,6 +296,7 @@ class ControlsPanel(QWidget):
             i = self.drafter_combo.findData(s.value("drafter", "model"))
             self.drafter_combo.setCurrentIndex(max(i, 0))
             self.adaptive_check.setChecked(_bool(s.value("adaptive", False)))
+            self.stop_check.setChecked(_bool(s.value("stop_when_unsure", True)))
             self.system_edit.setPlainText(str(s.value("system_prompt", "")))
             self.saved_pair = (str(s.value("target", "")) or None, str(s.value("draft", "")) or None)
         except (TypeError, ValueError):

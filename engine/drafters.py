@@ -35,7 +35,9 @@ class Proposal:
 class Drafter(Protocol):
     name: str
 
-    def propose(self, ids: list[int], k: int, params: SamplingParams, gen: torch.Generator | None) -> Proposal: ...
+    def propose(self, ids: list[int], k: int, params: SamplingParams, gen: torch.Generator | None,
+                stop_below: float = 0.0) -> Proposal:
+        """Up to k tokens after ids; stop_below: SpecParams.stop_below (a drafter may ignore it)."""
 
     def rollback(self, ids: list[int]) -> None:
         """The committed ids after a round: forget anything past them."""
@@ -49,6 +51,14 @@ def common_prefix(a: list[int], b: list[int]) -> int:
     while i < n and a[i] == b[i]:
         i += 1
     return i
+
+
+def confidence(logits: torch.Tensor, q: torch.Tensor, token: int, greedy: bool) -> float:
+    """How sure the draft is of the token it drafted: q(token), or under greedy (where q is a point mass) the
+    softmax of its logits at T = 1. logits, q (V,)"""
+    if greedy:
+        return float(torch.exp(logits[token] - torch.logsumexp(logits, -1)))
+    return float(q[token])
 
 
 def forward_chunked(model: Transformer, pool: KVPool, seq: int, ids: list[int], device) -> torch.Tensor:
@@ -97,7 +107,12 @@ class ModelDrafter:
             torch.cuda.synchronize(self.device)
         return time.perf_counter() - t0
 
-    def propose(self, ids: list[int], k: int, params: SamplingParams, gen: torch.Generator | None) -> Proposal:
+    def propose(self, ids: list[int], k: int, params: SamplingParams, gen: torch.Generator | None,
+                stop_below: float = 0.0) -> Proposal:
+        """Up to k tokens; fewer when stop_below > 0 and the product of the draft's confidences in its tokens
+        (`confidence`) falls below it. The rule reads only the draft's own outputs, so each proposed token is
+        still a draw from q and verification stays exact; it saves draft steps and verify rows that would
+        likely be rejected."""
         self._sync(ids)
         prefill_s = self._prefill(ids)  # lazy prefill: the first round catches up with the whole prompt here
         context = torch.tensor(ids, dtype=torch.long, device=self.device)
@@ -105,6 +120,7 @@ class ModelDrafter:
         tokens: list[int] = []
         qs: list[torch.Tensor] = []
         raw: list[torch.Tensor] = []  # kept under greedy only: the inspector shows them instead of point masses
+        survive = 1.0  # the draft's own estimate that every token so far passes
         for i in range(k):
             logits = forward_chunked(self.model, self.pool, self.seq, feed, self.device)  # (V,)
             self.cached.extend(feed)
@@ -116,6 +132,10 @@ class ModelDrafter:
             if params.greedy:
                 raw.append(logits[: self.vocab].clone())  # a copy: the model may reuse its output buffer
             feed = [t]
+            if stop_below > 0.0 and i + 1 < k:
+                survive *= confidence(logits[: self.vocab], q, t, params.greedy)
+                if survive < stop_below:
+                    break
         return Proposal(torch.tensor(tokens, dtype=torch.long, device=self.device), torch.stack(qs), prefill_s,
                         torch.stack(raw) if raw else None)
 
@@ -171,8 +191,9 @@ class NGramDrafter:
         """Estimated chance that a continuation token after an n-token match passes (Laplace prior 1/2)."""
         return (self.hits.get(n, 0.0) + 1.0) / (self.trials.get(n, 0.0) + 2.0)
 
-    def propose(self, ids: list[int], k: int, params: SamplingParams, gen: torch.Generator | None) -> Proposal:
-        self._index(ids)
+    def propose(self, ids: list[int], k: int, params: SamplingParams, gen: torch.Generator | None,
+                stop_below: float = 0.0) -> Proposal:
+        self._index(ids)  # stop_below is the model drafter's: this one gates on its measured pass rates
         n, cont = 0, []
         for m in range(min(self.n_max, len(ids)), self.n_min - 1, -1):
             j = self.table.get(tuple(ids[-m:]))

@@ -226,7 +226,7 @@ class Engine:
                 drafter = self._drafter(spec) if spec.enabled and k >= 1 else None
 
                 t_round = self._clock()
-                proposal = drafter.propose(self.ids, k, params, gen) if drafter else None
+                proposal = drafter.propose(self.ids, k, params, gen, spec.stop_below) if drafter else None
                 t_drafted = self._clock()
                 steps = RoundSteps(self, controls, rounds + 1, drafter, k, proposal) if controls.gate.stepping else None
                 if steps is not None:

@@ -2,7 +2,7 @@
 from PySide6.QtCore import QSettings
 
 from app.controls import DEFAULT_K, ControlsPanel, describe_model
-from engine.config import SamplingParams, SpecParams
+from engine.config import STOP_BELOW, SamplingParams, SpecParams
 from tests.app_fixtures import *  # noqa: F401,F403
 from tests.app_fixtures import fake, wait_idle
 
@@ -11,7 +11,10 @@ def test_panel_values(qtbot):
     p = ControlsPanel()
     qtbot.addWidget(p)
     assert p.sampling_params() == SamplingParams(temperature=0.0, top_p=1.0, top_k=0, max_new_tokens=256, seed=None)
-    assert p.spec_params() == SpecParams(enabled=True, k=DEFAULT_K, drafter="model", adaptive=False, k_max=16)
+    assert p.spec_params() == SpecParams(enabled=True, k=DEFAULT_K, drafter="model", adaptive=False, k_max=16,
+                                         stop_below=STOP_BELOW)
+    p.stop_check.setChecked(False)
+    assert p.spec_params().stop_below == 0.0  # always K
     p.k_slider.setValue(99)
     assert p.spec_params().k == 16  # the slider's range is 1..16
     p.k_slider.setValue(0)
@@ -34,8 +37,8 @@ def test_every_live_control_emits_changed(qtbot):
     qtbot.addWidget(p)
     for change in (lambda: p.k_slider.setValue(9), lambda: p.temp_slider.setValue(50),
                    lambda: p.top_p_slider.setValue(80), lambda: p.top_k_spin.setValue(40),
-                   lambda: p.spec_toggle.setChecked(False), lambda: p.adaptive_check.setChecked(True),
-                   lambda: p.drafter_combo.setCurrentIndex(1)):
+                   lambda: p.stop_check.setChecked(False), lambda: p.spec_toggle.setChecked(False),
+                   lambda: p.adaptive_check.setChecked(True), lambda: p.drafter_combo.setCurrentIndex(1)):
         with qtbot.waitSignal(p.changed, timeout=1000):
             change()
 
@@ -112,6 +115,7 @@ def test_settings_persist(qtbot, tmp_path):
     p.spec_toggle.setChecked(False)
     p.drafter_combo.setCurrentIndex(1)
     p.adaptive_check.setChecked(True)
+    p.stop_check.setChecked(False)
     p.system_edit.setPlainText("Be brief.")
     p.save_settings(QSettings(path, QSettings.Format.IniFormat))
     q = ControlsPanel()

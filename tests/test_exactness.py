@@ -137,6 +137,21 @@ def quantized_pair(folder) -> tuple[Transformer, Transformer, object]:
     return target, draft, tiny_tokenizer()
 
 
+def test_greedy_speculative_equals_plain_when_the_draft_stops_early(engine):
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=40)
+    drafted = {0.0: 0, 0.5: 0}
+    for messages in PROMPTS:
+        prompt = engine.encode_chat(messages)
+        engine.reset()
+        plain = run(engine, prompt, greedy, SpecParams(enabled=False))
+        for stop in drafted:
+            engine.reset()
+            spec = run(engine, prompt, greedy, SpecParams(k=6, stop_below=stop))
+            assert spec.token_ids == plain.token_ids
+            drafted[stop] += spec.drafted
+    assert drafted[0.5] < 0.8 * drafted[0.0]  # the drafts really stopped early
+
+
 @pytest.mark.parametrize("drafter", ["model", "ngram"])
 @pytest.mark.parametrize("temperature,top_p", [(1.0, 1.0), (0.7, 0.9)])
 def test_sampling_distribution_is_exact(drafter, temperature, top_p):
@@ -163,20 +178,23 @@ def test_sampling_distribution_is_exact_with_a_trimmed_draft_head(tmp_path):
 
 
 def assert_exact_distribution(target: Transformer, draft: Transformer, tok, drafter: str, temperature: float,
-                              top_p: float) -> None:
+                              top_p: float, spec: SpecParams | None = None) -> dict[int, int]:
+    """-> how many first rounds drafted each number of tokens."""
     # No EOS, so every request yields its first two tokens.
     engine = Engine(target, tok, draft, cache=CacheConfig(block_size=8, max_seq_len=256), eos_ids=set())
     params = SamplingParams(temperature=temperature, top_p=top_p, max_new_tokens=3)
     # An earlier assistant turn gives the n-gram drafter something to look up after "assistant:".
     prompt = ngram_friendly_prompt(engine, target, params)
-    spec = SpecParams(k=2, drafter=drafter)
+    spec = spec or SpecParams(k=2, drafter=drafter)
     counts: dict[tuple[int, int], int] = {}
+    lengths: dict[int, int] = {}
     first_drafted = first_accepted = 0
     for seed in range(N_DRAWS):
         events = list(engine.generate(prompt, params.with_(seed=seed), spec))
         ids = events[-1].token_ids
         counts[ids[0], ids[1]] = counts.get((ids[0], ids[1]), 0) + 1
         first = events[0]
+        lengths[len(first.drafted)] = lengths.get(len(first.drafted), 0) + 1
         if first.drafted:
             first_drafted += 1
             first_accepted += first.drafted[0].accepted
@@ -198,6 +216,25 @@ def assert_exact_distribution(target: Transformer, draft: Transformer, tok, draf
     assert first_drafted == N_DRAWS
     assert abs(first_accepted / first_drafted - alpha) < 0.02
     assert 0.05 < alpha < 0.98  # both outcomes actually occur
+    return lengths
+
+
+def test_sampling_distribution_is_exact_when_the_draft_stops_early():
+    """stop_below ends a draft after its first token when q(t1) < X: the round then verifies one token and draws
+    the bonus from the second row. X is picked so about half the first rounds stop; the output must not care."""
+    target, draft, tok = small_pair()
+    params = SamplingParams(temperature=1.0, max_new_tokens=3)
+    engine = Engine(target, tok, draft, cache=CacheConfig(block_size=8, max_seq_len=256), eos_ids=set())
+    q1 = next_probs(draft, ngram_friendly_prompt(engine, target, params), params)
+    qs = q1[q1 > 0].sort().values  # P(stop) = sum of q(t) over t with q(t) < X
+    below = qs.cumsum(0)
+    i = max(1, int(torch.searchsorted(below, torch.tensor(0.5))))
+    x = float(qs[i - 1] + qs[i]) / 2  # between two q values: rounding cannot move a token across it
+    p_stop = float(q1[q1 < x].sum())
+    assert 0.2 < p_stop < 0.8
+    lengths = assert_exact_distribution(target, draft, tok, "model", 1.0, 1.0, SpecParams(k=2, stop_below=x))
+    assert set(lengths) == {1, 2}
+    assert abs(lengths[1] / N_DRAWS - p_stop) < 0.02  # the stop follows the draft's own q(t1)
 
 
 # --- repetition penalty, the bonus token, top-k and a second temperature ---------------------------------------

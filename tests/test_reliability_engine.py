@@ -235,6 +235,10 @@ def test_other_bad_sampling_values_are_refused(kw, msg):
 @pytest.mark.parametrize("cls,kw,msg", [
     (SpecParams, dict(k=2.0), "k must be an integer"),
     (SpecParams, dict(ngram_max=True), "ngram_max must be an integer"),
+    (SpecParams, dict(stop_below=1.0), r"stop_below must be in \[0, 1\), got 1.0"),
+    (SpecParams, dict(stop_below=-0.1), r"stop_below must be in \[0, 1\), got -0.1"),
+    (SpecParams, dict(stop_below=math.nan), "stop_below must be a finite number"),
+    (SpecParams, dict(stop_below="0.7"), "stop_below must be a number"),
     (CacheConfig, dict(block_size=8.0), "block_size must be an integer"),
     (CacheConfig, dict(max_seq_len=None), "max_seq_len must be an integer"),
 ])
