@@ -54,9 +54,11 @@ class KTuner(QObject):
         return self.started and not self.done
 
     def spec_for(self, drafter: str | None, k: int) -> SpecParams:
+        """Fixed K, as Leviathan's curve beside it assumes: no adaptive K, no early stop."""
         if drafter is None:
-            return self.spec.with_(enabled=False, adaptive=False)
-        return self.spec.with_(enabled=True, drafter=drafter, k=k, adaptive=False, k_max=max(self.spec.k_max, k))
+            return self.spec.with_(enabled=False, adaptive=False, stop_below=0.0)
+        return self.spec.with_(enabled=True, drafter=drafter, k=k, adaptive=False, k_max=max(self.spec.k_max, k),
+                               stop_below=0.0)
 
     def start(self) -> None:
         self.started = True

@@ -405,6 +405,7 @@ class MainWindow(QMainWindow):
         c = self.controls
         c.spec_toggle.setChecked(True)
         c.adaptive_check.setChecked(False)  # the sweep measured fixed K
+        c.stop_check.setChecked(False)
         c.drafter_combo.setCurrentIndex(max(c.drafter_combo.findData(drafter), 0))
         c.k_slider.setValue(k)
         self.statusBar().showMessage(f"K set to {k} ({'draft model' if drafter == 'model' else 'n-gram'})", 5000)

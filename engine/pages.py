@@ -20,7 +20,7 @@ SMALL = 1 << 20  # below this, the ordinary allocator
 
 def zeroed(nbytes: int) -> torch.Tensor:
     """A (nbytes,) uint8 tensor of zeros; from SMALL up it owns an anonymous mapping of its own."""
-    if nbytes < SMALL:
+    if nbytes < SMALL or not hasattr(mmap, "MAP_ANONYMOUS"):  # Windows: the ordinary allocator
         return torch.zeros(nbytes, dtype=torch.uint8)
     m = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     return torch.frombuffer(m, dtype=torch.uint8)  # holds a reference to the mapping

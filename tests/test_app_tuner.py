@@ -62,6 +62,7 @@ def test_sweep_equals_separate_bench_runs(qtbot, make_window, tmp_path):
     dlg.apply_button.click()
     assert w.controls.k_slider.value() == best.k
     assert w.controls.drafter_combo.currentData() == best.drafter and not w.controls.adaptive_check.isChecked()
+    assert not w.controls.stop_check.isChecked()  # what runs now is what the sweep measured
     assert w.controls.spec_params().k == best.k
     dlg.close()
     qtbot.waitUntil(lambda: w.send_button.isEnabled(), timeout=5000)
