@@ -29,9 +29,10 @@ from PySide6.QtWidgets import (
 from engine.config import STOP_BELOW, SamplingParams, SpecParams
 
 K_MIN, K_MAX = 1, 16
-# The fastest K for the embedded pair on a 2-vCPU AVX2 machine (scripts/bench_cpu.py; see the README): with the
-# quantized kernels a verify row is not free, so short drafts pay best.
-DEFAULT_K = 2
+# With "Stop drafting when unsure" (on by default) K is a ceiling: on a 2-vCPU AVX2 machine the embedded pair ran
+# 1.18-1.19x plain at K = 2, 4 and 6 alike (scripts/bench_cpu.py; see the README), where fixed K peaks at 1-2
+# and falls off after. 4 leaves room for text that repeats.
+DEFAULT_K = 4
 SEED_RANDOM = -1
 
 
