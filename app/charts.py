@@ -93,6 +93,7 @@ class ChartBuffer:
         self.acceptance: list[float] = []  # NaN for rounds that drafted nothing
         self.tokens_per_s: list[float] = []
         self.k: list[float] = []  # NaN in plain mode
+        self.drafted: list[float] = []  # tokens actually drafted: fewer than K when the draft stopped early
         self.spec_progress: list[tuple[int, float]] = []  # so far: speculative tokens committed, their draft+verify ms
         self.theoretical: list[float] = []
         self.accepted_len: list[int] = []  # histogram counts, index = accepted drafts in a round
@@ -122,6 +123,7 @@ class ChartBuffer:
         self.acceptance.append(ev.accepted / drafted if drafted else NAN)
         self.tokens_per_s.append(round_tokens_per_s(ev))
         self.k.append(float(ev.k) if ev.mode == "speculative" else NAN)
+        self.drafted.append(float(drafted) if ev.mode == "speculative" else NAN)
         if drafted:
             while len(self.accepted_len) <= max(ev.accepted, ev.k):
                 self.accepted_len.append(0)
@@ -253,6 +255,7 @@ class ChartsPanel(QWidget):
             "theoretical": self.plots["speedup"].plot(pen=pen("theoretical", 2.0, Qt.PenStyle.DashLine),
                                                       connect="finite", **smooth),
             "k": self.plots["k"].plot(pen=pen("k"), stepMode="left", connect="finite"),
+            "drafted": self.plots["k"].plot(pen=pen("drafted", 1.0), connect="finite"),
         }
         self.bars = {
             "histogram": pg.BarGraphItem(x=[], height=[], width=0.8, brush=SERIES["histogram"], pen=None),
@@ -393,10 +396,11 @@ class ChartsPanel(QWidget):
     def _draw_k(self, b: ChartBuffer, x: np.ndarray, x_hi: float) -> None:
         ks = np.asarray(b.k, dtype=float)
         self.curves["k"].setData(x, ks)
+        self.curves["drafted"].setData(x, np.asarray(b.drafted, dtype=float))
         self._range("k", "x", 0, x_hi)
         self._range("k", "y", 0, (np.nanmax(ks) if np.isfinite(ks).any() else 4.0) + 1)
         k = _last(b.k)
-        self._title("k", "K per round" + (f" \u00b7 {k:.0f}" if k is not None else ""))
+        self._title("k", "K and drafted per round" + (f" \u00b7 {k:.0f}" if k is not None else ""))
 
     def _range(self, name: str, axis: str, lo: float, hi: float) -> None:
         if self._shown.get((name, axis)) != (lo, hi):

@@ -56,6 +56,7 @@ SERIES = {
     "measured": OKABE_ITO["vermillion"],
     "theoretical": OKABE_ITO["sky_blue"],
     "k": OKABE_ITO["reddish_purple"],
+    "drafted": OKABE_ITO["blue"],
 }
 
 

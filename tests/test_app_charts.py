@@ -42,6 +42,7 @@ def test_charts_receive_points(panel):
     x, y = panel.curves["tokens"].getData()
     assert np.allclose(y, [4 / 14 * 1000, 5 / 14 * 1000, 1 / 14 * 1000, 2 / 13 * 1000])
     assert list(panel.curves["k"].getData()[1]) == [4, 4, 4, 3]
+    assert list(panel.curves["drafted"].getData()[1]) == [len(ev.drafted) for ev in rounds()]
     hist = panel.bars["histogram"].opts["height"]
     assert list(hist) == [1, 1, 0, 1, 1]  # accepted 0, 1, 3, 4 once each
     pos = panel.bars["position"].opts["height"]
@@ -86,6 +87,15 @@ def test_flush_only_redraws_on_change(panel):
         assert panel.flush() is True and panel.repaints == before + i
     assert panel.flush() is False
     assert len(panel.curves["acceptance"].getData()[0]) == len(panel.curves["k"].getData()[0]) == 1
+
+
+def test_an_early_stop_shows_as_fewer_drafted_than_k(panel):
+    panel.feed(make_round(1, ("a",), ("x",), "d", k=6, draft_ms=2.0, verify_ms=10.0))  # stopped after 2 of 6
+    panel.feed(make_round(2, (), (), "p", Origin.PLAIN, mode="plain", draft_ms=0.0, verify_ms=20.0))
+    panel.flush(full=True)
+    k, drafted = panel.curves["k"].getData()[1], panel.curves["drafted"].getData()[1]
+    assert k[0] == 6 and drafted[0] == 2
+    assert np.isnan(k[1]) and np.isnan(drafted[1])  # nothing drafted in plain mode
 
 
 def test_plain_reference_line(panel):
