@@ -115,7 +115,7 @@ class KVPool:
         self.manager = manager
         n_slots = manager.num_blocks * manager.block_size
         shape = (num_layers, n_slots, num_kv_heads, head_dim)
-        # On the CPU in lazily zeroed huge pages: slots a short chat never reaches cost no memory
+        # On the CPU in lazily zeroed pages (engine.pages): slots a short chat never reaches cost no memory
         alloc = pages.zeros if torch.device(device).type == "cpu" else partial(torch.zeros, device=device)
         self.k = alloc(shape, dtype=dtype)  # (L, S, Hkv, D)
         self.v = alloc(shape, dtype=dtype)  # (L, S, Hkv, D)

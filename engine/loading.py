@@ -1,10 +1,10 @@
 """Build an Engine from checkpoints: load, check the pair is compatible, place on the device."""
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, TypeVar
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -19,7 +19,6 @@ if TYPE_CHECKING:
     from .engine import Engine
 
 Progress = Callable[[str, float], None]
-T = TypeVar("T")
 
 
 def check_pair(target: Checkpoint, draft: Checkpoint) -> None:
@@ -93,45 +92,25 @@ def load_engine(
     contexts = [c.config.max_position_embeddings for c in (tgt, dft) if c is not None]
     max_len = (cache or CacheConfig(max_seq_len=min(*contexts, 4096))).max_seq_len
     # The tokenizer (~0.6 s of mostly Python) is built while the weights are repacked (C++, GIL released)
-    tokenizer = _in_background(lambda: tgt.tokenizer)
-    report("Placing target on " + dev.type, 0.75)
-    target_model = place(tgt, dtype, dev, max_len, int8=False)
-    draft_model = None
-    if dft is not None:
-        report("Placing draft on " + dev.type, 0.9)
-        rows = head_rows(dft.gguf.metadata, dft.config.vocab_size, draft_vocab) if dft.tensors is None else None
-        draft_model = place(dft, dtype, dev, max_len, int8=draft_int8 if draft_int8 is not None else cpu, head_rows=rows)
-    engine = cls(
-        target_model, tokenizer(), draft_model, cache=cache or CacheConfig(max_seq_len=max_len),
-        target_name=tgt.name, draft_name=dft.name if dft else None, eos_ids=eos_ids(tgt),
-    )
+    with ThreadPoolExecutor(1, thread_name_prefix="speclens-tokenizer") as pool:
+        tokenizer = pool.submit(lambda: tgt.tokenizer)
+        report("Placing target on " + dev.type, 0.75)
+        target_model = place(tgt, dtype, dev, max_len, int8=False)
+        draft_model = None
+        if dft is not None:
+            report("Placing draft on " + dev.type, 0.9)
+            rows = head_rows(dft.gguf.metadata, dft.config.vocab_size, draft_vocab) if dft.tensors is None else None
+            draft_model = place(dft, dtype, dev, max_len, int8=draft_int8 if draft_int8 is not None else cpu,
+                                head_rows=rows)
+        engine = cls(
+            target_model, tokenizer.result(), draft_model, cache=cache or CacheConfig(max_seq_len=max_len),
+            target_name=tgt.name, draft_name=dft.name if dft else None, eos_ids=eos_ids(tgt),
+        )
     if tgt.tensors is None:  # the GGUF's own blocks
         engine.weights_format = tgt.gguf.file_type
     engine.load_seconds = time.perf_counter() - t0
     report("Ready", 1.0)
     return engine
-
-
-def _in_background(fn: Callable[[], T]) -> Callable[[], T]:
-    """Start fn in a daemon thread; the returned callable waits for its result (or raises its exception)."""
-    box: dict[str, object] = {}
-
-    def run() -> None:
-        try:
-            box["value"] = fn()
-        except BaseException as e:  # noqa: BLE001 - handed to whoever waits
-            box["error"] = e
-
-    thread = threading.Thread(target=run, name="speclens-tokenizer", daemon=True)
-    thread.start()
-
-    def wait() -> T:
-        thread.join()
-        if "error" in box:
-            raise box["error"]  # type: ignore[misc]
-        return box["value"]  # type: ignore[return-value]
-
-    return wait
 
 
 def place(ckpt: Checkpoint, dtype: torch.dtype, dev: torch.device, max_len: int, int8: bool,

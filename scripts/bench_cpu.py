@@ -6,8 +6,9 @@ llama.cpp on the same GGUF files (../shared/bench/llama_cpp_peer.sh, which build
 
 Greedy throughout, so every one of our modes must produce the same tokens as our plain decode (checked and
 printed). Our rates are decode rates (the target's and the draft's prompt prefills excluded), like llama.cpp's
-figures; the end-to-end rates are printed beside them. Prints tokens/s, the ratios against the peers, the cost of a
-target pass over 1..9 tokens in decode steps, alpha, c, the Leviathan bound, the time to a ready pair and the peak RSS with the pair loaded.
+figures; the end-to-end rates are printed beside them. Prints tokens/s, the ratios against the peers, the cost
+of a target pass over 1..9 tokens in decode steps, alpha, c, the Leviathan bound, the time to a ready pair and
+the peak RSS with the pair loaded.
 """
 from __future__ import annotations
 
@@ -205,7 +206,7 @@ def main() -> int:
         same = sum(o == b for o, b in zip(r["outputs"], base["outputs"]))
         spec_rounds = [e for e in r["rounds"] if e.drafted]
         alpha = alpha_hat(r["rounds"]) if spec_rounds else None
-        c = k = bound = None
+        c = bound = None
         spec = dict(modes)[name]
         if spec_rounds and spec.drafter == "model":
             c = sum(e.draft_ms for e in spec_rounds) / sum(len(e.drafted) for e in spec_rounds) / plain_ms
