@@ -19,7 +19,6 @@ from PySide6.QtWidgets import (
     QLabel,
     QMainWindow,
     QMessageBox,
-    QProgressDialog,
     QPushButton,
     QScrollArea,
     QSplitter,
@@ -36,6 +35,7 @@ from app.controller import ChatController
 from app.controls import ControlsPanel
 from app.crash_banner import CrashBanner
 from app.inspector import InspectorDock
+from app.load_dialog import LoadDialog, describe_target
 from app.trace import Settings, session_trace
 from app.trace_window import TraceWindow, open_trace_dialog, save_trace_dialog
 from app.prompt_edit import PromptEdit
@@ -63,7 +63,7 @@ class MainWindow(QMainWindow):
         self.summary: Summary | None = None  # of the last chat reply, once it arrives
         self.compare_dialog: CompareDialog | None = None
         self.tuner_dialog: TunerDialog | None = None
-        self.load_dialog: QProgressDialog | None = None
+        self.load_dialog: LoadDialog | None = None
         self.theme = "system"
         self._status_dirty = False
         self._drafted = self._accepted = 0  # this reply's running totals, for the status line
@@ -426,19 +426,11 @@ class MainWindow(QMainWindow):
 
     def _open_load_dialog(self, target: str | None) -> None:
         self.controls.set_loading(True)
-        what = "the embedded model pair" if target is None else Path(target).name
-        dlg = QProgressDialog(f"Loading {what}\u2026", "Cancel", 0, 1000, self)
-        dlg.setWindowTitle("Loading models")
-        dlg.setWindowModality(Qt.WindowModality.WindowModal)
-        dlg.setMinimumDuration(0)
-        dlg.setAutoClose(False)
-        dlg.setAutoReset(False)
-        dlg.setMinimumWidth(420)
+        dlg = LoadDialog(target, self)
         dlg.canceled.connect(self._cancel_load)
-        dlg.setValue(0)
         dlg.show()
         self.load_dialog = dlg
-        self.statusBar().showMessage(f"Loading {what}\u2026")
+        self.statusBar().showMessage(f"Loading {describe_target(target)}\u2026")
 
     def _cancel_load(self) -> None:
         self.controller.cancel_load()
@@ -453,14 +445,8 @@ class MainWindow(QMainWindow):
             self.load_dialog = None
 
     def _on_load_progress(self, stage: str, fraction: float) -> None:
-        if self.load_dialog is None:
-            return
-        self.load_dialog.setLabelText(stage)
-        if fraction < 0:
-            self.load_dialog.setRange(0, 0)
-        else:
-            self.load_dialog.setRange(0, 1000)
-            self.load_dialog.setValue(int(min(fraction, 1.0) * 1000))
+        if self.load_dialog is not None:
+            self.load_dialog.show_progress(stage, fraction)
 
     def _on_loaded(self, info: EngineInfo) -> None:
         self._close_load_dialog()
