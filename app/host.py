@@ -24,7 +24,6 @@ Signals (GUI thread):
 """
 from __future__ import annotations
 
-import multiprocessing
 import signal
 import threading
 from dataclasses import dataclass, field
@@ -34,9 +33,8 @@ from typing import Any
 from PySide6.QtCore import QObject, Qt, Signal
 
 from engine.config import SamplingParams, SpecParams
-from engine.service import DEFAULT_LISTER, DEFAULT_LOADER, EngineInfo, Factory, serve
+from engine.service import DEFAULT_LISTER, DEFAULT_LOADER, EngineInfo, Factory, spawn
 
-_SPAWN = multiprocessing.get_context("spawn")
 _LOST = "__lost__"  # posted by the reader thread when the pipe closes: (_LOST, fatal message or None)
 
 
@@ -107,9 +105,12 @@ class EngineHost(QObject):
     _message = Signal(object)  # reader thread -> GUI thread
 
     def __init__(self, loader: Factory = DEFAULT_LOADER, lister: Factory = DEFAULT_LISTER,
-                 parent: QObject | None = None) -> None:
+                 parent: QObject | None = None, spawned: tuple[Any, Any] | None = None) -> None:
+        """spawned: (process, connection) from `engine.service.spawn(loader, lister)`, started before Qt was
+        imported; the first start() takes it over instead of starting another."""
         super().__init__(parent)
         self._loader, self._lister = loader, lister
+        self._spawned = spawned
         self._ids = count(1)
         self._message.connect(self._dispatch, Qt.ConnectionType.QueuedConnection)
         self.pending: dict[int, Request] = {}
@@ -126,11 +127,8 @@ class EngineHost(QObject):
         """Start the engine process (no model loaded yet). Returns at once; commands sent meanwhile wait."""
         if self.running:
             return
-        parent, child = _SPAWN.Pipe()
-        proc = _SPAWN.Process(target=serve, args=(child, self._loader, self._lister), name="speclens-engine",
-                              daemon=True)
-        proc.start()
-        child.close()  # our copy: the pipe reports EOF once the child's end is gone
+        proc, parent = self._spawned or spawn(self._loader, self._lister)
+        self._spawned = None
         self.process, self._conn = proc, parent
         self._reader = threading.Thread(target=self._read, args=(proc, parent), name="speclens-engine-reader",
                                         daemon=True)

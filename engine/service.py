@@ -40,6 +40,9 @@ Events (engine -> GUI):
                 "busy"})                                       a job runs or waits (load, generate, reset, scan)
     ("fatal", message)                             the loop itself failed; the process exits with status 1
 
+Before its first job the child runs the loader's warm-up (`Factory.warm`: for the real engine, importing torch
+and loading the kernels), so a child started early does that while the GUI is still starting.
+
 The engine factory and the model lister are given as import paths ("package.module:function") plus picklable
 keyword arguments (`Factory`), so tests can run a scripted engine or tiny models here.
 """
@@ -47,6 +50,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import multiprocessing
 import os
 import queue
 import threading
@@ -81,14 +85,25 @@ class Factory:
 
     path: str  # "package.module:function"
     kwargs: dict[str, Any] = field(default_factory=dict)
+    # Called once in the child before its first job, with no arguments: heavy imports that the first call
+    # needs anyway then run while the GUI is still starting.
+    warm: str | None = None
 
     def resolve(self) -> Callable[..., Any]:
-        module, _, name = self.path.partition(":")
-        fn = getattr(importlib.import_module(module), name)
+        fn = _named(self.path)
         return lambda *args: fn(*args, **self.kwargs)
 
+    def warm_up(self) -> None:
+        if self.warm is not None:
+            _named(self.warm)()
 
-DEFAULT_LOADER = Factory("engine.service:default_loader")
+
+def _named(path: str) -> Callable[..., Any]:
+    module, _, name = path.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+DEFAULT_LOADER = Factory("engine.service:default_loader", warm="engine.service:warm_engine")
 DEFAULT_LISTER = Factory("engine.service:default_lister")
 
 
@@ -103,6 +118,14 @@ def default_loader(target: str | None, draft: str | None, device: str | None, pr
         target_dir, draft_dir = default_pair(progress, cancelled)
         target, draft = str(target_dir), str(draft_dir)
     return Engine.load(target, draft, device=device, progress=progress)
+
+
+def warm_engine() -> None:
+    """Import torch and the engine and load the compiled kernels (~1.3 s): what every load starts with."""
+    from engine.engine import Engine  # noqa: F401
+    from engine.quant import ext
+
+    ext.load()
 
 
 def default_lister() -> list[Any]:
@@ -145,6 +168,7 @@ class Service:
 
     def __init__(self, conn: Any, loader: Factory, lister: Factory) -> None:
         self.conn = conn
+        self.loader_factory = loader
         self.loader = loader.resolve()
         self.lister = lister.resolve()
         self.engine: Any = None
@@ -226,6 +250,10 @@ class Service:
         reader = threading.Thread(target=self.read_commands, name="speclens-commands", daemon=True)
         reader.start()
         self.send("started", os.getpid())
+        try:
+            self.loader_factory.warm_up()
+        except Exception:  # noqa: BLE001 - the load itself reports what is wrong, as a message
+            log.warning("warming up the engine failed:\n%s", traceback.format_exc())
         while True:
             cmd = self.jobs.get()
             kind = cmd[0]
@@ -316,6 +344,18 @@ class Service:
         finally:
             self.requests.pop(rid, None)
             self.send("finished", rid)
+
+
+def spawn(loader: Factory = DEFAULT_LOADER, lister: Factory = DEFAULT_LISTER) -> tuple[Any, Any]:
+    """Start `serve` in a child made with the "spawn" context (never fork a process that runs Qt). Returns the
+    process and the parent's end of the pipe. Needs no Qt, so the GUI can call it before importing Qt and the
+    child imports torch while the window is built."""
+    ctx = multiprocessing.get_context("spawn")
+    parent, child = ctx.Pipe()
+    proc = ctx.Process(target=serve, args=(child, loader, lister), name="speclens-engine", daemon=True)
+    proc.start()
+    child.close()  # our copy: the pipe reports EOF once the child's end is gone
+    return proc, parent
 
 
 def serve(conn: Any, loader: Factory = DEFAULT_LOADER, lister: Factory = DEFAULT_LISTER) -> None:

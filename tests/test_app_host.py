@@ -8,9 +8,9 @@ import pytest
 from app.host import death_sentence
 from engine.config import SamplingParams, SpecParams
 from engine.events import RoundEvent, Summary
-from engine.service import Controls, EngineInfo, Factory, describe_error
+from engine.service import Controls, EngineInfo, Factory, describe_error, spawn
 from tests.app_fixtures import *  # noqa: F401,F403
-from tests.app_fixtures import LOAD_TIMEOUT_MS, fake
+from tests.app_fixtures import LOAD_TIMEOUT_MS, fake, fake_loader
 
 MESSAGES = [{"role": "user", "content": "hello"}]
 
@@ -234,6 +234,56 @@ def test_failure_of_the_engine_loop_is_reported_with_its_message(qtbot, qapp):
     qtbot.waitUntil(lambda: bool(died), timeout=LOAD_TIMEOUT_MS)
     assert died == ["The engine process failed: EngineLoopBug: the loop itself broke"]
     assert host.shutdown(1)
+
+
+def marking_loader(*args):
+    _mark("load")
+    return fake_loader(*args)
+
+
+def warm_marked():
+    _mark("warm")
+
+
+def warm_broken():
+    _mark("warm")
+    raise ImportError("no module named 'heavy'")
+
+
+def _mark(what: str) -> None:
+    with open(os.environ["SPECLENS_TEST_MARKS"], "a") as f:
+        f.write(f"{what} {os.getpid()}\n")
+
+
+@pytest.mark.parametrize("warm", ["warm_marked", "warm_broken"])
+def test_a_process_spawned_before_qt_is_taken_over_and_warmed_before_its_first_job(qtbot, qapp, tmp_path,
+                                                                                 monkeypatch, warm):
+    """main() spawns the engine process before importing Qt; the host adopts it instead of starting a second one.
+    The loader's warm-up runs in the child before the first job; a warm-up that fails only logs."""
+    from app.host import EngineHost
+
+    marks = tmp_path / "marks"
+    monkeypatch.setenv("SPECLENS_TEST_MARKS", str(marks))  # inherited by the spawned child
+    loader = Factory("tests.test_app_host:marking_loader", warm=f"tests.test_app_host:{warm}")
+    lister = Factory("tests.app_fixtures:listed_models", {"names": []})
+    proc, conn = spawned = spawn(loader, lister)
+    host = EngineHost(loader, lister, spawned=spawned)
+    try:
+        host.start()
+        assert host.process is proc and host._conn is conn
+        host.start()  # running: nothing new
+        assert host.process is proc
+        host.load()
+        qtbot.waitUntil(lambda: host.ready or host.loading is None, timeout=LOAD_TIMEOUT_MS)
+        assert host.ready and host.pid == proc.pid
+        assert marks.read_text().split("\n")[:2] == [f"warm {proc.pid}", f"load {proc.pid}"]
+    finally:
+        assert host.shutdown(5)
+    host.start()  # after a shutdown: a new process, not the adopted one again
+    try:
+        assert host.process is not proc and host.process.is_alive()
+    finally:
+        assert host.shutdown(5)
 
 
 class EngineLoopBug(BaseException):

@@ -223,17 +223,36 @@ def test_file_embedding_reads_the_same_rows(kernels, cases, qtype):
         emb(torch.tensor([N]))
 
 
-def test_build_failure_falls_back_with_one_line(monkeypatch, caplog):
+def test_build_failure_falls_back_with_one_line(monkeypatch, caplog, tmp_path):
     from torch.utils import cpp_extension
 
     def broken(*a, **k):
         raise RuntimeError("Error building extension 'speclens_quant': c++: not found\nmore detail")
 
+    monkeypatch.setattr(ext, "build_dir", lambda: tmp_path / "ext")  # no earlier build to load
     monkeypatch.setattr(cpp_extension, "load", broken)
     with caplog.at_level(logging.WARNING, logger="engine.quant.ext"):
         assert ext.load.__wrapped__() is None
     lines = [r for r in caplog.records if r.levelno >= logging.WARNING]
     assert len(lines) == 1 and "fallback" in lines[0].getMessage() and "\n" not in lines[0].getMessage()
+
+
+def test_a_finished_build_is_imported_without_asking_cpp_extension(kernels):
+    """Later processes import the module the build left (~1 ms) instead of running cpp_extension and ninja."""
+    import subprocess
+    import sys
+
+    code = ("import sys, engine.quant.ext as e; m = e.load(); "
+            "assert m is not None and m.isa(); assert 'torch.utils.cpp_extension' not in sys.modules")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+
+
+def test_an_unusable_build_record_means_building_again(tmp_path):
+    assert ext._built(tmp_path) is None  # no record
+    (tmp_path / ext.BUILT).write_text("speclens_quant.so")
+    (tmp_path / "speclens_quant.so").write_bytes(b"not a shared object")  # e.g. a copy cut short
+    assert ext._built(tmp_path) is None
 
 
 def test_disabled_by_environment(monkeypatch, caplog):
