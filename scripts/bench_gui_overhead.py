@@ -6,7 +6,8 @@ host's signals, "gui" streams them into a shown MainWindow (chat + charts repain
 engine has a process of its own, so what the window can still cost it is CPU time on a machine with few cores.
 The runs alternate, after one warm-up each, and greedy decoding makes every run produce the same
 tokens. Reported: median decode tokens/s (Summary.tokens_per_s) per variant and the overhead
-1 - gui/headless. Exit status 1 when the overhead exceeds --max-overhead percent.
+1 - gui/headless, and the GUI process's own CPU time per second of wall time (what it can take from the
+engine's cores, steadier than the rates on a shared machine). Exit status 1 when the overhead exceeds --max-overhead percent.
 
     python scripts/bench_gui_overhead.py --target T --draft D   # real models (folders, .gguf or cached repo ids)
     python scripts/bench_gui_overhead.py --embedded             # the embedded default pair
@@ -77,7 +78,6 @@ def main(argv: list[str] | None = None) -> int:
     from app.controller import ChatController
     from app.host import EngineHost
     from app.window import MainWindow
-    from engine.config import SamplingParams, SpecParams
     from engine.service import Factory
 
     qapp = QApplication.instance() or QApplication([])
@@ -96,8 +96,6 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     what += f" ({time.perf_counter() - t:.1f} s to a loaded engine)"
     drafter = args.drafter or ("model" if host.info.draft_name else "ngram")
-    sampling = SamplingParams(temperature=0.0, max_new_tokens=args.max_new_tokens, seed=0)
-    spec = SpecParams(k=args.k, drafter=drafter)
     messages = [{"role": "user", "content": args.prompt}]
 
     settings = QSettings(str(Path(os.environ.get("TMPDIR", "/tmp")) / "speclens-bench.ini"), QSettings.Format.IniFormat)
@@ -109,6 +107,9 @@ def main(argv: list[str] | None = None) -> int:
     window.controls.seed_spin.setValue(0)
     window.controls.drafter_combo.setCurrentIndex(window.controls.drafter_combo.findData(drafter))
     window.show()
+    # headless sends exactly what the window sends (the app's defaults, e.g. its early draft stop, included)
+    sampling, spec = window.controls.sampling_params(), window.controls.spec_params()
+    assert sampling.temperature == 0.0 and spec.k == args.k and spec.drafter == drafter
 
     summaries: dict[int, object] = {}
     host.summaryReady.connect(lambda rid, s: summaries.__setitem__(rid, s))
@@ -134,17 +135,22 @@ def main(argv: list[str] | None = None) -> int:
         return record.summary
 
     results: dict[str, list[float]] = {"headless": [], "gui": []}
+    gui_cpu: dict[str, list[float]] = {"headless": [], "gui": []}  # this process's CPU time / wall time
     tokens: dict[str, set] = {"headless": set(), "gui": set()}
     print(f"engine: {what}; drafter {drafter}, K {args.k}, greedy, {args.max_new_tokens} new tokens")
     variants = (("headless", headless), ("gui", gui))
     for i in range(args.runs + 1):  # run 0 warms up both; the order alternates
         for name, run in variants if i % 2 == 0 else variants[::-1]:
+            c0, w0 = time.process_time(), time.perf_counter()
             s = run()
+            cpu = (time.process_time() - c0) / (time.perf_counter() - w0)
             tokens[name].add(s.new_tokens)
             if i:
                 results[name].append(s.tokens_per_s)
+                gui_cpu[name].append(cpu)
             print(f"  run {i}{' (warm-up)' if not i else ''} {name:8s} {s.tokens_per_s:8.2f} tok/s "
-                  f"({s.new_tokens} tokens, {s.rounds} rounds, acceptance {s.acceptance_rate:.0%})")
+                  f"({s.new_tokens} tokens, {s.rounds} rounds, acceptance {s.acceptance_rate:.0%}); "
+                  f"GUI process {cpu:.1%} of a core")
     if len(tokens["headless"] | tokens["gui"]) > 1:
         print(f"warning: runs produced different lengths {sorted(tokens['headless'] | tokens['gui'])}; "
               "tokens/s may not compare like with like")
@@ -155,10 +161,13 @@ def main(argv: list[str] | None = None) -> int:
         "qt_platform": qapp.platformName(), "runs": args.runs, "max_new_tokens": args.max_new_tokens,
         "headless_tok_s": results["headless"], "gui_tok_s": results["gui"],
         "headless_median": h, "gui_median": g, "overhead_percent": overhead,
+        "gui_process_cpu_headless": gui_cpu["headless"], "gui_process_cpu_gui": gui_cpu["gui"],
         "date": time.strftime("%Y-%m-%d %H:%M"),
     }
     print(f"median decode rate: headless {h:.2f} tok/s, with GUI {g:.2f} tok/s -> overhead {overhead:+.1f}% "
           f"(limit {args.max_overhead}%)  [{info['platform']}, {info['cpus']} CPUs, Qt {info['qt_platform']}]")
+    print(f"GUI process CPU (median, share of one core): {statistics.median(gui_cpu['headless']):.1%} headless, "
+          f"{statistics.median(gui_cpu['gui']):.1%} with the window painting")
     if args.json:
         args.json.write_text(json.dumps(info, indent=2))
     controller.shutdown()
