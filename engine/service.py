@@ -237,11 +237,15 @@ class Service:
                 c.cancel()
 
     def status(self) -> dict[str, Any]:
+        # `busy` first: this thread is the only one that queues jobs, so once it reads "idle" nothing can change
+        # the engine until it has counted the blocks. Read last, a job finishing in between (a reset freeing
+        # every block) gave "idle" beside the counts from before it.
+        busy = self._unfinished > 0
         e = self.engine
         target = _blocks(getattr(e, "target_pool", None))
         drafter = getattr(e, "model_drafter", None)
         draft = _blocks(getattr(drafter, "pool", None))
-        return {"pid": os.getpid(), "rss_bytes": rss_bytes(), "busy": self._unfinished > 0,
+        return {"pid": os.getpid(), "rss_bytes": rss_bytes(), "busy": busy,
                 "target_free_blocks": target[0], "target_total_blocks": target[1],
                 "draft_free_blocks": draft[0], "draft_total_blocks": draft[1]}
 

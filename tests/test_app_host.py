@@ -286,6 +286,25 @@ def test_a_process_spawned_before_qt_is_taken_over_and_warmed_before_its_first_j
         assert host.shutdown(5)
 
 
+def test_a_status_that_says_idle_was_counted_after_the_last_job(monkeypatch):
+    """status() runs in the command thread while a job may be ending in the main thread. If the job ends while
+    the KV blocks are being counted, the answer must say busy: "idle" promises counts taken after every job sent
+    before the query (the soak test relies on it after its last reset)."""
+    import engine.service as service
+
+    svc = service.Service(None, fake(), Factory("tests.app_fixtures:listed_models"))
+    svc._unfinished = 1  # a reset runs in the main thread
+    counted = service._blocks
+
+    def job_ends_meanwhile(pool):
+        svc._unfinished = 0
+        return counted(pool)
+
+    monkeypatch.setattr(service, "_blocks", job_ends_meanwhile)
+    assert svc.status()["busy"]
+    assert not svc.status()["busy"]
+
+
 class EngineLoopBug(BaseException):
     """Not an Exception: nothing in the service catches it before its main loop does."""
 
