@@ -8,6 +8,7 @@ import logging
 import multiprocessing
 import os
 import sys
+import time
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -21,6 +22,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--smoke-test", action="store_true",
                     help="open the window (offscreen when there is no display), start the event loop, quit; "
                     "loads no model")
+    ap.add_argument("--load-test", action="store_true",
+                    help="open the window (offscreen when there is no display), load the models as a launch does "
+                    "(the embedded pair unless --target), print how long that took and quit; exit status 1 if "
+                    "the load fails")
     ap.add_argument("trace", nargs="?", metavar="TRACE.json",
                     help="show a saved session trace (File > Save trace); no model is loaded")
     args = ap.parse_args(argv)
@@ -28,14 +33,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         ap.error("--draft needs --target")
     if args.trace and args.target:
         ap.error("a trace needs no model: leave out --target")
+    if args.load_test and (args.smoke_test or args.trace):
+        ap.error("--load-test loads models: leave out --smoke-test and the trace")
     return args
 
 
 def main(argv: list[str] | None = None) -> int:
     multiprocessing.freeze_support()  # a frozen (PyInstaller) build runs the engine process through here
+    started = time.perf_counter()
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    if args.smoke_test and not os.environ.get("DISPLAY") and not os.environ.get("WAYLAND_DISPLAY"):
+    unattended = args.smoke_test or args.load_test
+    if unattended and not os.environ.get("DISPLAY") and not os.environ.get("WAYLAND_DISPLAY"):
         os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
     from app.platform_check import check_xcb, needs_xcb
 
@@ -74,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
 
     settings = QSettings(args.settings, QSettings.Format.IniFormat) if args.settings else QSettings()
     controller = ChatController(EngineHost(spawned=spawned))
-    window = MainWindow(controller, settings)
+    window = MainWindow(controller, settings, unattended=args.load_test)
     window.show()
     # What is alive now (Qt, pyqtgraph, numpy: ~90k objects) lives as long as the app. Leave it out of the
     # garbage collector's full passes, which would otherwise walk it all mid-reply (~35-60 ms measured on a
@@ -93,6 +102,18 @@ def main(argv: list[str] | None = None) -> int:
 
         QTimer.singleShot(0, check)
     else:
+        if args.load_test:
+            def done(code: int, line: str) -> None:
+                print(line, flush=True)
+                result["code"] = code
+                window.close()
+                app.quit()
+
+            controller.loaded.connect(lambda info: done(0, (
+                f"load-test ok: {info.target_name} + {info.draft_name or 'no draft'} on {info.device} "
+                f"({info.dtype_name}), loaded {time.perf_counter() - started:.1f} s after start")))
+            controller.loadFailed.connect(lambda message: done(1, f"load-test failed: {message}"))
+            controller.engineDied.connect(lambda sentence: done(1, f"load-test failed: {sentence}"))
         # the engine runs jobs in order: the load first, the model picker's list after it
         QTimer.singleShot(0, lambda: window.load_models(args.target, args.draft, args.device))
         QTimer.singleShot(0, controller.scan_models)

@@ -8,6 +8,7 @@ models; the chat, the charts and the session stats stay.
 """
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
 
@@ -55,9 +56,12 @@ TEXT_ROUNDS_PER_FRAME = 24  # ... and at most this many rounds of text per frame
 
 
 class MainWindow(QMainWindow):
-    def __init__(self, controller: ChatController, settings: QSettings | None = None) -> None:
+    def __init__(self, controller: ChatController, settings: QSettings | None = None, *,
+                 unattended: bool = False) -> None:
+        """unattended: errors go to stderr instead of a dialog (a scripted check of the app, e.g. --load-test)."""
         super().__init__()
         self.controller = controller
+        self.unattended = unattended
         self.settings = settings if settings is not None else QSettings()
         self.last_round: RoundEvent | None = None
         self.summary: Summary | None = None  # of the last chat reply, once it arrives
@@ -534,6 +538,9 @@ class MainWindow(QMainWindow):
             apply_theme("system")
 
     def show_error(self, title: str, text: str) -> None:
+        if self.unattended:  # --load-test: nobody is there to close a dialog
+            print(f"{title}: {text}", file=sys.stderr, flush=True)
+            return
         QMessageBox.critical(self, title, text)
 
     def about(self) -> None:

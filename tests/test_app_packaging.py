@@ -21,6 +21,35 @@ def test_smoke_test_entry_point(tmp_path):
     assert ini.exists()  # settings went to the file we named, not the user's
 
 
+def load_test(tmp_path, *args: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, QT_QPA_PLATFORM="offscreen")
+    env.pop("DISPLAY", None)
+    return subprocess.run([sys.executable, "-m", "app.main", "--load-test", "--settings", str(tmp_path / "l.ini"),
+                           *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
+
+
+def test_load_test_runs_the_launch_path_until_the_pair_is_loaded(tmp_path):
+    """What a launch runs: the engine process spawned before Qt and taken over by the host, the load, the
+    window; it quits once the pair is loaded."""
+    from tests.tiny import ENGINE_CFG, draft_weights, hf_model, save_folder, tiny_tokenizer
+
+    target, draft = hf_model(ENGINE_CFG, 0), hf_model(ENGINE_CFG, 0)
+    draft.load_state_dict(draft_weights(dict(target.state_dict()), 0.03, 1))
+    t, d = save_folder(target, tiny_tokenizer(), tmp_path / "t"), save_folder(draft, tiny_tokenizer(), tmp_path / "d")
+    out = load_test(tmp_path, "--target", str(t), "--draft", str(d))
+    assert out.returncode == 0, out.stdout + out.stderr
+    line = out.stdout.strip().splitlines()[-1]
+    assert line.startswith("load-test ok: t + d on cpu") and line.endswith("s after start"), line
+
+
+def test_load_test_fails_with_the_reason(tmp_path):
+    out = load_test(tmp_path, "--target", str(tmp_path / "no-such-model"))
+    assert out.returncode == 1, out.stdout + out.stderr
+    line = out.stdout.strip().splitlines()[-1]
+    assert line.startswith("load-test failed: ") and "no-such-model" in line, line
+    assert "Could not load the model: " in out.stderr  # the window's error, printed: no dialog waits for a click
+
+
 def test_smoke_test_loads_no_engine(tmp_path):
     code = ("import sys; from app.main import main; rc = main(['--smoke-test', '--settings', sys.argv[1]]); "
             "print('torch' in sys.modules, 'engine.engine' in sys.modules); sys.exit(rc)")
