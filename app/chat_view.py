@@ -7,7 +7,6 @@ drives the paint rate. Hiding rejected drafts or a palette change re-renders the
 """
 from __future__ import annotations
 
-import html
 from dataclasses import dataclass, field
 
 from PySide6.QtCore import QEvent, QMimeData, QObject, QPoint, Qt, Signal
@@ -21,118 +20,15 @@ from PySide6.QtGui import (
     QTextFormat,
     QTextFrameFormat,
 )
-from PySide6.QtWidgets import QHBoxLayout, QLabel, QTextEdit, QToolTip, QWidget
+from PySide6.QtWidgets import QTextEdit, QToolTip, QWidget
 
-from app.theme import OKABE_ITO, ORIGIN_HELP, ORIGIN_LABEL, TokenColours, mix, token_colours
-from engine.dists import PositionDist
+from app.fences import FenceTracker
+from app.theme import OKABE_ITO, TokenColours, mix, token_colours
+from app.tokens import DISCARDED, PROVISIONAL, REJECTED, TokenInfo, token_tooltip, visible
 from engine.events import Origin, RoundEvent
 
 TOKEN_PROP = int(QTextFormat.Property.UserProperty) + 1  # int: index into ChatView.infos
 REJECTED_PROP = int(QTextFormat.Property.UserProperty) + 2  # bool: left out of copies
-
-REJECTED = "rejected"  # the first draft the target turned down
-PROVISIONAL = "provisional"  # step-through: a draft on screen before the target has decided on it
-DISCARDED = "discarded"  # drafts after it: never verified, dropped with it
-
-
-@dataclass(frozen=True)
-class TokenInfo:
-    """What a painted token was; `kind` is an Origin value, REJECTED or DISCARDED."""
-
-    kind: str
-    round: int
-    position: int  # within the round, 0-based
-    token_id: int
-    text: str
-    p: float | None
-    q: float | None
-    event: RoundEvent | None = field(default=None, compare=False, repr=False)  # its round, for the inspector
-
-    @property
-    def dist(self) -> PositionDist | None:
-        """The inspector's data for this token's row of the verify pass, when the engine recorded it."""
-        rows = self.event.positions if self.event is not None else ()
-        return rows[self.position] if self.position < len(rows) else None
-
-    @property
-    def accept_prob(self) -> float | None:
-        if self.p is None or self.q is None:
-            return None
-        return min(1.0, self.p / self.q) if self.q > 0 else 0.0
-
-
-def visible(text: str) -> str:
-    """Whitespace made visible, for tooltips and struck-through drafts."""
-    return text.replace(" ", "\u2423").replace("\n", "\u21b5").replace("\t", "\u21e5") or "\u2205"
-
-
-def token_tooltip(info: TokenInfo) -> str:
-    """Rich-text tooltip: what the token is, where it sits, and its probabilities."""
-    if info.kind in (REJECTED, DISCARDED):
-        title = "Rejected draft" if info.kind == REJECTED else "Discarded draft"
-        note = ("the target turned it down (u \u2265 min(1, p/q))" if info.kind == REJECTED
-                else "never verified: an earlier draft in this round was rejected")
-    else:
-        origin = Origin(info.kind)
-        title, note = ORIGIN_LABEL[origin], ORIGIN_HELP[origin]
-
-    def num(v: float | None) -> str:
-        return "\u2014" if v is None else f"{v:.4f}"
-
-    rows = [
-        ("round", str(info.round)),
-        ("position in round", str(info.position + 1)),
-        ("q(t) draft", num(info.q)),
-        ("p(t) target", num(info.p)),
-        ("min(1, p/q)", num(info.accept_prob)),
-        ("token", f"{info.token_id} \u00ab{html.escape(visible(info.text))}\u00bb"),
-    ]
-    body = "".join(f"<tr><td>{k}</td><td align='right'><tt>{v}</tt></td></tr>" for k, v in rows)
-    hint = "<br><small>Click for its distributions</small>" if info.dist is not None else ""
-    return (f"<b>{title}</b><br><i>{html.escape(note)}</i><table cellspacing='0' cellpadding='1'>{body}</table>"
-            f"{hint}")
-
-
-class FenceTracker:
-    """Follows ``` fences through streamed text. `feed` splits text into ("text", segment, mono),
-    ("newline",) and ("open",) / ("close",) steps; mono is True inside a fence (and for backticks)."""
-
-    def __init__(self) -> None:
-        self.in_code = False
-        self._ticks = 0
-
-    def feed(self, text: str) -> list[tuple]:
-        out: list[tuple] = []
-        buf: list[str] = []
-        mono = self.in_code
-
-        def flush() -> None:
-            if buf:
-                out.append(("text", "".join(buf), mono))
-                buf.clear()
-
-        for ch in text:
-            if ch == "\n":
-                flush()
-                out.append(("newline",))
-                self._ticks = 0
-                continue
-            want = self.in_code or ch == "`"
-            if want != mono:
-                flush()
-                mono = want
-            buf.append(ch)
-            if ch == "`":
-                self._ticks += 1
-                if self._ticks == 3:
-                    self._ticks = 0
-                    self.in_code = not self.in_code
-                    flush()
-                    out.append(("open",) if self.in_code else ("close",))
-            else:
-                self._ticks = 0
-        flush()
-        return out
 
 
 @dataclass
@@ -522,42 +418,3 @@ class ChatView(QTextEdit):
                 cursor.insertBlock(self._code_block if turn.fence.in_code else self._body_block)
             elif step[0] == "open":
                 cursor.setBlockFormat(self._code_block)
-
-
-class OriginLegend(QWidget):
-    """Swatches for the four origins and the struck-through drafts, in the current palette."""
-
-    def __init__(self, parent: QWidget | None = None) -> None:
-        super().__init__(parent)
-        lay = QHBoxLayout(self)
-        lay.setContentsMargins(2, 0, 2, 0)
-        lay.setSpacing(10)
-        self.labels: dict[str, QLabel] = {}
-        for key in [o.value for o in Origin] + [REJECTED]:
-            label = QLabel(self)
-            label.setTextFormat(Qt.TextFormat.RichText)
-            if key == REJECTED:
-                label.setToolTip("A draft the target rejected (struck through); View \u203a Show rejected drafts")
-            else:
-                label.setToolTip(ORIGIN_HELP[Origin(key)].capitalize())
-            lay.addWidget(label)
-            self.labels[key] = label
-        lay.addStretch(1)
-        self._paint()
-
-    def changeEvent(self, event: QEvent) -> None:
-        super().changeEvent(event)
-        if event.type() == QEvent.Type.PaletteChange:
-            self._paint()
-
-    def _paint(self) -> None:
-        c = token_colours(self.palette())
-        for key, label in self.labels.items():
-            if key == REJECTED:
-                style = f"color:{c.rejected.name()}; text-decoration:line-through;"
-                name = "Rejected draft"
-            else:
-                origin = Origin(key)
-                style = f"background-color:{c.tint[origin].name()}; color:{c.text.name()};"
-                name = ORIGIN_LABEL[origin]
-            label.setText(f"<span style='{style}'>&nbsp;{name}&nbsp;</span>")

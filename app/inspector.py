@@ -14,7 +14,7 @@ from PySide6.QtCore import QEvent, QRectF, QSize, Qt
 from PySide6.QtGui import QColor, QFont, QFontMetrics, QPainter, QPalette
 from PySide6.QtWidgets import QDockWidget, QLabel, QScrollArea, QVBoxLayout, QWidget
 
-from app.chat_view import DISCARDED, REJECTED, TokenInfo, visible
+from app.tokens import DISCARDED, REJECTED, TokenInfo, visible
 from app.theme import OKABE_ITO, ORIGIN_HUE, ORIGIN_LABEL, REJECTED_HUE, mix
 from engine.dists import PositionDist
 from engine.events import Origin

@@ -22,7 +22,8 @@ from PySide6.QtWidgets import (
 )
 
 from app.charts import ChartsPanel
-from app.chat_view import ChatView, OriginLegend
+from app.chat_view import ChatView
+from app.legend import OriginLegend
 from app.inspector import InspectorDock
 from app.reply_footer import reply_footer
 from app.resources import app_icon

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from PySide6.QtCore import QByteArray, QSettings, Qt, QTimer
-from PySide6.QtGui import QAction, QActionGroup, QCloseEvent, QGuiApplication, QKeySequence
+from PySide6.QtGui import QCloseEvent, QGuiApplication
 from PySide6.QtWidgets import (
     QFileDialog,
     QHBoxLayout,
@@ -23,20 +23,21 @@ from PySide6.QtWidgets import (
     QPushButton,
     QScrollArea,
     QSplitter,
-    QToolBar,
     QVBoxLayout,
     QWidget,
 )
 
 from app import __version__
 from app.charts import ChartsPanel
-from app.chat_view import ChatView, OriginLegend
+from app.chat_view import ChatView
 from app.compare import CompareDialog
 from app.controller import ChatController
 from app.controls import ControlsPanel
 from app.crash_banner import CrashBanner
 from app.inspector import InspectorDock
+from app.legend import OriginLegend
 from app.load_dialog import LoadDialog, describe_target
+from app.menus import build_menus
 from app.trace import Settings, session_trace
 from app.trace_window import TraceWindow, open_trace_dialog, save_trace_dialog
 from app.prompt_edit import PromptEdit
@@ -80,7 +81,7 @@ class MainWindow(QMainWindow):
         self.setWindowIcon(app_icon())
         self.resize(1480, 900)
         self._build_ui()
-        self._build_actions()
+        build_menus(self)
         self._connect()
         self._restore()
         self._update_actions()
@@ -143,85 +144,6 @@ class MainWindow(QMainWindow):
         for w in (self.round_label, self.reuse_label, self.model_label):
             w.setContentsMargins(8, 0, 8, 0)
             bar.addPermanentWidget(w)
-
-    def _build_actions(self) -> None:
-        def act(text: str, slot, shortcut=None, tip: str = "", checkable: bool = False) -> QAction:
-            a = QAction(text, self)
-            if shortcut is not None:
-                a.setShortcut(QKeySequence(shortcut))
-            a.setStatusTip(tip or text)
-            a.setToolTip(tip or text)
-            a.setCheckable(checkable)
-            (a.toggled if checkable else a.triggered).connect(slot)
-            self.addAction(a)
-            return a
-
-        self.new_action = act("&New chat", self.new_chat, "Ctrl+N",
-                              "Clear the conversation and the engine's cached prefix")
-        self.open_action = act("&Open model folder\u2026", self.open_model_folder, "Ctrl+O",
-                               "Load a model folder (config.json + safetensors) or a .gguf as the target")
-        self.export_action = act("&Export session stats\u2026", lambda: self.export_stats(), "Ctrl+E",
-                                 "Write every round of this session to CSV (plus <name>_summary.csv)")
-        self.save_trace_action = act("&Save trace\u2026", lambda: self.save_trace(), "Ctrl+S",
-                                     "Write the whole session (every round, p/q, verdicts, settings) to a JSON trace")
-        self.open_trace_action = act("Open &trace\u2026", lambda: self.open_trace(), "Ctrl+Shift+O",
-                                     "Show a saved trace in its own window (no model needed)")
-        self.quit_action = act("&Quit", self.close, "Ctrl+Q")
-        self.send_action = act("&Send", self.send, "Ctrl+Return", "Send the message")
-        self.stop_action = act("S&top", self.stop, "Esc", "Stop after the current round")
-        self.compare_action = act("&Compare off vs on\u2026", self.compare, "Ctrl+R",
-                                  "Replay the last prompt with speculation off, then on, with the same seed")
-        self.rejected_action = act("Show &rejected drafts", self.chat.set_show_rejected, "Ctrl+Shift+R",
-                                   "Show the drafts the target turned down, struck through", checkable=True)
-        self.rejected_action.setChecked(True)
-        self.focus_action = act("Focus message box", lambda: self.input.setFocus(), "Ctrl+L")
-        self.about_action = act("&About SpecLens", self.about)
-
-        menus = self.menuBar()
-        m = menus.addMenu("&File")
-        m.addActions([self.new_action, self.open_action])
-        m.addSeparator()
-        m.addAction(self.export_action)
-        m.addActions([self.save_trace_action, self.open_trace_action])
-        m.addSeparator()
-        m.addAction(self.quit_action)
-        m = menus.addMenu("&Run")
-        m.addActions([self.send_action, self.stop_action])
-        m.addSeparator()
-        m.addAction(self.compare_action)
-        self.tune_action = act("Tune &K\u2026", self.tune_k, "Ctrl+K",
-                               "Replay the last prompt plain, then at K = 1..8 with each drafter; apply the best K")
-        m.addAction(self.tune_action)
-        m.addSeparator()
-        step_actions = [self.stepper.toggle_action, self.stepper.next_action, self.stepper.continue_action]
-        m.addActions(step_actions)
-        self.addActions(step_actions)  # their keys work wherever the focus is in the window
-        m = menus.addMenu("&View")
-        m.addAction(self.rejected_action)
-        m.addAction(self.inspector.toggleViewAction())
-        themes = m.addMenu("&Theme")
-        self.theme_group = QActionGroup(self)
-        self.theme_actions: dict[str, QAction] = {}
-        for key, label in zip(THEMES, ("Follow &system", "&Light", "&Dark")):
-            a = QAction(label, self, checkable=True)
-            a.triggered.connect(lambda _=False, k=key: self.set_theme(k))
-            self.theme_group.addAction(a)
-            themes.addAction(a)
-            self.theme_actions[key] = a
-        m.addSeparator()
-        m.addAction(self.focus_action)
-        m = menus.addMenu("&Help")
-        m.addAction(self.about_action)
-
-        tb = QToolBar("Main")
-        tb.setObjectName("main-toolbar")
-        tb.setMovable(False)
-        tb.setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonTextOnly)
-        tb.addActions([self.new_action, self.stop_action, self.compare_action, self.tune_action, self.export_action])
-        tb.addAction(self.stepper.toggle_action)
-        tb.addSeparator()
-        tb.addAction(self.rejected_action)
-        self.addToolBar(tb)
 
     def _connect(self) -> None:
         self.input.submitted.connect(self.send)

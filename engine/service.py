@@ -168,7 +168,7 @@ class Service:
 
     def __init__(self, conn: Any, loader: Factory, lister: Factory) -> None:
         self.conn = conn
-        self.loader_factory = loader
+        self.warm_up = loader.warm_up
         self.loader = loader.resolve()
         self.lister = lister.resolve()
         self.engine: Any = None
@@ -255,7 +255,7 @@ class Service:
         reader.start()
         self.send("started", os.getpid())
         try:
-            self.loader_factory.warm_up()
+            self.warm_up()
         except Exception:  # noqa: BLE001 - the load itself reports what is wrong, as a message
             log.warning("warming up the engine failed:\n%s", traceback.format_exc())
         while True:

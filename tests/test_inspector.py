@@ -220,7 +220,7 @@ def Qt_right():
 
 
 def test_click_on_a_rejected_draft_explains_the_verdict(qtbot, shown):
-    from app.chat_view import REJECTED
+    from app.tokens import REJECTED
 
     chat, dock = shown
     assert not dock.isVisible()
@@ -259,7 +259,7 @@ def test_bonus_and_accepted_tokens(qtbot, shown):
 
 
 def test_greedy_token_says_point_masses(qtbot):
-    from app.chat_view import REJECTED, TokenInfo
+    from app.tokens import REJECTED, TokenInfo
     from app.inspector import InspectorPanel
     from engine.dists import PositionDist
 
@@ -273,7 +273,7 @@ def test_greedy_token_says_point_masses(qtbot):
 
 
 def test_token_without_inspector_data(qtbot):
-    from app.chat_view import TokenInfo
+    from app.tokens import TokenInfo
     from app.inspector import InspectorPanel
 
     panel = InspectorPanel()

@@ -3,9 +3,9 @@
 A decode step, a draft step or a verify pass runs ~300 small ops besides the matmuls (norms, rope, cache
 writes, attention, residuals). As separate torch calls they cost ~16 ms of a ~70 ms target step on a
 2-core CPU; with them in C++ (csrc/decoder.cpp) the whole one-token pass measures 34-42 ms. Longer passes
-(prompt prefill) stay in the torch modules, whose fused attention is faster there; both paths give the same results up to float rounding,
-and each is batch-invariant on its own, which is what exactness needs (plain and speculative decoding make
-the same prefill calls and only passes of <= 16 tokens otherwise).
+(prompt prefill) stay in the torch modules, whose fused attention is faster there; both paths give the same
+results up to float rounding, and each is batch-invariant on its own, which is what exactness needs (plain
+and speculative decoding make the same prefill calls and only passes of <= 16 tokens otherwise).
 """
 from __future__ import annotations
 
