@@ -99,3 +99,53 @@ def test_without_the_kernels_the_modules_run(gguf_path, monkeypatch):
     model = build_model(GGUFFile(gguf_path), MAX_LEN, act="fp32")
     assert model.stack is None
     torch.testing.assert_close(run(model, [1] * len(IDS)), fast, rtol=1e-4, atol=1e-4)
+
+
+# Real head sizes (64 and 128 take the attention's compiled-width paths) and a context several key chunks long
+# (engine/quant/csrc/attend.h: KEY_CHUNK = 128 keys per work item, merged in order).
+LONG = 300  # prompt tokens before the passes: three chunks
+
+
+@pytest.fixture(scope="module", params=[("llama", 4, 2), ("qwen2", 2, 1)], ids=["D64", "D128"])
+def wide_model(request, tmp_path_factory):
+    arch, heads, kv_heads = request.param
+    tok = make_tokenizer()
+    hf = make_hf_model(arch, len(tok), hidden_size=256, num_attention_heads=heads, num_key_value_heads=kv_heads,
+                       max_position_embeddings=512)
+    path = write_gguf(tmp_path_factory.mktemp("w") / f"{arch}.gguf", hf, tok, "Q8_0")
+    return path, len(tok)
+
+
+def run_long(model: Transformer, vocab: int, widths: list[int]) -> torch.Tensor:
+    """Logits of passes of the given widths after a LONG-token prompt, over scattered KV blocks."""
+    cfg = model.cfg
+    mgr = BlockManager(96, 4, 384)
+    pool = KVPool(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, mgr, torch.float32, "cpu")
+    mgr.allocate(0)
+    mgr.allocate(1)
+    gen = torch.Generator().manual_seed(1)
+    prompt = torch.randint(0, vocab, (LONG,), generator=gen)
+    ids = torch.randint(0, vocab, (sum(widths),), generator=gen)
+    for s in range(0, LONG, 60):  # chunks of 60 interleaved with another sequence: a scattered block table
+        start, end = mgr.append(0, min(60, LONG - s))
+        mgr.append(1, 4)
+        model(prompt[s : s + 60], start, pool.view(0, start, end))
+    out, i = [], 0
+    for w in widths:
+        start, end = mgr.append(0, w)
+        out.append(model(ids[i : i + w], start, pool.view(0, start, end)))
+        i += w
+    return torch.cat(out)
+
+
+def test_long_contexts_at_real_head_sizes(wide_model):
+    path, vocab = wide_model
+    model = build_model(GGUFFile(path), 512, act="fp32")
+    assert model.cfg.head_dim in (64, 128)
+    steps = run_long(model, vocab, [1] * 9)
+    for widths in ([9], [3, 6], [2, 5, 2]):
+        assert torch.equal(run_long(model, vocab, widths), steps), widths
+    outs = outputs_per_isa_and_threads(lambda: run_long(model, vocab, [4, 5]))
+    assert len(outs) >= 2 and all(torch.equal(steps, y) for y in outs.values()), list(outs)
+    model.stack = None  # the torch modules: one softmax over all keys, not chunks merged
+    torch.testing.assert_close(steps, run_long(model, vocab, [1] * 9), rtol=1e-5, atol=1e-5)

@@ -3,9 +3,16 @@
 // intrinsics: every lane does the same IEEE multiply and add in the same order under every target (no FMA:
 // -ffp-contract=off), so all ISAs give the same bits.
 //
-// Batch invariance: each (query, head) pair is computed whole by one thread, over exactly the keys that query
-// may see, in ascending key order. Its result therefore does not depend on T, on the other queries, or on
-// which thread ran it: a verify pass of K+1 queries gives each position the bits a one-token step gives it.
+// Keys are taken in chunks of KEY_CHUNK positions, fixed by position (chunk c holds keys c*KEY_CHUNK ..), as in
+// split-K "flash decoding". One work item is a (query, chunk, head): there is work for every core even for one
+// query, and consecutive items are the heads that share the chunk's K and V rows, which stay in L2 between them
+// (one pass per head over the whole cache read it from memory G times: 2x slower at 2000 positions). Each item
+// keeps its own max, sum and unnormalised output; a second loop merges the chunks in order.
+//
+// Batch invariance: a (query, head, chunk) result depends only on the query, the head and the keys of the chunk
+// the query may see, in ascending order, and the merge runs over chunks in ascending order. So a position's bits
+// do not depend on T, on the other queries, or on which thread ran what: a verify pass of K+1 queries gives each
+// position the bits a one-token step gives it.
 
 typedef float f8 __attribute__((vector_size(32)));
 
@@ -53,43 +60,141 @@ void silu_mul(const float* gu, int T, int64_t I, float* out, int nthreads) {
     }
 }
 
+constexpr int KEY_CHUNK = 128;  // keys per work item: K and V rows of one KV head, 128 KB at D = 128 in fp32
+
+static inline float hmax8(f8 a) {
+    return std::fmax(std::fmax(std::fmax(a[0], a[1]), std::fmax(a[2], a[3])),
+                     std::fmax(std::fmax(a[4], a[5]), std::fmax(a[6], a[7])));
+}
+
+// [hsum8(c[0]), ..., hsum8(c[7])]: each lane is summed in hsum8's order, ((0+1)+(2+3))+((4+5)+(6+7)),
+// by three rounds of pairwise adds across the eight vectors instead of eight separate reductions.
+static inline f8 hsum8x8(const f8* c) {
+    typedef int32_t m8 __attribute__((vector_size(32)));
+    const auto pair = [](f8 x, f8 y) {  // [x0+x1, x2+x3, y0+y1, y2+y3, x4+x5, x6+x7, y4+y5, y6+y7]
+        return __builtin_shuffle(x, y, m8{0, 2, 8, 10, 4, 6, 12, 14}) + __builtin_shuffle(x, y, m8{1, 3, 9, 11, 5, 7, 13, 15});
+    };
+    const f8 lo_hi0 = pair(pair(c[0], c[1]), pair(c[2], c[3]));  // [lo(c0..c3), hi(c0..c3)]
+    const f8 lo_hi1 = pair(pair(c[4], c[5]), pair(c[6], c[7]));
+    return __builtin_shuffle(lo_hi0, lo_hi1, m8{0, 1, 2, 3, 8, 9, 10, 11}) +
+           __builtin_shuffle(lo_hi0, lo_hi1, m8{4, 5, 6, 7, 12, 13, 14, 15});
+}
+
+// max, then e_j = exp(s_j - max) in place, and their sum (8 lanes, hsum8, then the tail): part[0..1] = max, sum.
+static void softmax_part(float* s, int64_t n, float* part) {
+    const int64_t full = n / 8 * 8;
+    f8 m8 = f8{} - INFINITY;
+    for (int64_t j = 0; j < full; j += 8) {
+        const f8 v = load8(s + j);
+        m8 = v > m8 ? v : m8;
+    }
+    float mx = hmax8(m8);  // max is exact whatever the order
+    for (int64_t j = full; j < n; ++j) mx = std::fmax(mx, s[j]);
+    f8 l8 = {};
+    for (int64_t j = 0; j < n; j += 8) {  // s has room for the last partial vector
+        const f8 e = exp8(load8(s + j) - mx);
+        std::memcpy(s + j, &e, sizeof e);
+        if (j < full) l8 += e;
+    }
+    float sum = hsum8(l8);
+    for (int64_t j = full; j < n; ++j) sum += s[j];
+    part[0] = mx, part[1] = sum;
+}
+
+// One work item: query heads g*G .. g*G+G-1 of query q (H*D floats) over keys [j0, j1) of KV head g.
+// s: scratch of G * (KEY_CHUNK + 8); part: G rows of max | sum | unnormalised output (D), `stride` apart.
+// DV = D / 8 when it is 8 or 16 (compile-time loops, registers), else 0 (any D): same operations, same order.
+// One work item: query head q (D floats) over keys [j0, j1) of KV head g. s: scratch of >= KEY_CHUNK + 8 floats;
+// part: max | sum | unnormalised output (D). DV = D / 8 when it is 8 or 16 (compile-time loops, registers), else 0
+// (any D): the same operations in the same order either way.
+template <int DV_>
+static void attend_chunk(const AttnArgs& a, const float* q, int g, int64_t j0, int64_t j1, float* s, float* part) {
+    const int DV = DV_ ? DV_ : a.D / 8;
+    const int64_t n = j1 - j0;
+    const auto row = [&](const float* base, int64_t j) {
+        const int64_t slot = a.read ? a.read[j0 + j] : a.base + j0 + j;
+        return base + (slot * a.Hkv + g) * a.D;
+    };
+    // scores s_j = (q . k_j) * scale: the dot product in 8 lanes in d order, then hsum8; eight keys at a time
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const float* k[8];
+        for (int u = 0; u < 8; ++u) k[u] = row(a.k, i + u);
+        f8 c[8] = {};
+        for (int d = 0; d < DV; ++d) {
+            const f8 qd = load8(q + 8 * d);
+#pragma GCC unroll 8
+            for (int u = 0; u < 8; ++u) c[u] += qd * load8(k[u] + 8 * d);
+        }
+        const f8 r = hsum8x8(c) * a.scale;
+        std::memcpy(s + i, &r, sizeof r);
+    }
+    for (; i < n; ++i) {
+        const float* k = row(a.k, i);
+        f8 c = {};
+        for (int d = 0; d < DV; ++d) c += load8(q + 8 * d) * load8(k + 8 * d);
+        s[i] = hsum8(c) * a.scale;
+    }
+    softmax_part(s, n, part);
+    // o = sum_j p_j v_j in ascending j, per output vector; for DV 8 or 16 eight vectors at a time in registers
+    const int step = DV_ ? 8 : DV;
+    for (int c0 = 0; c0 < DV; c0 += step) {
+        f8 o[DV_ ? 8 : MAX_HEAD_DIM / 8] = {};
+        for (int64_t j = 0; j < n; ++j) {
+            const float* v = row(a.v, j) + 8 * c0;
+            const float p = s[j];
+#pragma GCC unroll 8
+            for (int c = 0; c < step; ++c) o[c] += p * load8(v + 8 * c);
+        }
+        std::memcpy(part + 2 + 8 * c0, o, sizeof(float) * 8 * step);
+    }
+}
+
 void attend(const AttnArgs& a) {
     const int G = a.H / a.Hkv, D = a.D, DV = a.D / 8;
-    const int64_t pairs = static_cast<int64_t>(a.T) * a.H;
+    const int64_t chunks = (a.S + KEY_CHUNK - 1) / KEY_CHUNK, stride = D + 2;
+    const int64_t items = static_cast<int64_t>(a.T) * chunks * a.H;
+    thread_local std::vector<float> parts;  // (T, chunks, H, stride)
+    parts.resize(static_cast<size_t>(items * stride));
+    float* P = parts.data();
 #pragma omp parallel num_threads(a.nthreads)
     {
-        std::vector<float> s(static_cast<size_t>(a.S + 8));
+        std::vector<float> s(KEY_CHUNK + 8);
+        // items in (query, chunk, head) order: a thread's consecutive items share a chunk and a KV head
 #pragma omp for schedule(static)
-        for (int64_t th = 0; th < pairs; ++th) {
-            const int t = static_cast<int>(th / a.H), h = static_cast<int>(th % a.H), g = h / G;
-            const int64_t n = a.S - a.T + t + 1;  // keys this query may see
-            const float* q = a.q + th * D;
-            float mx = -INFINITY;
-            for (int64_t j = 0; j < n; ++j) {
-                const int64_t slot = a.read ? a.read[j] : a.base + j;
-                const float* k = a.k + (slot * a.Hkv + g) * D;
-                f8 acc = {};
-                for (int d = 0; d < D; d += 8) acc += load8(q + d) * load8(k + d);
-                s[j] = hsum8(acc) * a.scale;
-                mx = std::fmax(mx, s[j]);
-            }
-            for (int64_t j = 0; j < n; j += 8) {  // s has room for the last partial vector
-                const f8 e = exp8(load8(&s[j]) - mx);
-                std::memcpy(&s[j], &e, sizeof e);
-            }
+        for (int64_t it = 0; it < items; ++it) {
+            const int t = static_cast<int>(it / (chunks * a.H)), h = static_cast<int>(it % a.H);
+            const int64_t c = it / a.H % chunks, n = a.S - a.T + t + 1;  // keys this query may see
+            const int64_t j0 = c * KEY_CHUNK, j1 = std::min<int64_t>(j0 + KEY_CHUNK, n);
+            if (j0 >= j1) continue;  // beyond this query's keys: the merge never reads it
+            const float* q = a.q + (static_cast<int64_t>(t) * a.H + h) * D;
+            float* part = P + it * stride;
+            if (D == 128)
+                attend_chunk<16>(a, q, h / G, j0, j1, s.data(), part);
+            else if (D == 64)
+                attend_chunk<8>(a, q, h / G, j0, j1, s.data(), part);
+            else
+                attend_chunk<0>(a, q, h / G, j0, j1, s.data(), part);
+        }
+        // merge each (query, head) over its chunks, in chunk order
+#pragma omp for schedule(static)
+        for (int64_t th = 0; th < static_cast<int64_t>(a.T) * a.H; ++th) {
+            const int64_t t = th / a.H, h = th % a.H, n = a.S - a.T + t + 1, used = (n + KEY_CHUNK - 1) / KEY_CHUNK;
+            const float* first = P + (t * chunks * a.H + h) * stride;
+            float mx = first[0];
+            for (int64_t c = 1; c < used; ++c) mx = std::fmax(mx, first[c * a.H * stride]);
             float sum = 0.0f;
-            for (int64_t j = 0; j < n; ++j) sum += s[j];
             f8 o[MAX_HEAD_DIM / 8] = {};
-            for (int64_t j = 0; j < n; ++j) {
-                const int64_t slot = a.read ? a.read[j] : a.base + j;
-                const float* v = a.v + (slot * a.Hkv + g) * D;
-                const float p = s[j];
-                for (int c = 0; c < DV; ++c) o[c] += p * load8(v + 8 * c);
+            for (int64_t c = 0; c < used; ++c) {
+                const float* part = first + c * a.H * stride;
+                const float w = exp8(f8{} + (part[0] - mx))[0];
+                sum += w * part[1];
+                for (int k = 0; k < DV; ++k) o[k] += w * load8(part + 2 + 8 * k);
             }
             float* out = a.out + th * D;
-            for (int c = 0; c < DV; ++c) {
-                const f8 r = o[c] / sum;
-                std::memcpy(out + 8 * c, &r, sizeof r);
+            for (int k = 0; k < DV; ++k) {
+                const f8 r = o[k] / sum;
+                std::memcpy(out + 8 * k, &r, sizeof r);
             }
         }
     }

@@ -13,6 +13,7 @@
 // with w_k the gguf-exact dequantized weight.
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
