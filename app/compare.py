@@ -20,6 +20,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.chat_view import ChatView
+from app.names import drafter_name
 from app.theme import OKABE_ITO
 from engine.config import SamplingParams, SpecParams
 from engine.events import RoundEvent, Summary
@@ -86,7 +87,7 @@ class CompareDialog(QDialog):
         self.prompt = next((m["content"] for m in reversed(messages) if m["role"] == "user"), "")
         self.verdict: Verdict | None = None
 
-        drafter = "draft model" if spec.drafter == "model" else "n-gram"
+        drafter = drafter_name(spec.drafter)
         k = "adaptive K" if spec.adaptive else f"K={spec.k}"
         grid = QGridLayout()
         self.sides: list[Side] = []

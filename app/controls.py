@@ -110,6 +110,9 @@ class ControlsPanel(QWidget):
         self.drafter_combo = QComboBox()
         self.drafter_combo.addItem("Draft model", "model")
         self.drafter_combo.addItem("N-gram (prompt lookup)", "ngram")
+        self.drafter_combo.addItem("Draft model + n-gram", "hybrid")
+        self.drafter_combo.setItemData(2, "The n-gram lookup when it is likely to pass (free drafts), else the draft "
+                                          "model", Qt.ItemDataRole.ToolTipRole)
         self.k_slider = _slider(K_MIN, K_MAX, DEFAULT_K, 2)
         self.k_slider.setToolTip("Tokens drafted per round")
         self.k_label = QLabel()
@@ -216,7 +219,7 @@ class ControlsPanel(QWidget):
         self.drafter_combo.setEnabled(spec)
         self.k_slider.setEnabled(spec)
         self.adaptive_check.setEnabled(spec)
-        self.stop_check.setEnabled(spec and self.drafter_combo.currentData() == "model")
+        self.stop_check.setEnabled(spec and self.drafter_combo.currentData() in ("model", "hybrid"))
 
     # ---- models --------------------------------------------------------------------------------------------
     def set_local_models(self, models: Sequence[Any]) -> None:
@@ -261,9 +264,9 @@ class ControlsPanel(QWidget):
     def set_loaded(self, target: str, draft: str | None, device: str, dtype: str) -> None:
         pair = f"<b>{target}</b>" + (f" + draft <b>{draft}</b>" if draft else " (no draft model)")
         self.loaded_label.setText(f"{pair}<br>{device} \u00b7 {dtype}")
-        item = self.drafter_combo.model().item(0)
-        item.setEnabled(draft is not None)
-        if draft is None and self.drafter_combo.currentData() == "model":
+        for i in (0, 2):  # the draft model, alone or with the n-gram drafter
+            self.drafter_combo.model().item(i).setEnabled(draft is not None)
+        if draft is None and self.drafter_combo.currentData() in ("model", "hybrid"):
             self.drafter_combo.setCurrentIndex(1)
 
     # ---- persistence ---------------------------------------------------------------------------------------

@@ -16,6 +16,8 @@ from engine.config import SamplingParams, SpecParams
 from engine.events import RoundEvent, Summary
 from engine.sweep import KS, Sweep, SweepRun, plan, run_of
 
+from app.names import drafter_name
+
 KIND = "tune"
 
 
@@ -79,7 +81,7 @@ class KTuner(QObject):
             self._finish()
             return
         drafter, k = self.plan[len(self.runs)]
-        label = "plain decoding" if drafter is None else f"{'draft model' if drafter == 'model' else 'n-gram'} K={k}"
+        label = "plain decoding" if drafter is None else f"{drafter_name(drafter)} K={k}"
         self.progressed.emit(float(len(self.runs)), len(self.plan), label)
         self._summary, self._rounds = None, []
         self.controller.forget_cache()  # an empty cache, as a separate benchmark run starts with
@@ -92,7 +94,7 @@ class KTuner(QObject):
         self._rounds.extend(events)
         share = min(1.0, events[-1].new_tokens / self.sampling.max_new_tokens)
         drafter, k = self.plan[len(self.runs)]
-        label = "plain decoding" if drafter is None else f"{'draft model' if drafter == 'model' else 'n-gram'} K={k}"
+        label = "plain decoding" if drafter is None else f"{drafter_name(drafter)} K={k}"
         self.progressed.emit(len(self.runs) + share, len(self.plan), label)
 
     def _on_summary(self, rid: int, s: Summary) -> None:

@@ -17,13 +17,13 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app.names import drafter_name
 from app.theme import OKABE_ITO, SERIES, mix
 from app.tuner import KTuner
 from engine.sweep import KS, Sweep, SweepRun
 
 HUE = {"model": SERIES["measured"], "ngram": OKABE_ITO["blue"], "leviathan": SERIES["theoretical"],
        "plain": SERIES["plain"], "best": OKABE_ITO["orange"]}
-NAME = {"model": "draft model", "ngram": "n-gram"}
 NOISE = 1.05  # a best speedup under this is no clear win: single replays' rates vary by a few percent
 
 
@@ -136,7 +136,7 @@ class TunerDialog(QDialog):
         best = sweep.best
         self.apply_button.setEnabled(best is not None)
         if best is not None:
-            self.apply_button.setText(f"Apply K={best.k} ({NAME[best.drafter]})")
+            self.apply_button.setText(f"Apply K={best.k} ({drafter_name(best.drafter)})")
         if complete:
             self.status.setText(f"Done: {len(sweep.runs)} replays. The sweep is in File \u203a Export session "
                                 "stats (NAME_tuner.csv).")
@@ -159,7 +159,7 @@ class TunerDialog(QDialog):
         if best is not None:
             y = s.speedup(best)
             self.best_marker.setData([best.k], [y])
-            self.best_label.setText(f"best: K={best.k}, {NAME[best.drafter]}, {y:.2f}\u00d7")
+            self.best_label.setText(f"best: K={best.k}, {drafter_name(best.drafter)}, {y:.2f}\u00d7")
             self.best_label.setAnchor((1.0 if best.k > (self.tuner.plan[-1][1] + 1) / 2 else 0.0, 1.2))  # inside
             self.best_label.setPos(best.k, y)
         ys = [v for c in self.curves.values() for v in (c.yData if c.yData is not None else [])]

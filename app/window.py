@@ -38,6 +38,7 @@ from app.inspector import InspectorDock
 from app.legend import OriginLegend
 from app.load_dialog import LoadDialog, describe_target
 from app.menus import build_menus
+from app.names import drafter_name
 from app.trace import Settings, session_trace
 from app.trace_window import TraceWindow, open_trace_dialog, save_trace_dialog
 from app.prompt_edit import PromptEdit
@@ -334,7 +335,7 @@ class MainWindow(QMainWindow):
         c.stop_check.setChecked(False)
         c.drafter_combo.setCurrentIndex(max(c.drafter_combo.findData(drafter), 0))
         c.k_slider.setValue(k)
-        self.statusBar().showMessage(f"K set to {k} ({'draft model' if drafter == 'model' else 'n-gram'})", 5000)
+        self.statusBar().showMessage(f"K set to {k} ({drafter_name(drafter)})", 5000)
 
     # ---- models and the engine process ---------------------------------------------------------------------
     def load_models(self, target: str | None = None, draft: str | None = None, device: str | None = None) -> None:

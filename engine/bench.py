@@ -13,7 +13,7 @@ from .config import SamplingParams, SpecParams
 from .engine import Engine
 from .events import Summary
 
-MODES = ("plain", "draft", "ngram")
+MODES = ("plain", "draft", "ngram", "hybrid")  # hybrid: the n-gram drafter when likely to pass, else the draft
 PROG = "speclens-bench"
 
 
@@ -103,7 +103,8 @@ def check_device(device: str | None) -> None:
 
 
 def run_mode(engine: Engine, prompts: list[list[int]], mode: str, k: int, sampling: SamplingParams) -> Result:
-    spec = SpecParams(enabled=False) if mode == "plain" else SpecParams(k=k, drafter="model" if mode == "draft" else "ngram")
+    drafter = {"draft": "model", "ngram": "ngram", "hybrid": "hybrid"}.get(mode)
+    spec = SpecParams(enabled=False) if drafter is None else SpecParams(k=k, drafter=drafter)
     outputs, new, rounds, drafted, accepted, seconds = [], 0, 0, 0, 0, 0.0
     for ids in prompts:
         engine.reset()  # no cross-prompt prefix reuse: every prompt pays its own prefill
@@ -199,8 +200,9 @@ def main(argv: list[str] | None = None) -> int:
     target, draft = a.target, a.draft
     if target is None and draft is not None:
         fail("--draft given without --target")
-    if "draft" in modes and target is not None and draft is None:
-        fail("mode 'draft' needs --draft")
+    for needy in ("draft", "hybrid"):
+        if needy in modes and target is not None and draft is None:
+            fail(f"mode '{needy}' needs --draft")
 
     engine = load(target, draft, a.device)
     print(f"loaded in {engine.load_seconds:.1f} s on {engine.device} ({engine.dtype_name})", file=sys.stderr)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 import math
 import numbers
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -175,7 +175,7 @@ def _stop_strings(stop: str | tuple[str, ...] | list[str]) -> tuple[str, ...]:
     return tuple(s for s in items if s)
 
 
-Drafter = Literal["model", "ngram"]
+Drafter = Literal["model", "ngram", "hybrid"]  # hybrid: the n-gram drafter when its lookup is likely to pass, else the model
 
 
 @dataclass(frozen=True)
@@ -203,8 +203,8 @@ class SpecParams:
             raise ValueError(f"K must be >= 1, got {self.k}")
         if self.k > self.k_max:
             raise ValueError(f"K must be <= {self.k_max}, got {self.k}")
-        if self.drafter not in ("model", "ngram"):
-            raise ValueError(f"drafter must be 'model' or 'ngram', got {self.drafter!r}")
+        if self.drafter not in ("model", "ngram", "hybrid"):
+            raise ValueError(f"drafter must be 'model', 'ngram' or 'hybrid', got {self.drafter!r}")
         if not (1 <= self.ngram_min <= self.ngram_max):
             raise ValueError(f"need 1 <= ngram_min <= ngram_max, got {self.ngram_min}, {self.ngram_max}")
 

@@ -3,11 +3,13 @@
 ModelDrafter runs a small model over its own paged cache, prefilled lazily on first use.
 NGramDrafter looks up the latest earlier occurrence of the text's suffix (prompt lookup) and proposes
 what followed; its proposal is a point mass, so q(t) = 1 and rejection sampling stays exact.
+HybridDrafter takes the n-gram proposal when it is likely to pass and asks the model otherwise; each round is
+verified against the q of whichever drafted it, so the output distribution stays the target's.
 """
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 import torch
@@ -30,6 +32,7 @@ class Proposal:
     q: torch.Tensor  # (n, V)
     prefill_s: float = 0.0  # part of the propose() time spent catching the drafter's cache up (prompt prefill)
     logits: torch.Tensor | None = None  # (n, V) under greedy, where q is a point mass: what the inspector shows
+    source: str | None = None  # the name of the drafter that made it, when that is not the one asked (hybrid)
 
 
 class Drafter(Protocol):
@@ -191,6 +194,11 @@ class NGramDrafter:
         """Estimated chance that a continuation token after an n-token match passes (Laplace prior 1/2)."""
         return (self.hits.get(n, 0.0) + 1.0) / (self.trials.get(n, 0.0) + 2.0)
 
+    def expected_passes(self, n_tokens: int) -> float:
+        """Expected passing tokens of the last lookup's first n_tokens: sum of a_n^i for i = 1..n_tokens."""
+        a = self.pass_rate(self._pending[1]) if self._pending else 0.0
+        return sum(a ** (i + 1) for i in range(n_tokens))
+
     def propose(self, ids: list[int], k: int, params: SamplingParams, gen: torch.Generator | None,
                 stop_below: float = 0.0) -> Proposal:
         self._index(ids)  # stop_below is the model drafter's: this one gates on its measured pass rates
@@ -230,3 +238,36 @@ class NGramDrafter:
         self.hits.clear()
         self.trials.clear()
         self._pending = None
+
+
+class HybridDrafter:
+    """The n-gram drafter's proposal when its expected number of passing tokens, sum_i a_n^i over the tokens it
+    proposes, is at least MIN_EXPECTED (free tokens, likely to pass); otherwise the draft model's. Both see every
+    round's outcome: the n-gram drafter scores its lookup whether or not it was used, and the model's cache
+    catches up on tokens the n-gram rounds committed (lazily, in one pass) when it drafts next.
+
+    Measured on the embedded pair (greedy, the eight bench prompts, K <= 4 with the model's stop rule): n-gram
+    rounds were 24 of 243 and the decode rate 1.04x the model alone; thresholds of 0.5 and 1.5 did no better.
+    """
+
+    name = "hybrid"
+    MIN_EXPECTED = 1.0
+
+    def __init__(self, ngram: NGramDrafter, model: ModelDrafter) -> None:
+        self.ngram, self.model = ngram, model
+        self.pool, self.seq = model.pool, model.seq  # the cache a round may roll back (step-through shows it)
+
+    def propose(self, ids: list[int], k: int, params: SamplingParams, gen: torch.Generator | None,
+                stop_below: float = 0.0) -> Proposal:
+        p = self.ngram.propose(ids, k, params, gen)
+        if len(p.tokens) and self.ngram.expected_passes(len(p.tokens)) >= self.MIN_EXPECTED:
+            return replace(p, source=self.ngram.name)
+        return replace(self.model.propose(ids, k, params, gen, stop_below), source=self.model.name)
+
+    def rollback(self, ids: list[int]) -> None:
+        self.ngram.rollback(ids)
+        self.model.rollback(ids)
+
+    def reset(self) -> None:
+        self.ngram.reset()
+        self.model.reset()

@@ -14,7 +14,7 @@ from .config import CacheConfig, SamplingParams, SpecParams
 from .controls import Controls
 from .detok import Detokenizer
 from .draft_vocab import DRAFT_VOCAB
-from .drafters import Drafter, ModelDrafter, NGramDrafter, Proposal, common_prefix, forward_chunked
+from .drafters import Drafter, HybridDrafter, ModelDrafter, NGramDrafter, Proposal, common_prefix, forward_chunked
 from .events import CommittedToken, DraftToken, Origin, RoundEvent, Summary
 from .inspector import inspect_round
 from .kv_cache import BlockManager, KVPool
@@ -66,6 +66,7 @@ class Engine:
             ModelDrafter(draft, self._pool(draft), self.vocab, self.device) if draft is not None else None
         )
         self.ngram_drafter = NGramDrafter(self.vocab, self.device)
+        self.hybrid_drafter = HybridDrafter(self.ngram_drafter, self.model_drafter) if self.model_drafter else None
         self._active: object | None = None  # the running generate() call, if any (one at a time)
         self.paused_s = 0.0  # time held by step-through (engine/stepping.py): `_clock` leaves it out
         self._pieces: dict[int, str] = {}  # token id -> its text alone (the inspector names ~20 tokens a row)
@@ -118,12 +119,13 @@ class Engine:
         self.ngram_drafter.reset()
 
     def _drafter(self, spec: SpecParams) -> Drafter | None:
+        if spec.drafter in ("model", "hybrid") and self.model_drafter is None:
+            raise ValueError(f"the {'draft-model' if spec.drafter == 'model' else 'hybrid'} drafter needs a draft "
+                             "model; load one or choose the n-gram drafter")
         if spec.drafter == "model":
-            if self.model_drafter is None:
-                raise ValueError("the draft-model drafter needs a draft model; load one or choose the n-gram drafter")
             return self.model_drafter
         self.ngram_drafter.configure(spec.ngram_min, spec.ngram_max)
-        return self.ngram_drafter
+        return self.hybrid_drafter if spec.drafter == "hybrid" else self.ngram_drafter
 
     def _check_prompt(self, prompt: list[int], params: SamplingParams) -> None:
         if not prompt:
@@ -287,7 +289,9 @@ class Engine:
                 # The draft's prompt prefill is reported on its own: it is not a cost of drafting K tokens.
                 prefill_ms = proposal.prefill_s * 1e3 if proposal is not None else 0.0
                 d_ms, v_ms = max(0.0, (t_drafted - t_round) * 1e3 - prefill_ms), (t_verified - t_drafted) * 1e3
-                if spec.adaptive and draft_tokens:
+                source = (proposal.source or drafter.name) if drafter else None
+                # adaptive K prices the model's draft steps: a hybrid's free n-gram rounds would make them look cheap
+                if spec.adaptive and draft_tokens and (drafter is not self.hybrid_drafter or source == "model"):
                     adaptive.observe(len(draft_tokens), n_acc, d_ms / 1e3 / len(draft_tokens), v_ms / 1e3)
                 draft_ms_total += d_ms
                 verify_ms_total += v_ms
@@ -296,7 +300,7 @@ class Engine:
                 text.append(delta)
                 yield RoundEvent(
                     round=rounds, mode="speculative" if drafter else "plain",
-                    drafter=drafter.name if drafter else None, k=k if drafter else 0,
+                    drafter=source, k=k if drafter else 0,
                     temperature=params.temperature, drafted=draft_tokens, committed=tuple(committed),
                     text_delta=delta, draft_ms=d_ms, verify_ms=v_ms, elapsed_s=self._clock() - t0,
                     new_tokens=len(self.ids) - prompt_len, stop_reason=stop_reason, draft_prefill_ms=prefill_ms,

@@ -1,6 +1,6 @@
 """Side-by-side CPU benchmark on the embedded pair, in one run: our plain decode, our draft model at K = 1..6,
-our n-gram drafter, transformers' `generate` (which needs `pip install accelerate` to read a GGUF), and
-llama.cpp on the same GGUF files (../shared/bench/llama_cpp_peer.sh, which builds llama.cpp once per machine).
+our n-gram drafter, the two together (hybrid), transformers' `generate` (which needs `pip install accelerate` to
+read a GGUF), and llama.cpp on the same GGUF files (../shared/bench/llama_cpp_peer.sh, which builds llama.cpp once per machine).
 
     python scripts/bench_cpu.py --max-new-tokens 128 --json docs/bench_cpu.json
 
@@ -177,7 +177,8 @@ def main() -> int:
     # "stop": K is a ceiling, the draft stops early when unsure (SpecParams.stop_below, the app's default)
     modes = [("plain", SpecParams(enabled=False))] + [(f"draft K={k}", SpecParams(k=k)) for k in ks] + \
         [(f"draft K={k} stop", SpecParams(k=k, stop_below=STOP_BELOW)) for k in (2, 4, 6)] + \
-        [("ngram K=4", SpecParams(k=4, drafter="ngram"))]
+        [("ngram K=4", SpecParams(k=4, drafter="ngram")),
+         ("hybrid K=4 stop", SpecParams(k=4, drafter="hybrid", stop_below=STOP_BELOW))]
     ours = {}
     for name, spec in modes:
         our_mode(engine, prompts[:1], 4, spec)  # warm-up

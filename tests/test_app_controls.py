@@ -81,6 +81,20 @@ def test_no_draft_model_switches_to_ngram(qtbot):
     assert "no draft model" not in p.loaded_label.text()
 
 
+def test_hybrid_drafter_choice(qtbot):
+    """"Draft model + n-gram" needs the draft model; the stop rule applies to its model rounds."""
+    p = ControlsPanel()
+    qtbot.addWidget(p)
+    p.set_loaded("t", "d", "cpu", "float32")
+    p.drafter_combo.setCurrentIndex(p.drafter_combo.findData("hybrid"))
+    assert p.spec_params().drafter == "hybrid"
+    assert p.stop_check.isEnabled()
+    p.set_loaded("t", None, "cpu", "float32")
+    assert p.spec_params().drafter == "ngram"
+    assert not p.drafter_combo.model().item(p.drafter_combo.findData("hybrid")).isEnabled()
+    assert not p.stop_check.isEnabled()
+
+
 def test_model_picker_lists_embedded_and_compatible(qtbot):
     class M:
         def __init__(self, name, vocab, params):

@@ -56,6 +56,7 @@ CASES = [
     ("bad-device", lambda t: ["--device", "warp9"], "--device 'warp9' is not a device"),
     ("draft-without-target", lambda t: ["--draft", "x"], "--draft given without --target"),
     ("draft-mode-without-draft", lambda t: ["--target", "x", "--modes", "draft"], "mode 'draft' needs --draft"),
+    ("hybrid-mode-without-draft", lambda t: ["--target", "x", "--modes", "hybrid"], "mode 'hybrid' needs --draft"),
     ("prompts-missing", lambda t: ["--prompts", str(t / "none.jsonl")], "prompts file not found"),
     ("prompts-not-utf8", lambda t: ["--prompts", write(t, "latin1.jsonl", GOOD_LINE.replace("hi", "caf\xe9")
                                                     .encode("latin-1"))], "is not UTF-8 text"),

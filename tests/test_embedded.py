@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.config import SamplingParams, SpecParams
+from engine.config import STOP_BELOW, SamplingParams, SpecParams
+from engine.drafters import HybridDrafter
 from engine.engine import Engine
 from engine.provision import default_pair
 
@@ -68,6 +69,19 @@ def test_greedy_speculative_matches_plain_on_real_pair(engine, plain_replies, dr
         assert spec.token_ids == plain.token_ids, f"{drafter} K={k}: speculative output differs from plain"
         drafted += spec.drafted
     assert drafted > 0
+
+
+def test_hybrid_drafter_matches_plain_on_real_pair(engine, plain_replies, monkeypatch):
+    """The app's "draft model + n-gram" choice, with its bar at 0 so n-gram and model rounds alternate."""
+    monkeypatch.setattr(HybridDrafter, "MIN_EXPECTED", 0.0)
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=48)
+    sources: set[str] = set()
+    for ids, plain in plain_replies:
+        engine.reset()
+        events = list(engine.generate(ids, greedy, SpecParams(k=4, drafter="hybrid", stop_below=STOP_BELOW)))
+        assert events[-1].token_ids == plain.token_ids, "hybrid: speculative output differs from plain"
+        sources |= {ev.drafter for ev in events[:-1] if ev.drafted}
+    assert sources == {"model", "ngram"}
 
 
 def test_real_pair_writes_sensible_code(engine):

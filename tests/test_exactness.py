@@ -9,6 +9,7 @@ import torch
 from scipy.stats import chisquare
 
 from engine.config import CacheConfig, SamplingParams, SpecParams
+from engine.drafters import HybridDrafter
 from engine.engine import Engine
 from engine.events import Origin, Summary
 from engine.kv_cache import BlockManager, KVPool
@@ -37,7 +38,7 @@ def engine() -> Engine:
     return tiny_engine()
 
 
-@pytest.mark.parametrize("drafter", ["model", "ngram"])
+@pytest.mark.parametrize("drafter", ["model", "ngram", "hybrid"])
 @pytest.mark.parametrize("k", [1, 3, 8])
 def test_greedy_speculative_equals_plain(engine, drafter, k):
     greedy = SamplingParams(temperature=0.0, max_new_tokens=40)
@@ -156,6 +157,32 @@ def test_greedy_speculative_equals_plain_when_the_draft_stops_early(engine):
 @pytest.mark.parametrize("temperature,top_p", [(1.0, 1.0), (0.7, 0.9)])
 def test_sampling_distribution_is_exact(drafter, temperature, top_p):
     assert_exact_distribution(*small_pair(), drafter, temperature, top_p)
+
+
+def test_hybrid_rounds_mix_and_stay_exact(engine, monkeypatch):
+    """With the hybrid's bar at 0 every n-gram match drafts, so n-gram and model rounds alternate: the model's
+    cache then catches up on tokens it never drafted. Greedy output must still equal plain."""
+    monkeypatch.setattr(HybridDrafter, "MIN_EXPECTED", 0.0)
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=40)
+    sources: dict[str, int] = {}
+    for messages in PROMPTS:
+        prompt = engine.encode_chat(messages)
+        engine.reset()
+        plain = run(engine, prompt, greedy, SpecParams(enabled=False))
+        engine.reset()
+        events = list(engine.generate(prompt, greedy, SpecParams(k=3, drafter="hybrid")))
+        assert events[-1].token_ids == plain.token_ids
+        for ev in events[:-1]:
+            if ev.drafted:
+                sources[ev.drafter] = sources.get(ev.drafter, 0) + 1
+    assert set(sources) == {"model", "ngram"} and min(sources.values()) >= 5, sources
+
+
+def test_sampling_distribution_is_exact_with_the_hybrid_drafter(monkeypatch):
+    """K = 1, the n-gram drafting first: when its token is rejected, the second token comes from a round the
+    model may draft after catching up on the correction. Both scored tokens must follow the target."""
+    monkeypatch.setattr(HybridDrafter, "MIN_EXPECTED", 0.0)
+    assert_exact_distribution(*small_pair(), "hybrid", 1.0, 1.0, SpecParams(k=1, drafter="hybrid"))
 
 
 def test_sampling_distribution_is_exact_on_quantized_models(tmp_path):
