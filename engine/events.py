@@ -49,7 +49,7 @@ class CommittedToken:
 class RoundEvent:
     round: int  # 1-based round number within the request
     mode: str  # "speculative" or "plain"
-    drafter: str | None  # "model", "ngram", or None in plain mode
+    drafter: str | None  # "model" or "ngram" (the one that drafted, also under the hybrid drafter), None in plain mode
     k: int  # K in force this round (the drafter may propose fewer)
     temperature: float
     drafted: tuple[DraftToken, ...]  # in order; verification stops at the first rejected one

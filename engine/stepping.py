@@ -39,7 +39,8 @@ class RoundSteps:
     def __init__(self, engine: Any, controls: Controls, round_no: int, drafter: Any, k: int, proposal: Any) -> None:
         t = time.perf_counter()
         self.engine, self.controls, self.round = engine, controls, round_no
-        self.drafter = drafter.name if drafter is not None else None
+        name = drafter.name if drafter is not None else None
+        self.drafter = getattr(proposal, "source", None) or name  # the one that drafted (a hybrid picks per round)
         self.k = k if drafter is not None else 0
         tokens = proposal.tokens.tolist() if proposal is not None else []
         self.tokens = tuple(tokens)

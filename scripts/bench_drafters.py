@@ -1,0 +1,79 @@
+#!/usr/bin/env python
+"""The drafters on text that repeats: the embedded pair asked to rewrite a 20-line function three ways (rename a
+variable, add type hints, add docstrings), where most of the reply copies the prompt. Greedy, decode rates
+(prefills left out) for plain decoding, the draft model, the n-gram lookup and the hybrid of the two; every
+mode's tokens are checked against plain. The chat prompts of bench_cpu.py show the other side: little repeats.
+
+    python scripts/bench_drafters.py [--max-new-tokens 200]
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from engine.config import STOP_BELOW, SamplingParams, SpecParams  # noqa: E402
+from engine.engine import Engine  # noqa: E402
+from engine.events import Summary  # noqa: E402
+from engine.provision import default_pair  # noqa: E402
+
+CODE = '''def merge_sorted(left, right):
+    result = []
+    i = j = 0
+    while i < len(left) and j < len(right):
+        if left[i] <= right[j]:
+            result.append(left[i])
+            i += 1
+        else:
+            result.append(right[j])
+            j += 1
+    result.extend(left[i:])
+    result.extend(right[j:])
+    return result
+
+
+def merge_sort(items):
+    if len(items) <= 1:
+        return items
+    middle = len(items) // 2
+    return merge_sorted(merge_sort(items[:middle]), merge_sort(items[middle:]))
+'''
+ASKS = ("Rename the variable `result` to `merged` everywhere in this code and show the whole code again:",
+        "Add type hints (list[int]) to every function in this code and show the whole code:",
+        "Add a docstring to each function in this code and show the complete code:")
+MODES = (("plain", SpecParams(enabled=False)),
+         ("draft model K<=4 stop", SpecParams(k=4, stop_below=STOP_BELOW)),
+         ("n-gram K=4", SpecParams(k=4, drafter="ngram")),
+         ("hybrid K<=4 stop", SpecParams(k=4, drafter="hybrid", stop_below=STOP_BELOW)),
+         ("n-gram K=8", SpecParams(k=8, drafter="ngram")),
+         ("hybrid K<=8 stop", SpecParams(k=8, drafter="hybrid", stop_below=STOP_BELOW)))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--max-new-tokens", type=int, default=200)
+    a = ap.parse_args()
+    target, draft = default_pair()
+    engine = Engine.load(str(target), str(draft), device="cpu")
+    prompts = [engine.encode_chat([{"role": "user", "content": f"{ask}\n\n{CODE}"}]) for ask in ASKS]
+    base_rate, base_out = None, None
+    for name, spec in MODES:
+        tokens, seconds, outputs = 0, 0.0, []
+        for ids in prompts:
+            engine.reset()
+            *_, s = engine.generate(ids, SamplingParams(max_new_tokens=a.max_new_tokens), spec)
+            assert isinstance(s, Summary)
+            tokens += s.new_tokens
+            seconds += s.total_s - s.prefill_s - s.draft_prefill_ms / 1e3
+            outputs.append(s.token_ids)
+        rate = tokens / seconds
+        if base_rate is None:
+            base_rate, base_out = rate, outputs
+        print(f"{name:<22} {rate:6.2f} tok/s  {rate / base_rate:.2f}x plain  same tokens as plain: "
+              f"{sum(o == b for o, b in zip(outputs, base_out))}/{len(prompts)}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
