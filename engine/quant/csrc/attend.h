@@ -101,9 +101,6 @@ static void softmax_part(float* s, int64_t n, float* part) {
     part[0] = mx, part[1] = sum;
 }
 
-// One work item: query heads g*G .. g*G+G-1 of query q (H*D floats) over keys [j0, j1) of KV head g.
-// s: scratch of G * (KEY_CHUNK + 8); part: G rows of max | sum | unnormalised output (D), `stride` apart.
-// DV = D / 8 when it is 8 or 16 (compile-time loops, registers), else 0 (any D): same operations, same order.
 // One work item: query head q (D floats) over keys [j0, j1) of KV head g. s: scratch of >= KEY_CHUNK + 8 floats;
 // part: max | sum | unnormalised output (D). DV = D / 8 when it is 8 or 16 (compile-time loops, registers), else 0
 // (any D): the same operations in the same order either way.
