@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench_prefill import llama_bench  # noqa: E402
+from bench_prefill import llama_bench, side_by_side  # noqa: E402
 
 from engine.config import SamplingParams, SpecParams  # noqa: E402
 from engine.engine import Engine  # noqa: E402
@@ -64,11 +64,7 @@ def main() -> int:
         print("llama.cpp: no llama-bench build found (run ../shared/bench/llama_cpp_peer.sh once); skipped")
     print(f"target plain decode of {a.tokens} tokens after D context tokens, {torch.get_num_threads()} threads, "
           f"tokens/s (mean of {a.reps}):")
-    for d in depths:
-        line = f"  D = {d:>5}: ours {mine[d]:6.2f}"
-        if peer and d in peer:
-            line += f"   llama.cpp {peer[d]:6.2f}   ours / llama.cpp {mine[d] / peer[d]:.2f}x"
-        print(line)
+    side_by_side(mine, peer, lambda d: f"D = {d:>5}", "6.2f")
     return 0
 
 

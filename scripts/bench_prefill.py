@@ -54,6 +54,15 @@ def theirs(binary: Path, target: Path, lengths: list[int], reps: int, threads: i
     return {r["n_prompt"]: r["avg_ts"] for r in json.loads(run.stdout) if r["n_gen"] == 0}
 
 
+def side_by_side(mine: dict[int, float], peer: dict[int, float] | None, label, fmt: str) -> None:
+    """One line per key: label(key), our figure, and llama.cpp's and the ratio where it measured that key."""
+    for n, ours_v in mine.items():
+        line = f"  {label(n)}: ours {ours_v:{fmt}}"
+        if peer and n in peer:
+            line += f"   llama.cpp {peer[n]:{fmt}}   ours / llama.cpp {ours_v / peer[n]:.2f}x"
+        print(line)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--lengths", default="128,512")
@@ -69,11 +78,7 @@ def main() -> int:
     if binary is None:
         print("llama.cpp: no llama-bench build found (run ../shared/bench/llama_cpp_peer.sh once); skipped")
     print(f"target prefill, {torch.get_num_threads()} threads, tokens/s (mean of {a.reps}):")
-    for n in lengths:
-        line = f"  {n:>5} tokens: ours {mine[n]:7.1f}"
-        if peer and n in peer:
-            line += f"   llama.cpp {peer[n]:7.1f}   ours / llama.cpp {mine[n] / peer[n]:.2f}x"
-        print(line)
+    side_by_side(mine, peer, lambda n: f"{n:>5} tokens", "7.1f")
     return 0
 
 
