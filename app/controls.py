@@ -26,7 +26,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine.config import STOP_BELOW, SamplingParams, SpecParams
+from engine.config import NEEDS_DRAFT_MODEL, STOP_BELOW, SamplingParams, SpecParams
 
 K_MIN, K_MAX = 1, 16
 # With "Stop drafting when unsure" (on by default) K is a ceiling: on a 2-vCPU AVX2 machine the embedded pair ran
@@ -111,8 +111,8 @@ class ControlsPanel(QWidget):
         self.drafter_combo.addItem("Draft model", "model")
         self.drafter_combo.addItem("N-gram (prompt lookup)", "ngram")
         self.drafter_combo.addItem("Draft model + n-gram", "hybrid")
-        self.drafter_combo.setItemData(2, "The n-gram lookup when it is likely to pass (free drafts), else the draft "
-                                          "model", Qt.ItemDataRole.ToolTipRole)
+        self.drafter_combo.setItemData(self.drafter_combo.findData("hybrid"), "The n-gram lookup when it is likely "
+                                       "to pass (free drafts), else the draft model", Qt.ItemDataRole.ToolTipRole)
         self.k_slider = _slider(K_MIN, K_MAX, DEFAULT_K, 2)
         self.k_slider.setToolTip("Tokens drafted per round")
         self.k_label = QLabel()
@@ -219,7 +219,7 @@ class ControlsPanel(QWidget):
         self.drafter_combo.setEnabled(spec)
         self.k_slider.setEnabled(spec)
         self.adaptive_check.setEnabled(spec)
-        self.stop_check.setEnabled(spec and self.drafter_combo.currentData() in ("model", "hybrid"))
+        self.stop_check.setEnabled(spec and self.drafter_combo.currentData() in NEEDS_DRAFT_MODEL)
 
     # ---- models --------------------------------------------------------------------------------------------
     def set_local_models(self, models: Sequence[Any]) -> None:
@@ -264,10 +264,10 @@ class ControlsPanel(QWidget):
     def set_loaded(self, target: str, draft: str | None, device: str, dtype: str) -> None:
         pair = f"<b>{target}</b>" + (f" + draft <b>{draft}</b>" if draft else " (no draft model)")
         self.loaded_label.setText(f"{pair}<br>{device} \u00b7 {dtype}")
-        for i in (0, 2):  # the draft model, alone or with the n-gram drafter
-            self.drafter_combo.model().item(i).setEnabled(draft is not None)
-        if draft is None and self.drafter_combo.currentData() in ("model", "hybrid"):
-            self.drafter_combo.setCurrentIndex(1)
+        for name in NEEDS_DRAFT_MODEL:
+            self.drafter_combo.model().item(self.drafter_combo.findData(name)).setEnabled(draft is not None)
+        if draft is None and self.drafter_combo.currentData() in NEEDS_DRAFT_MODEL:
+            self.drafter_combo.setCurrentIndex(self.drafter_combo.findData("ngram"))
 
     # ---- persistence ---------------------------------------------------------------------------------------
     def save_settings(self, s: QSettings) -> None:

@@ -9,11 +9,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import NoReturn
 
-from .config import SamplingParams, SpecParams
+from .config import NEEDS_DRAFT_MODEL, SamplingParams, SpecParams
 from .engine import Engine
 from .events import Summary
 
-MODES = ("plain", "draft", "ngram", "hybrid")  # hybrid: the n-gram drafter when likely to pass, else the draft
+DRAFTER_OF = {"draft": "model", "ngram": "ngram", "hybrid": "hybrid"}  # mode -> SpecParams.drafter
+MODES = ("plain", *DRAFTER_OF)
 PROG = "speclens-bench"
 
 
@@ -103,7 +104,7 @@ def check_device(device: str | None) -> None:
 
 
 def run_mode(engine: Engine, prompts: list[list[int]], mode: str, k: int, sampling: SamplingParams) -> Result:
-    drafter = {"draft": "model", "ngram": "ngram", "hybrid": "hybrid"}.get(mode)
+    drafter = DRAFTER_OF.get(mode)
     spec = SpecParams(enabled=False) if drafter is None else SpecParams(k=k, drafter=drafter)
     outputs, new, rounds, drafted, accepted, seconds = [], 0, 0, 0, 0, 0.0
     for ids in prompts:
@@ -200,9 +201,9 @@ def main(argv: list[str] | None = None) -> int:
     target, draft = a.target, a.draft
     if target is None and draft is not None:
         fail("--draft given without --target")
-    for needy in ("draft", "hybrid"):
-        if needy in modes and target is not None and draft is None:
-            fail(f"mode '{needy}' needs --draft")
+    for mode in modes:
+        if DRAFTER_OF.get(mode) in NEEDS_DRAFT_MODEL and target is not None and draft is None:
+            fail(f"mode '{mode}' needs --draft")
 
     engine = load(target, draft, a.device)
     print(f"loaded in {engine.load_seconds:.1f} s on {engine.device} ({engine.dtype_name})", file=sys.stderr)

@@ -6,7 +6,7 @@ import math
 import numbers
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 
 @dataclass(frozen=True)
@@ -176,6 +176,8 @@ def _stop_strings(stop: str | tuple[str, ...] | list[str]) -> tuple[str, ...]:
 
 
 Drafter = Literal["model", "ngram", "hybrid"]  # hybrid: the n-gram drafter when its lookup is likely to pass, else the model
+DRAFTERS: tuple[str, ...] = get_args(Drafter)
+NEEDS_DRAFT_MODEL = ("model", "hybrid")  # the drafters that cannot run without a draft model
 
 
 @dataclass(frozen=True)
@@ -203,8 +205,8 @@ class SpecParams:
             raise ValueError(f"K must be >= 1, got {self.k}")
         if self.k > self.k_max:
             raise ValueError(f"K must be <= {self.k_max}, got {self.k}")
-        if self.drafter not in ("model", "ngram", "hybrid"):
-            raise ValueError(f"drafter must be 'model', 'ngram' or 'hybrid', got {self.drafter!r}")
+        if self.drafter not in DRAFTERS:
+            raise ValueError(f"drafter must be one of {', '.join(map(repr, DRAFTERS))}, got {self.drafter!r}")
         if not (1 <= self.ngram_min <= self.ngram_max):
             raise ValueError(f"need 1 <= ngram_min <= ngram_max, got {self.ngram_min}, {self.ngram_max}")
 

@@ -246,8 +246,9 @@ class HybridDrafter:
     round's outcome: the n-gram drafter scores its lookup whether or not it was used, and the model's cache
     catches up on tokens the n-gram rounds committed (lazily, in one pass) when it drafts next.
 
-    Measured on the embedded pair (greedy, the eight bench prompts, K <= 4 with the model's stop rule): n-gram
-    rounds were 24 of 243 and the decode rate 1.04x the model alone; thresholds of 0.5 and 1.5 did no better.
+    Measured on the embedded pair (greedy, K <= 4 with the model's stop rule): on the eight chat prompts n-gram
+    rounds were 24 of 243 and the decode rate 0.99-1.04x the model alone (thresholds of 0.5 and 1.5 did no
+    better); on rewrite prompts, where the reply copies the prompt, 1.53x plain against the model's 1.23x.
     """
 
     name = "hybrid"

@@ -10,7 +10,7 @@ from functools import partial
 import torch
 
 from .adaptive import AdaptiveK
-from .config import CacheConfig, SamplingParams, SpecParams
+from .config import NEEDS_DRAFT_MODEL, CacheConfig, SamplingParams, SpecParams
 from .controls import Controls
 from .detok import Detokenizer
 from .draft_vocab import DRAFT_VOCAB
@@ -119,9 +119,8 @@ class Engine:
         self.ngram_drafter.reset()
 
     def _drafter(self, spec: SpecParams) -> Drafter | None:
-        if spec.drafter in ("model", "hybrid") and self.model_drafter is None:
-            raise ValueError(f"the {'draft-model' if spec.drafter == 'model' else 'hybrid'} drafter needs a draft "
-                             "model; load one or choose the n-gram drafter")
+        if spec.drafter in NEEDS_DRAFT_MODEL and self.model_drafter is None:
+            raise ValueError(f"the {spec.drafter!r} drafter needs a draft model; load one or choose the n-gram drafter")
         if spec.drafter == "model":
             return self.model_drafter
         self.ngram_drafter.configure(spec.ngram_min, spec.ngram_max)
