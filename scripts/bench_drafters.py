@@ -13,9 +13,10 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from engine.config import STOP_BELOW, SamplingParams, SpecParams  # noqa: E402
+from bench_cpu import our_mode  # noqa: E402
+
+from engine.config import STOP_BELOW, SpecParams  # noqa: E402
 from engine.engine import Engine  # noqa: E402
-from engine.events import Summary  # noqa: E402
 from engine.provision import default_pair  # noqa: E402
 
 CODE = '''def merge_sorted(left, right):
@@ -57,21 +58,13 @@ def main() -> int:
     target, draft = default_pair()
     engine = Engine.load(str(target), str(draft), device="cpu")
     prompts = [engine.encode_chat([{"role": "user", "content": f"{ask}\n\n{CODE}"}]) for ask in ASKS]
-    base_rate, base_out = None, None
+    base = None
     for name, spec in MODES:
-        tokens, seconds, outputs = 0, 0.0, []
-        for ids in prompts:
-            engine.reset()
-            *_, s = engine.generate(ids, SamplingParams(max_new_tokens=a.max_new_tokens), spec)
-            assert isinstance(s, Summary)
-            tokens += s.new_tokens
-            seconds += s.total_s - s.prefill_s - s.draft_prefill_ms / 1e3
-            outputs.append(s.token_ids)
-        rate = tokens / seconds
-        if base_rate is None:
-            base_rate, base_out = rate, outputs
-        print(f"{name:<22} {rate:6.2f} tok/s  {rate / base_rate:.2f}x plain  same tokens as plain: "
-              f"{sum(o == b for o, b in zip(outputs, base_out))}/{len(prompts)}", flush=True)
+        r = our_mode(engine, prompts, a.max_new_tokens, spec)
+        base = base or r
+        same = sum(o == b for o, b in zip(r["outputs"], base["outputs"]))
+        print(f"{name:<22} {r['tokens_per_s']:6.2f} tok/s  {r['tokens_per_s'] / base['tokens_per_s']:.2f}x plain  "
+              f"same tokens as plain: {same}/{len(prompts)}", flush=True)
     return 0
 
 
