@@ -10,7 +10,8 @@ often, never slower generation.
 Speedup, measured vs theoretical (Leviathan et al.): theory = (1 - a^(K+1)) / ((1 - a)(1 + K c)), with a the
 measured acceptance rate, K the mean number of tokens drafted per drafting round, and
 c = (mean draft ms per drafted token) / (mean plain-decode ms per token) once the session has a plain rate
-(any round with speculation off, e.g. from Run > Compare), else / (mean verify ms per round). The measured
+(any round with speculation off, e.g. from Run > Compare), else / (mean verify ms per round). When two drafters
+took turns (the hybrid), each has its own a, K and c, and the theory is their rounds' mix. The measured
 figure is speculative tokens/s over plain tokens/s, and only that: before the session has a plain rate the panel
 says it needs one instead of showing an estimate (a stand-in that could exceed the bound it is compared with).
 When a plain rate arrives, the whole measured curve is drawn from it. See engine.stats.SpeedTotals.
@@ -26,6 +27,7 @@ from PySide6.QtCore import QEvent, Qt
 from PySide6.QtGui import QColor, QPalette
 from PySide6.QtWidgets import QGraphicsItem, QVBoxLayout, QWidget
 
+from app.names import drafter_name
 from app.theme import SERIES, mix
 from engine.events import RoundEvent
 from engine.stats import SpeedTotals, round_tokens_per_s
@@ -385,8 +387,14 @@ class ChartsPanel(QWidget):
         inputs = ""
         if t.draft_rounds:
             # Without a plain rate, c divides by the verify pass instead of a plain step: say so.
-            c = f"c {t.cost_ratio(b.plain_ms):.2f}" if b.plain_ms else f"c\u2248{t.cost_ratio():.2f} (verify as step)"
-            inputs = f"\u03b1 {t.alpha:.2f}  K {t.mean_k:.1f}  {c}"
+            ref = t.reference_ms(b.plain_ms)
+            c_word = "c " if b.plain_ms else "c\u2248"
+            named = len(t.by_drafter) > 1  # the hybrid: one line per drafter
+            lines = [f"{drafter_name(name) + ': ' if named else ''}\u03b1 {d.alpha:.2f}  K {d.mean_k:.1f}  "
+                     f"{c_word}{d.cost_ratio(ref):.2f}" for name, d in t.by_drafter.items()]
+            if not b.plain_ms:
+                lines[-1] += " (verify as step)"
+            inputs = "\n".join(lines)
         if t.spec_rounds and not b.plain_ms:
             inputs += "\nmeasured speedup: needs a plain run \u2014 Run \u203a Compare"
         if self._shown.get(("speedup", "note")) != inputs:

@@ -32,16 +32,44 @@ def round_tokens_per_s(event: RoundEvent) -> float:
     return len(event.committed) * 1000.0 / ms if ms > 0 else 0.0
 
 
+def expected_tokens(alpha: float, k: float) -> float:
+    """Tokens one round commits on average when each of its k drafts passes with probability alpha:
+    (1 - a^(K+1)) / (1 - a), which is K + 1 at alpha = 1 (the limit of the fraction)."""
+    alpha = min(max(alpha, 0.0), 1.0)
+    return k + 1.0 if alpha >= 1.0 else (1.0 - alpha ** (k + 1.0)) / (1.0 - alpha)
+
+
 def theoretical_speedup(alpha: float, k: float, c: float) -> float:
     """Leviathan et al.'s walltime improvement (1 - a^(K+1)) / ((1 - a)(1 + K c)).
 
     alpha: acceptance rate, k: tokens drafted per round, c: cost of one draft step relative to one
-    target step. At alpha = 1 the expected tokens per round is K + 1 (the limit of the fraction)."""
+    target step."""
     if k <= 0:
         return 1.0
-    alpha = min(max(alpha, 0.0), 1.0)
-    expected = k + 1.0 if alpha >= 1.0 else (1.0 - alpha ** (k + 1.0)) / (1.0 - alpha)
-    return expected / (1.0 + k * max(c, 0.0))
+    return expected_tokens(alpha, k) / (1.0 + k * max(c, 0.0))
+
+
+@dataclass
+class DrafterTotals:
+    """One drafter's speculative rounds that drafted anything: under the hybrid drafter the draft model and the
+    n-gram lookup take turns, at very different α and c, so each keeps its own."""
+
+    rounds: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    draft_ms: float = 0.0
+
+    @property
+    def alpha(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def mean_k(self) -> float:
+        return self.drafted / self.rounds if self.rounds else 0.0
+
+    def cost_ratio(self, ref_ms: float) -> float:
+        """c: this drafter's ms per drafted token over ref_ms, one target step."""
+        return self.draft_ms / self.drafted / ref_ms if self.drafted and ref_ms > 0 else 0.0
 
 
 @dataclass
@@ -57,9 +85,16 @@ class SpeedTotals:
     spec_verify_ms: float = 0.0
     plain_committed: int = 0
     plain_ms: float = 0.0
+    by_drafter: dict[str, DrafterTotals] = field(default_factory=dict)  # "model" / "ngram", in first-seen order
 
     def add(self, event: RoundEvent) -> None:
         if event.mode == "speculative":
+            if event.drafted:
+                d = self.by_drafter.setdefault(event.drafter or "model", DrafterTotals())
+                d.rounds += 1
+                d.drafted += len(event.drafted)
+                d.accepted += event.accepted
+                d.draft_ms += event.draft_ms
             self.spec_rounds += 1
             self.draft_rounds += bool(event.drafted)
             self.drafted += len(event.drafted)
@@ -84,16 +119,21 @@ class SpeedTotals:
     def plain_ms_per_token(self) -> float | None:
         return self.plain_ms / self.plain_committed if self.plain_committed else None
 
+    def reference_ms(self, plain_ms_per_token: float | None = None) -> float:
+        """One target step, in ms: the given plain rate, else this session's own plain rounds, else the mean
+        verify pass of a speculative round (it stands in for one step); 0 before any of these."""
+        ref = plain_ms_per_token or self.plain_ms_per_token
+        if not ref and self.spec_verify_ms > 0:
+            ref = self.spec_verify_ms / self.spec_rounds
+        return ref or 0.0
+
     def cost_ratio(self, plain_ms_per_token: float | None = None) -> float:
         """c = mean draft ms per drafted token / mean plain-decode ms per token when a plain rate is
         known; otherwise / mean verify ms per round (one verify pass stands in for one target step)."""
         if not self.drafted:
             return 0.0
-        per_draft = self.draft_ms / self.drafted
-        ref = plain_ms_per_token or self.plain_ms_per_token
-        if not ref:
-            ref = self.spec_verify_ms / self.spec_rounds if self.spec_verify_ms > 0 else 0.0
-        return per_draft / ref if ref > 0 else 0.0
+        ref = self.reference_ms(plain_ms_per_token)
+        return self.draft_ms / self.drafted / ref if ref > 0 else 0.0
 
     def measured_speedup(self, plain_ms_per_token: float | None = None) -> float | None:
         """Speculative tokens/s over plain tokens/s. Without a plain rate, the same estimate with the mean
@@ -101,15 +141,20 @@ class SpeedTotals:
         spent = self.draft_ms + self.spec_verify_ms
         if not self.spec_rounds or spent <= 0:
             return None
-        ref = plain_ms_per_token or self.plain_ms_per_token
-        if not ref:
-            ref = self.spec_verify_ms / self.spec_rounds
-        return self.spec_committed * ref / spent
+        return self.spec_committed * self.reference_ms(plain_ms_per_token) / spent
 
     def theoretical_speedup(self, plain_ms_per_token: float | None = None) -> float | None:
+        """Leviathan's speedup for the rounds that drafted. With more than one drafter (the hybrid) it is the
+        mix of their rounds: tokens per round over cost per round, each drafter at its own α, K and c; for one
+        drafter that is exactly Leviathan's formula."""
         if not self.draft_rounds:
             return None
-        return theoretical_speedup(self.alpha, self.mean_k, self.cost_ratio(plain_ms_per_token))
+        ref = self.reference_ms(plain_ms_per_token)
+        tokens = cost = 0.0
+        for d in self.by_drafter.values():
+            tokens += d.rounds * expected_tokens(d.alpha, d.mean_k)
+            cost += d.rounds * (1.0 + d.mean_k * d.cost_ratio(ref))
+        return tokens / cost
 
 
 @dataclass

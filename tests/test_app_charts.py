@@ -75,6 +75,22 @@ def test_speedup_shows_only_what_is_measured(panel):
     assert "needs a plain run" not in panel.speedup_note.toPlainText()
 
 
+def test_hybrid_rounds_show_each_drafters_inputs(panel):
+    """Under the hybrid drafter the speedup note gives α, K and c per drafter, and the theory is their mix."""
+    panel.set_plain_reference(10.0)
+    for ev in rounds():
+        panel.feed(ev)
+    panel.flush(full=True)
+    assert panel.speedup_note.toPlainText().count("\u03b1") == 1 and "n-gram" not in panel.speedup_note.toPlainText()
+    panel.feed(make_round(5, tuple("abcdef"), (), "g", Origin.BONUS, k=6, drafter="ngram", draft_ms=0.0))
+    panel.flush(full=True)
+    note = panel.speedup_note.toPlainText().splitlines()
+    assert note[0] == "draft model: \u03b1 0.53  K 3.8  c 0.10"  # 8 of 15 in 4 rounds, 15 ms over 15 drafts
+    assert note[1] == "n-gram: \u03b1 1.00  K 6.0  c 0.00"
+    _, theory = panel.curves["theoretical"].getData()
+    assert theory[-1] == pytest.approx(panel.buffer.totals.theoretical_speedup(10.0))
+
+
 def test_flush_only_redraws_on_change(panel):
     panel.budget = TimeBudget(share=1.0, burst=10.0)  # this test is about change tracking, not the budget
     panel.flush(full=True)

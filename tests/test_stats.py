@@ -141,6 +141,31 @@ def test_speed_totals_with_and_without_plain_rate():
     assert t.cost_ratio(2.0) == pytest.approx(0.5)
 
 
+def test_speed_totals_keep_each_drafter_apart():
+    """Under the hybrid drafter, model rounds and free n-gram rounds alternate. One α and one c over both would
+    describe neither: the theory is the mix of their rounds, each at its own α, K and c."""
+    t = SpeedTotals()
+    plain = 10.0
+    for r in range(4):  # the model: 4 drafted at 1 ms each, 3 pass
+        t.add(make_round(r, ("a", "b", "c"), ("x",), "d", drafter="model", draft_ms=4.0, verify_ms=12.0))
+    for r in range(4, 6):  # the n-gram lookup: 8 drafted at no cost, all pass
+        t.add(make_round(r, tuple("abcdefgh"), (), "i", drafter="ngram", draft_ms=0.0, verify_ms=16.0))
+    model, ngram = t.by_drafter["model"], t.by_drafter["ngram"]
+    assert (model.rounds, model.alpha, model.mean_k, model.cost_ratio(plain)) == (4, 0.75, 4, pytest.approx(0.1))
+    assert (ngram.rounds, ngram.alpha, ngram.mean_k, ngram.cost_ratio(plain)) == (2, 1.0, 8, 0.0)
+    tokens = 4 * (1 - 0.75 ** 5) / 0.25 + 2 * 9  # expected tokens of each drafter's rounds
+    cost = 4 * (1 + 4 * 0.1) + 2 * 1  # in target steps
+    assert t.theoretical_speedup(plain) == pytest.approx(tokens / cost)
+    # Pooled into one α (28/32), one K (5.3) and one c, the formula would say 3.60x where the mix gives 3.97x.
+    pooled = theoretical_speedup(t.alpha, t.mean_k, t.cost_ratio(plain))
+    assert abs(pooled / t.theoretical_speedup(plain) - 1) > 0.05
+    # One drafter alone is Leviathan's formula exactly.
+    alone = SpeedTotals()
+    for r in range(4):
+        alone.add(make_round(r, ("a", "b", "c"), ("x",), "d", drafter="model", draft_ms=4.0, verify_ms=12.0))
+    assert alone.theoretical_speedup(plain) == pytest.approx(theoretical_speedup(0.75, 4, 0.1))
+
+
 def test_speed_totals_empty():
     t = SpeedTotals()
     assert t.measured_speedup() is None and t.theoretical_speedup() is None and t.alpha == 0.0
