@@ -274,6 +274,9 @@ class ChartsPanel(QWidget):
         self.speedup_note = pg.TextItem(anchor=(0, 0))
         self.speedup_note.setParentItem(self.plots["speedup"].vb)
         self.speedup_note.setPos(4, 2)
+        # Wrapped to the plot's width: the hybrid's note has a line per drafter, and a narrow window cut lines off.
+        vb = self.plots["speedup"].vb
+        vb.sigResized.connect(lambda: self.speedup_note.setTextWidth(max(vb.width() - 8, 60)))
         self._markers: list[tuple[pg.PlotItem, pg.InfiniteLine]] = []
         self._restyle()
         self.flush(full=True)
@@ -392,8 +395,10 @@ class ChartsPanel(QWidget):
             named = len(t.by_drafter) > 1  # the hybrid: one line per drafter
             lines = [f"{drafter_name(name) + ': ' if named else ''}\u03b1 {d.alpha:.2f}  K {d.mean_k:.1f}  "
                      f"{c_word}{d.cost_ratio(ref):.2f}" for name, d in t.by_drafter.items()]
-            if not b.plain_ms:
-                lines[-1] += " (verify as step)"
+            if not b.plain_ms and named:
+                lines.append("(c\u2248: verify as step)")
+            elif not b.plain_ms:
+                lines[0] += " (verify as step)"
             inputs = "\n".join(lines)
         if t.spec_rounds and not b.plain_ms:
             inputs += "\nmeasured speedup: needs a plain run \u2014 Run \u203a Compare"
