@@ -255,6 +255,34 @@ def test_an_unusable_build_record_means_building_again(tmp_path):
     assert ext._built(tmp_path) is None
 
 
+def test_a_fresh_build_removes_builds_unused_for_two_weeks(tmp_path):
+    """Each update of the sources makes a new build folder: the old ones must not pile up, but a build that
+    another install still loads (its record touched on every load) stays."""
+    import os
+    import time
+
+    current, old, in_use, unfinished, half_built = (tmp_path / n for n in ("now", "old", "used", "stale", "fresh"))
+    for folder in (current, old, in_use, unfinished, half_built):
+        folder.mkdir()
+    for folder in (old, in_use):
+        (folder / ext.BUILT).write_text("speclens_quant.so")
+    month_ago = time.time() - 30 * 24 * 3600
+    os.utime(old / ext.BUILT, (month_ago, month_ago))
+    os.utime(unfinished, (month_ago, month_ago))  # a build that never finished, long ago
+    os.utime(in_use, (month_ago, month_ago))  # the folder is old, its record was touched today
+    assert sorted(ext.prune(current)) == sorted([old, unfinished])
+    assert current.is_dir() and in_use.is_dir() and half_built.is_dir() and not old.exists()
+
+
+def test_loading_a_build_marks_it_in_use(kernels, tmp_path):
+    import os
+
+    folder = ext.build_dir()
+    os.utime(folder / ext.BUILT, (0, 0))
+    assert ext._built(folder) is not None
+    assert (folder / ext.BUILT).stat().st_mtime > 1e9
+
+
 def test_disabled_by_environment(monkeypatch, caplog):
     monkeypatch.setenv("SPECLENS_QUANT_EXT", "0")
     with caplog.at_level(logging.WARNING, logger="engine.quant.ext"):

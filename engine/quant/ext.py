@@ -3,6 +3,7 @@
 The extension is compiled by `torch.utils.cpp_extension.load` with ninja and the system's C++ compiler on
 first use, into `<cache>/ext/<hash of sources, flags, torch and python>`; later processes import the built
 module straight from there (~1 ms, where asking cpp_extension and ninja again takes ~0.15 s).
+A fresh build removes the builds beside it that no process has loaded for two weeks (`prune`).
 No -march flag: the instruction set is picked at run time (AVX-512 VNNI, AVX-VNNI, AVX2 or scalar), so a build
 made on one machine runs on any x86-64. `SPECLENS_QUANT_EXT=0` disables the extension (the pure-torch
 fallback runs instead); `SPECLENS_QUANT_ISA=scalar|avx2|avxvnni|avx512vnni` pins the instruction set.
@@ -14,6 +15,7 @@ import hashlib
 import importlib.util
 import logging
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -36,6 +38,10 @@ LDFLAGS = ["-fopenmp"]
 
 build_seconds: float | None = None  # set when this process compiled the extension (not when it loaded a build)
 BUILT = "built"  # written into the build folder once a build has loaded: names the module file
+# Every change to the sources (an update) makes a new build folder. A fresh build removes the others that no
+# process has loaded for this long: another install sharing the cache (a second venv, another torch) keeps its
+# own as long as it is used, since loading a build touches its record.
+STALE_S = 14 * 24 * 3600
 
 
 def build_dir() -> Path:
@@ -70,6 +76,7 @@ def load() -> ModuleType | None:
                 build_seconds = time.perf_counter() - t0
                 log.info("built the quantized kernels in %.1f s (%s)", build_seconds, folder)
             (folder / BUILT).write_text(Path(mod.__file__).name)  # only after the module has loaded
+            prune(folder)
         isa = os.environ.get("SPECLENS_QUANT_ISA")
         if isa:
             mod.set_isa(isa)
@@ -89,7 +96,33 @@ def _built(folder: Path) -> ModuleType | None:
         spec = importlib.util.spec_from_file_location("speclens_quant", path)
         mod = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(mod)
-        return mod
     except Exception:  # noqa: BLE001 - anything wrong with a previous build means "build it"
         log.debug("no usable build in %s", folder, exc_info=True)
         return None
+    try:
+        os.utime(folder / BUILT)  # in use: `prune` leaves it alone
+    except OSError:  # a read-only cache still runs
+        pass
+    return mod
+
+
+def prune(current: Path, stale_s: float = STALE_S) -> list[Path]:
+    """Remove the build folders beside `current` whose record (or, unfinished, the folder itself) is older than
+    stale_s; returns what was removed. Best effort: a folder that cannot be removed stays."""
+    removed = []
+    now = time.time()
+    for other in current.parent.iterdir():
+        if other == current or not other.is_dir():
+            continue
+        record = other / BUILT
+        try:
+            age = now - (record if record.exists() else other).stat().st_mtime
+        except OSError:
+            continue
+        if age > stale_s:
+            shutil.rmtree(other, ignore_errors=True)
+            if not other.exists():
+                removed.append(other)
+    if removed:
+        log.info("removed %d old kernel build(s) from %s", len(removed), current.parent)
+    return removed
