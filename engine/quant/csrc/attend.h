@@ -4,10 +4,11 @@
 // -ffp-contract=off), so all ISAs give the same bits.
 //
 // Keys are taken in chunks of KEY_CHUNK positions, fixed by position (chunk c holds keys c*KEY_CHUNK ..), as in
-// split-K "flash decoding". One work item is a (query, chunk, head): there is work for every core even for one
-// query, and consecutive items are the heads that share the chunk's K and V rows, which stay in L2 between them
-// (one pass per head over the whole cache read it from memory G times: 2x slower at 2000 positions). Each item
-// keeps its own max, sum and unnormalised output; a second loop merges the chunks in order.
+// split-K "flash decoding". One work item is a (query, chunk, KV head): there is work for every core even for one
+// query. Inside it, keys go KEY_BLOCK at a time through the G query heads that share the KV head, so each block of
+// K and V rows comes from L2 or memory once and from L1 G times (a pass per query head read them G times: 2x slower
+// at 2000 positions over the whole cache; a chunk per query head from L2, ~8% slower than blocks from L1). Each
+// (query, head, chunk) keeps its own max, sum and unnormalised output; a second loop merges the chunks in order.
 //
 // Batch invariance: a (query, head, chunk) result depends only on the query, the head and the keys of the chunk
 // the query may see, in ascending order, and the merge runs over chunks in ascending order. So a position's bits
@@ -61,6 +62,7 @@ void silu_mul(const float* gu, int T, int64_t I, float* out, int nthreads) {
 }
 
 constexpr int KEY_CHUNK = 128;  // keys per work item: K and V rows of one KV head, 128 KB at D = 128 in fp32
+constexpr int KEY_BLOCK = 32;   // keys whose K or V rows serve all G heads from L1: 16 KB at D = 128
 
 static inline float hmax8(f8 a) {
     return std::fmax(std::fmax(std::fmax(a[0], a[1]), std::fmax(a[2], a[3])),
@@ -101,77 +103,95 @@ static void softmax_part(float* s, int64_t n, float* part) {
     part[0] = mx, part[1] = sum;
 }
 
-// One work item: query head q (D floats) over keys [j0, j1) of KV head g. s: scratch of >= KEY_CHUNK + 8 floats;
-// part: max | sum | unnormalised output (D). DV = D / 8 when it is 8 or 16 (compile-time loops, registers), else 0
-// (any D): the same operations in the same order either way.
+// One work item: the G query heads q .. q + (G-1)*D that share KV head g, over keys [j0, j1). s: scratch of
+// G * (KEY_CHUNK + 8) floats; part: G rows of max | sum | unnormalised output (D), `stride` apart. DV = D / 8 when
+// it is 8 or 16 (compile-time loops, registers), else 0 (any D): the same operations in the same order either way.
+// Keys go KEY_BLOCK at a time through all G heads, so a block's K (then V) rows are read from L2 or memory once
+// and from L1 G times.
 template <int DV_>
-static void attend_chunk(const AttnArgs& a, const float* q, int g, int64_t j0, int64_t j1, float* s, float* part) {
-    const int DV = DV_ ? DV_ : a.D / 8;
-    const int64_t n = j1 - j0;
+static void attend_group(const AttnArgs& a, const float* q, int g, int64_t j0, int64_t j1, float* s, float* part,
+                         int64_t stride) {
+    const int G = a.H / a.Hkv, DV = DV_ ? DV_ : a.D / 8;
+    const int64_t n = j1 - j0, SS = KEY_CHUNK + 8;
     const auto row = [&](const float* base, int64_t j) {
         const int64_t slot = a.read ? a.read[j0 + j] : a.base + j0 + j;
         return base + (slot * a.Hkv + g) * a.D;
     };
     // scores s_j = (q . k_j) * scale: the dot product in 8 lanes in d order, then hsum8; eight keys at a time
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        const float* k[8];
-        for (int u = 0; u < 8; ++u) k[u] = row(a.k, i + u);
-        f8 c[8] = {};
-        for (int d = 0; d < DV; ++d) {
-            const f8 qd = load8(q + 8 * d);
+    for (int64_t b0 = 0; b0 < n; b0 += KEY_BLOCK) {
+        const int64_t b1 = std::min<int64_t>(b0 + KEY_BLOCK, n), full = b0 + (b1 - b0) / 8 * 8;
+        for (int h = 0; h < G; ++h) {
+            const float* qh = q + static_cast<int64_t>(h) * a.D;
+            float* sh = s + h * SS;
+            for (int64_t i = b0; i < full; i += 8) {
+                const float* k[8];
+                for (int u = 0; u < 8; ++u) k[u] = row(a.k, i + u);
+                f8 c[8] = {};
+                for (int d = 0; d < DV; ++d) {
+                    const f8 qd = load8(qh + 8 * d);
 #pragma GCC unroll 8
-            for (int u = 0; u < 8; ++u) c[u] += qd * load8(k[u] + 8 * d);
+                    for (int u = 0; u < 8; ++u) c[u] += qd * load8(k[u] + 8 * d);
+                }
+                const f8 r = hsum8x8(c) * a.scale;
+                std::memcpy(sh + i, &r, sizeof r);
+            }
+            for (int64_t i = full; i < b1; ++i) {
+                const float* k = row(a.k, i);
+                f8 c = {};
+                for (int d = 0; d < DV; ++d) c += load8(qh + 8 * d) * load8(k + 8 * d);
+                sh[i] = hsum8(c) * a.scale;
+            }
         }
-        const f8 r = hsum8x8(c) * a.scale;
-        std::memcpy(s + i, &r, sizeof r);
     }
-    for (; i < n; ++i) {
-        const float* k = row(a.k, i);
-        f8 c = {};
-        for (int d = 0; d < DV; ++d) c += load8(q + 8 * d) * load8(k + 8 * d);
-        s[i] = hsum8(c) * a.scale;
-    }
-    softmax_part(s, n, part);
-    // o = sum_j p_j v_j in ascending j, per output vector; for DV 8 or 16 eight vectors at a time in registers
+    for (int h = 0; h < G; ++h) softmax_part(s + h * SS, n, part + h * stride);
+    // o = sum_j p_j v_j in ascending j, per output vector; for DV 8 or 16 eight vectors at a time in registers,
+    // kept in `part` from one block of keys to the next
     const int step = DV_ ? 8 : DV;
     for (int c0 = 0; c0 < DV; c0 += step) {
-        f8 o[DV_ ? 8 : MAX_HEAD_DIM / 8] = {};
-        for (int64_t j = 0; j < n; ++j) {
-            const float* v = row(a.v, j) + 8 * c0;
-            const float p = s[j];
+        for (int64_t b0 = 0; b0 < n; b0 += KEY_BLOCK) {
+            const int64_t b1 = std::min<int64_t>(b0 + KEY_BLOCK, n);
+            for (int h = 0; h < G; ++h) {
+                float* oh = part + h * stride + 2 + 8 * c0;
+                const float* p = s + h * SS;
+                f8 o[DV_ ? 8 : MAX_HEAD_DIM / 8] = {};
+                if (b0) std::memcpy(o, oh, sizeof(float) * 8 * step);
+                for (int64_t j = b0; j < b1; ++j) {
+                    const float* v = row(a.v, j) + 8 * c0;
+                    const float pj = p[j];
 #pragma GCC unroll 8
-            for (int c = 0; c < step; ++c) o[c] += p * load8(v + 8 * c);
+                    for (int c = 0; c < step; ++c) o[c] += pj * load8(v + 8 * c);
+                }
+                std::memcpy(oh, o, sizeof(float) * 8 * step);
+            }
         }
-        std::memcpy(part + 2 + 8 * c0, o, sizeof(float) * 8 * step);
     }
 }
 
 void attend(const AttnArgs& a) {
     const int G = a.H / a.Hkv, D = a.D, DV = a.D / 8;
     const int64_t chunks = (a.S + KEY_CHUNK - 1) / KEY_CHUNK, stride = D + 2;
-    const int64_t items = static_cast<int64_t>(a.T) * chunks * a.H;
+    const int64_t items = static_cast<int64_t>(a.T) * chunks * a.Hkv;
     thread_local std::vector<float> parts;  // (T, chunks, H, stride)
-    parts.resize(static_cast<size_t>(items * stride));
+    parts.resize(static_cast<size_t>(a.T) * chunks * a.H * stride);
     float* P = parts.data();
 #pragma omp parallel num_threads(a.nthreads)
     {
-        std::vector<float> s(KEY_CHUNK + 8);
-        // items in (query, chunk, head) order: a thread's consecutive items share a chunk and a KV head
+        std::vector<float> s(static_cast<size_t>(G) * (KEY_CHUNK + 8));
+        // items in (query, chunk, KV head) order
 #pragma omp for schedule(static)
         for (int64_t it = 0; it < items; ++it) {
-            const int t = static_cast<int>(it / (chunks * a.H)), h = static_cast<int>(it % a.H);
-            const int64_t c = it / a.H % chunks, n = a.S - a.T + t + 1;  // keys this query may see
+            const int t = static_cast<int>(it / (chunks * a.Hkv)), g = static_cast<int>(it % a.Hkv);
+            const int64_t c = it / a.Hkv % chunks, n = a.S - a.T + t + 1;  // keys this query may see
             const int64_t j0 = c * KEY_CHUNK, j1 = std::min<int64_t>(j0 + KEY_CHUNK, n);
             if (j0 >= j1) continue;  // beyond this query's keys: the merge never reads it
-            const float* q = a.q + (static_cast<int64_t>(t) * a.H + h) * D;
-            float* part = P + it * stride;
+            const float* q = a.q + (static_cast<int64_t>(t) * a.H + g * G) * D;
+            float* part = P + ((t * chunks + c) * a.H + g * G) * stride;
             if (D == 128)
-                attend_chunk<16>(a, q, h / G, j0, j1, s.data(), part);
+                attend_group<16>(a, q, g, j0, j1, s.data(), part, stride);
             else if (D == 64)
-                attend_chunk<8>(a, q, h / G, j0, j1, s.data(), part);
+                attend_group<8>(a, q, g, j0, j1, s.data(), part, stride);
             else
-                attend_chunk<0>(a, q, h / G, j0, j1, s.data(), part);
+                attend_group<0>(a, q, g, j0, j1, s.data(), part, stride);
         }
         // merge each (query, head) over its chunks, in chunk order
 #pragma omp for schedule(static)
