@@ -126,7 +126,7 @@ def main() -> None:
                     base = base or lo
                     cells.append(f"{lo:.3f}/{med:.3f} ({lo / base:.2f}x)")
                 print(f"{label:<26}" + "".join(f"{c:>16}" for c in cells))
-            del packed
+            packed = []  # free this type's copies before the next
         if args.no_fp32:
             continue
         w = torch.randn(n, k) * 0.02
@@ -144,7 +144,7 @@ def main() -> None:
                 base = base or lo
                 cells.append(f"{lo:.3f}/{med:.3f} ({lo / base:.2f}x)")
             print(f"{label:<26}" + "".join(f"{c:>16}" for c in cells))
-        del ws, packed_w
+        ws, packed_w = [], []
 
 
 if __name__ == "__main__":
