@@ -334,7 +334,7 @@ class ChartsPanel(QWidget):
         self.curves["acceptance_mean"].setData(x[finite], rolling_mean(acc[finite]))
         self._range("acceptance", "x", 0, x_hi)
         t = b.totals
-        alpha = f" \u00b7 \u03b1 {t.alpha:.0%}" if t.drafted else ""
+        alpha = f" \u00b7 \u03b1 {t.drafting.alpha:.0%}" if t.drafting.drafted else ""
         self._title("acceptance", f"Acceptance ({_span('rolling', 'mean')}){alpha}")
 
     def _draw_tokens(self, b: ChartBuffer, x: np.ndarray, x_hi: float) -> None:
@@ -388,7 +388,7 @@ class ChartsPanel(QWidget):
             self._title("speedup", f"Speedup: {ts}")
         t = b.totals
         inputs = ""
-        if t.draft_rounds:
+        if t.drafting.rounds:
             # Without a plain rate, c divides by the verify pass instead of a plain step: say so.
             ref = t.reference_ms(b.plain_ms)
             c_word = "c " if b.plain_ms else "c\u2248"

@@ -229,7 +229,8 @@ class Engine:
                 t_round = self._clock()
                 proposal = drafter.propose(self.ids, k, params, gen, spec.stop_below) if drafter else None
                 t_drafted = self._clock()
-                steps = RoundSteps(self, controls, rounds + 1, drafter, k, proposal) if controls.gate.stepping else None
+                source = (proposal.source or drafter.name) if drafter else None  # under the hybrid, the one that drafted
+                steps = RoundSteps(self, controls, rounds + 1, source, k, proposal) if controls.gate.stepping else None
                 if steps is not None:
                     steps.drafted()
                 drafted = proposal.tokens if proposal is not None else torch.empty(0, dtype=torch.long)
@@ -288,7 +289,6 @@ class Engine:
                 # The draft's prompt prefill is reported on its own: it is not a cost of drafting K tokens.
                 prefill_ms = proposal.prefill_s * 1e3 if proposal is not None else 0.0
                 d_ms, v_ms = max(0.0, (t_drafted - t_round) * 1e3 - prefill_ms), (t_verified - t_drafted) * 1e3
-                source = (proposal.source or drafter.name) if drafter else None
                 # adaptive K prices the model's draft steps: a hybrid's free n-gram rounds would make them look cheap
                 if spec.adaptive and draft_tokens and (drafter is not self.hybrid_drafter or source == "model"):
                     adaptive.observe(len(draft_tokens), n_acc, d_ms / 1e3 / len(draft_tokens), v_ms / 1e3)

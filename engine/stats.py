@@ -51,13 +51,19 @@ def theoretical_speedup(alpha: float, k: float, c: float) -> float:
 
 @dataclass
 class DrafterTotals:
-    """One drafter's speculative rounds that drafted anything: under the hybrid drafter the draft model and the
-    n-gram lookup take turns, at very different α and c, so each keeps its own."""
+    """Sums over speculative rounds that drafted anything: every drafter's together, and each drafter's own (under
+    the hybrid drafter the draft model and the n-gram lookup take turns, at very different α and c)."""
 
     rounds: int = 0
     drafted: int = 0
     accepted: int = 0
     draft_ms: float = 0.0
+
+    def add(self, event: RoundEvent) -> None:
+        self.rounds += 1
+        self.drafted += len(event.drafted)
+        self.accepted += event.accepted
+        self.draft_ms += event.draft_ms
 
     @property
     def alpha(self) -> float:
@@ -65,10 +71,11 @@ class DrafterTotals:
 
     @property
     def mean_k(self) -> float:
+        """Tokens actually drafted per round (the n-gram drafter may propose fewer than K)."""
         return self.drafted / self.rounds if self.rounds else 0.0
 
     def cost_ratio(self, ref_ms: float) -> float:
-        """c: this drafter's ms per drafted token over ref_ms, one target step."""
+        """c: ms per drafted token over ref_ms, one target step."""
         return self.draft_ms / self.drafted / ref_ms if self.drafted and ref_ms > 0 else 0.0
 
 
@@ -77,43 +84,26 @@ class SpeedTotals:
     """Running sums over rounds, split by mode; enough for alpha, c and both speedups."""
 
     spec_rounds: int = 0
-    draft_rounds: int = 0  # speculative rounds that drafted anything
-    drafted: int = 0
-    accepted: int = 0
     spec_committed: int = 0
-    draft_ms: float = 0.0
+    draft_ms: float = 0.0  # every speculative round's, also those whose lookup found nothing to draft
     spec_verify_ms: float = 0.0
     plain_committed: int = 0
     plain_ms: float = 0.0
+    drafting: DrafterTotals = field(default_factory=DrafterTotals)  # the rounds that drafted, all drafters
     by_drafter: dict[str, DrafterTotals] = field(default_factory=dict)  # "model" / "ngram", in first-seen order
 
     def add(self, event: RoundEvent) -> None:
         if event.mode == "speculative":
             if event.drafted:
-                d = self.by_drafter.setdefault(event.drafter or "model", DrafterTotals())
-                d.rounds += 1
-                d.drafted += len(event.drafted)
-                d.accepted += event.accepted
-                d.draft_ms += event.draft_ms
+                self.drafting.add(event)
+                self.by_drafter.setdefault(event.drafter or "model", DrafterTotals()).add(event)
             self.spec_rounds += 1
-            self.draft_rounds += bool(event.drafted)
-            self.drafted += len(event.drafted)
-            self.accepted += event.accepted
             self.spec_committed += len(event.committed)
             self.draft_ms += event.draft_ms
             self.spec_verify_ms += event.verify_ms
         elif event.mode == "plain":
             self.plain_committed += len(event.committed)
             self.plain_ms += event.verify_ms + event.draft_ms
-
-    @property
-    def alpha(self) -> float:
-        return self.accepted / self.drafted if self.drafted else 0.0
-
-    @property
-    def mean_k(self) -> float:
-        """Tokens actually drafted per speculative round (the n-gram drafter may propose fewer than K)."""
-        return self.drafted / self.draft_rounds if self.draft_rounds else 0.0
 
     @property
     def plain_ms_per_token(self) -> float | None:
@@ -130,10 +120,10 @@ class SpeedTotals:
     def cost_ratio(self, plain_ms_per_token: float | None = None) -> float:
         """c = mean draft ms per drafted token / mean plain-decode ms per token when a plain rate is
         known; otherwise / mean verify ms per round (one verify pass stands in for one target step)."""
-        if not self.drafted:
+        if not self.drafting.drafted:
             return 0.0
         ref = self.reference_ms(plain_ms_per_token)
-        return self.draft_ms / self.drafted / ref if ref > 0 else 0.0
+        return self.draft_ms / self.drafting.drafted / ref if ref > 0 else 0.0
 
     def measured_speedup(self, plain_ms_per_token: float | None = None) -> float | None:
         """Speculative tokens/s over plain tokens/s. Without a plain rate, the same estimate with the mean
@@ -147,7 +137,7 @@ class SpeedTotals:
         """Leviathan's speedup for the rounds that drafted. With more than one drafter (the hybrid) it is the
         mix of their rounds: tokens per round over cost per round, each drafter at its own α, K and c; for one
         drafter that is exactly Leviathan's formula."""
-        if not self.draft_rounds:
+        if not self.drafting.rounds:
             return None
         ref = self.reference_ms(plain_ms_per_token)
         tokens = cost = 0.0

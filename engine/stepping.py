@@ -36,11 +36,12 @@ def rollbacks(before: Marks, after: Marks) -> tuple[CacheRollback, ...]:
 class RoundSteps:
     """One round under step-through: `drafted()`, `verified(p)`, `decided(...)`, each pausing at the gate."""
 
-    def __init__(self, engine: Any, controls: Controls, round_no: int, drafter: Any, k: int, proposal: Any) -> None:
+    def __init__(self, engine: Any, controls: Controls, round_no: int, drafter: str | None, k: int,
+                 proposal: Any) -> None:
+        """drafter: the name of the drafter that drafted this round, None in plain mode."""
         t = time.perf_counter()
         self.engine, self.controls, self.round = engine, controls, round_no
-        name = drafter.name if drafter is not None else None
-        self.drafter = getattr(proposal, "source", None) or name  # the one that drafted (a hybrid picks per round)
+        self.drafter = drafter
         self.k = k if drafter is not None else 0
         tokens = proposal.tokens.tolist() if proposal is not None else []
         self.tokens = tuple(tokens)

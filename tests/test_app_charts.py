@@ -50,7 +50,7 @@ def test_charts_receive_points(panel):
     _, theory = panel.curves["theoretical"].getData()
     assert len(theory) == 4
     t = panel.buffer.totals
-    assert theory[-1] == pytest.approx(theoretical_speedup(t.alpha, t.mean_k, t.cost_ratio()))
+    assert theory[-1] == pytest.approx(theoretical_speedup(t.drafting.alpha, t.drafting.mean_k, t.cost_ratio()))
     assert "Speedup" in panel.plots["speedup"].titleLabel.text
 
 

@@ -126,7 +126,7 @@ def test_speed_totals_with_and_without_plain_rate():
     # 4 drafted at 1 ms each, 10 ms verify, 3 accepted + 1 correction = 4 tokens per round.
     for r in range(1, 3):
         t.add(make_round(r, ("a", "b", "c"), ("x",), "d", draft_ms=4.0, verify_ms=10.0))
-    assert t.alpha == pytest.approx(0.75) and t.mean_k == 4
+    assert t.drafting.alpha == pytest.approx(0.75) and t.drafting.mean_k == 4
     # No plain rate: c = 1 ms per draft / 10 ms verify; measured = tokens * verify per round / time.
     assert t.plain_ms_per_token is None
     assert t.cost_ratio() == pytest.approx(0.1)
@@ -157,7 +157,7 @@ def test_speed_totals_keep_each_drafter_apart():
     cost = 4 * (1 + 4 * 0.1) + 2 * 1  # in target steps
     assert t.theoretical_speedup(plain) == pytest.approx(tokens / cost)
     # Pooled into one α (28/32), one K (5.3) and one c, the formula would say 3.60x where the mix gives 3.97x.
-    pooled = theoretical_speedup(t.alpha, t.mean_k, t.cost_ratio(plain))
+    pooled = theoretical_speedup(t.drafting.alpha, t.drafting.mean_k, t.cost_ratio(plain))
     assert abs(pooled / t.theoretical_speedup(plain) - 1) > 0.05
     # One drafter alone is Leviathan's formula exactly.
     alone = SpeedTotals()
@@ -168,5 +168,5 @@ def test_speed_totals_keep_each_drafter_apart():
 
 def test_speed_totals_empty():
     t = SpeedTotals()
-    assert t.measured_speedup() is None and t.theoretical_speedup() is None and t.alpha == 0.0
+    assert t.measured_speedup() is None and t.theoretical_speedup() is None and t.drafting.alpha == 0.0
     assert not math.isnan(t.cost_ratio())
