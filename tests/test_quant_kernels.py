@@ -283,6 +283,24 @@ def test_loading_a_build_marks_it_in_use(kernels, tmp_path):
     assert (folder / ext.BUILT).stat().st_mtime > 1e9
 
 
+def test_building_leaves_the_build_folder_where_it_was(monkeypatch, tmp_path):
+    """torch's cpp_extension.load appends its own flags to the lists it is given. Ours must not change with them:
+    the process that built would compute another build folder from then on (a fresh clean-clone CI run failed
+    test_loading_a_build_marks_it_in_use on that)."""
+    from torch.utils import cpp_extension
+
+    def appending_load(**kw):  # what torch does to the lists, then stop before compiling
+        kw["extra_cflags"].append("-I/torch/include")
+        kw["extra_ldflags"].append("-ltorch")
+        raise RuntimeError("not building in this test")
+
+    monkeypatch.setenv("SPECLENS_CACHE", str(tmp_path))
+    before = ext.build_dir()
+    monkeypatch.setattr(cpp_extension, "load", appending_load)
+    assert ext.load.__wrapped__() is None
+    assert ext.build_dir() == before
+
+
 def test_disabled_by_environment(monkeypatch, caplog):
     monkeypatch.setenv("SPECLENS_QUANT_EXT", "0")
     with caplog.at_level(logging.WARNING, logger="engine.quant.ext"):

@@ -33,8 +33,10 @@ SOURCES = ("bindings.cpp", "decoder.cpp", "repack.cpp", "kernels_scalar.cpp", "k
 # -ffp-contract=off: every float operation rounds where the source says (no silent FMA fusion), which the
 # bit-exact dequantization and the cross-ISA identical results rely on. No unroll-and-jam: jamming two
 # scale blocks into the row loop doubles the live weight registers and spills them (measured 3x slower).
-CFLAGS = ["-O3", "-DNDEBUG", "-fopenmp", "-ffp-contract=off", "-fno-math-errno", "-fno-loop-unroll-and-jam", "-std=c++17"]
-LDFLAGS = ["-fopenmp"]
+# Tuples, handed to cpp_extension as fresh lists: it appends torch's own flags to the lists it is given, which
+# would change build_dir() for the rest of a process that built.
+CFLAGS = ("-O3", "-DNDEBUG", "-fopenmp", "-ffp-contract=off", "-fno-math-errno", "-fno-loop-unroll-and-jam", "-std=c++17")
+LDFLAGS = ("-fopenmp",)
 
 build_seconds: float | None = None  # set when this process compiled the extension (not when it loaded a build)
 BUILT = "built"  # written into the build folder once a build has loaded: names the module file
@@ -69,8 +71,8 @@ def load() -> ModuleType | None:
             fresh = not any(folder.glob("*.so"))
             t0 = time.perf_counter()
             mod = cpp_extension.load(
-                name="speclens_quant", sources=[str(CSRC / s) for s in SOURCES], extra_cflags=CFLAGS,
-                extra_ldflags=LDFLAGS, build_directory=str(folder), verbose=False,
+                name="speclens_quant", sources=[str(CSRC / s) for s in SOURCES], extra_cflags=list(CFLAGS),
+                extra_ldflags=list(LDFLAGS), build_directory=str(folder), verbose=False,
             )
             if fresh:
                 build_seconds = time.perf_counter() - t0
