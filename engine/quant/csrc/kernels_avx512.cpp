@@ -1,6 +1,6 @@
-// AVX-512 VNNI kernels (Ice Lake / Sapphire Rapids / Zen 4 and later): the AVX2 kernels with the int8 dot
-// done by vpdpbusd on 256-bit registers (AVX512VL). 256 bits keep the packed layout shared with AVX2
-// and avoid the frequency drop some CPUs take on 512-bit integer work.
+// AVX-512 VNNI kernels (Cascade Lake / Ice Lake / Sapphire Rapids / Zen 4 and later): the AVX2 kernels with
+// the int8 dot done by vpdpbusd; the int8-activation matmul takes two 8-column groups at a time in 512-bit
+// registers (SQ_ZMM), on the packed layout shared with AVX2.
 #pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")
 #include <immintrin.h>
 #include <omp.h>
@@ -13,7 +13,9 @@
 
 namespace sq::avx512 {
 #define SQ_VNNI 1
+#define SQ_ZMM 1
 #include "kernels_x86.h"
 #include "attend.h"
+#undef SQ_ZMM
 #undef SQ_VNNI
 }  // namespace sq::avx512
