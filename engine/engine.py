@@ -19,6 +19,7 @@ from .events import CommittedToken, DraftToken, Origin, RoundEvent, Summary
 from .inspector import inspect_round
 from .kv_cache import BlockManager, KVPool
 from .model import Transformer
+from .quant import kernels_name
 from .speculative import Verdict, accept_reject
 from .stepping import RoundSteps, cache_marks
 from .sampling import probs_for_positions, sample
@@ -83,9 +84,10 @@ class Engine:
 
     @property
     def dtype_name(self) -> str:
-        """What the user sees: the tensor type, or the GGUF's quantization when the target runs it as it is."""
+        """What the user sees: the tensor type, or the GGUF's quantization when the target runs it as it is, and
+        the instruction set of the kernels that run it (the speed differs by up to 2x between them)."""
         if self.weights_format:
-            return f"{self.weights_format}, int8 activations"
+            return f"{self.weights_format}, int8 activations, {kernels_name()}"
         return str(self.dtype).removeprefix("torch.")
 
     @classmethod

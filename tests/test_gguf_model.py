@@ -11,7 +11,7 @@ from engine.gguf_file import GGUFFile
 from engine.gguf_model import build_model
 from engine.kv_cache import BlockManager, KVPool
 from engine.model import Transformer
-from engine.quant import QuantLinear
+from engine.quant import QuantLinear, kernels_name
 from engine.weights import load_checkpoint
 
 try:
@@ -110,4 +110,19 @@ def test_engine_names_the_files_quantization(tok, tmp_path):
     path = write_gguf(tmp_path / "t.gguf", make_hf_model("qwen2", len(tok)), tok, "Q8_0")
     assert GGUFFile(path).file_type == "GGUF"  # this writer states no file type
     engine = Engine.load(str(path), None, device="cpu", cache=CacheConfig(max_seq_len=64))
-    assert engine.dtype_name == "GGUF, int8 activations"
+    assert engine.dtype_name == f"GGUF, int8 activations, {kernels_name()}"
+
+
+def test_the_kernels_are_named_for_the_user(monkeypatch):
+    from engine.quant import ext
+
+    class Kernels:
+        def __init__(self, isa):
+            self.isa = lambda: isa
+
+    for isa, shown in (("avx512vnni", "AVX-512 VNNI kernels"), ("avxvnni", "AVX-VNNI kernels"), ("avx2", "AVX2 kernels"),
+                       ("scalar", "scalar kernels")):
+        monkeypatch.setattr(ext, "load", lambda isa=isa: Kernels(isa))
+        assert kernels_name() == shown
+    monkeypatch.setattr(ext, "load", lambda: None)
+    assert kernels_name() == "pure-torch fallback"

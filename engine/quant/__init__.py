@@ -7,6 +7,9 @@ from .formats import FORMATS, UnsupportedType, dequantize, fmt
 from .linear import QuantEmbedding, QuantLinear
 
 
+ISA_NAMES = {"scalar": "scalar", "avx2": "AVX2", "avxvnni": "AVX-VNNI", "avx512vnni": "AVX-512 VNNI"}
+
+
 def kernels_available() -> bool:
     """True when the compiled kernels load (else the modules run the slow pure-torch fallback)."""
     from . import ext
@@ -14,4 +17,13 @@ def kernels_available() -> bool:
     return ext.load() is not None
 
 
-__all__ = ["FORMATS", "QuantEmbedding", "QuantLinear", "UnsupportedType", "dequantize", "fmt", "kernels_available"]
+def kernels_name() -> str:
+    """What runs the quantized matrices, for the user: "AVX-512 VNNI kernels", ... or the fallback."""
+    from . import ext
+
+    mod = ext.load()
+    return f"{ISA_NAMES.get(mod.isa(), mod.isa())} kernels" if mod is not None else "pure-torch fallback"
+
+
+__all__ = ["FORMATS", "QuantEmbedding", "QuantLinear", "UnsupportedType", "dequantize", "fmt", "kernels_available",
+           "kernels_name"]
