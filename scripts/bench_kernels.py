@@ -12,7 +12,11 @@ On a machine shared with other jobs, wall-clock times of a 2-thread kernel are d
 being descheduled; `--clock cpu` then times one thread by its own CPU time (time.thread_time), which
 other jobs barely disturb (they still share the memory bus and caches).
 
+Several instruction sets (`--isa avxvnni,avx512vnni`) are timed on the same build in alternation, round by
+round, so a host whose speed drifts moves all of them alike; the int8-activation kernels only, then.
+
     python scripts/bench_kernels.py [--types Q4_K,Q6_K] [--rows 1,2,5,9,16] [--reps 15] [--clock cpu]
+    python scripts/bench_kernels.py --isa avxvnni,avx512vnni --no-fp32
 """
 from __future__ import annotations
 
@@ -62,17 +66,21 @@ def read_bandwidth(threads: int) -> float:
 CLOCK = time.perf_counter
 
 
-def timeit(fn, copies: int, reps: int) -> tuple[float, float]:
-    """(min, median) ms per call; each round calls fn(i) for every copy i."""
+def timeit(fn, copies: int, reps: int, setups=(None,)) -> list[tuple[float, float]]:
+    """(min, median) ms per call for each setup (called before its round; rounds alternate between setups);
+    each round calls fn(i) for every copy i."""
     for i in range(copies):
         fn(i)
-    rounds = []
+    rounds = [[] for _ in setups]
     for _ in range(reps):
-        t0 = CLOCK()
-        for i in range(copies):
-            fn(i)
-        rounds.append((CLOCK() - t0) / copies * 1e3)
-    return min(rounds), statistics.median(rounds)
+        for setup, times in zip(setups, rounds):
+            if setup:
+                setup()
+            t0 = CLOCK()
+            for i in range(copies):
+                fn(i)
+            times.append((CLOCK() - t0) / copies * 1e3)
+    return [(min(t), statistics.median(t)) for t in rounds]
 
 
 def main() -> None:
@@ -83,7 +91,8 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--no-fp32", action="store_true", help="skip the fp32 baselines")
-    ap.add_argument("--isa", default=None, help="scalar, avx2 or avx512vnni (default: the best this CPU runs)")
+    ap.add_argument("--isa", default=None, help="scalar, avx2, avxvnni or avx512vnni, or several, comma-separated, "
+                    "timed in alternation (default: the best this CPU runs)")
     ap.add_argument("--clock", choices=("wall", "cpu"), default="wall",
                     help="cpu: one thread, timed by its CPU time (for a machine shared with other jobs)")
     args = ap.parse_args()
@@ -94,12 +103,13 @@ def main() -> None:
     mod = ext.load()
     if mod is None:
         sys.exit("the extension did not build; nothing to time")
-    if args.isa:
-        mod.set_isa(args.isa)
+    isas = args.isa.split(",") if args.isa else [mod.isa()]
+    mod.set_isa(isas[0])
+    setups = [lambda isa=isa: mod.set_isa(isa) for isa in isas] if len(isas) > 1 else [None]
     rows = [int(r) for r in args.rows.split(",")]
     bw = read_bandwidth(args.threads)
     print(f"CPU: {cpu_line()}")
-    print(f"torch {torch.__version__}, {args.threads} threads, {args.clock} clock, kernels: {mod.isa()}, "
+    print(f"torch {torch.__version__}, {args.threads} threads, {args.clock} clock, kernels: {', '.join(isas)}, "
           f"measured read bandwidth {bw:.1f} GB/s (floors below use it)")
     rng = np.random.default_rng(0)
     header = f"{'kernel':<26}" + "".join(f"{f'R={r}':>16}" for r in rows)
@@ -118,14 +128,18 @@ def main() -> None:
             print(f"{tname} ({formats.fmt(qt).packed_bits_per_weight:.3f} bpw, {nbytes / 1e6:.1f} MB): "
                   f"memory floor {floor:.3f} ms ({nbytes / NOMINAL_GBS / 1e6:.3f} ms at {NOMINAL_GBS} GB/s), "
                   f"{copies} copies")
-            for label, exact in (("  int8 activations", False), ("  exact fp32 activations", True)):
-                cells, base = [], None
+            modes = [("  int8 activations", False)] + ([("  exact fp32 activations", True)] if len(isas) == 1 else [])
+            for label, exact in modes:
+                cells = {isa: [] for isa in isas}
                 for r in rows:
-                    lo, med = timeit(lambda i: mod.matmul(packed[i], int(qt), n, k, xs[r], None, exact, args.threads),
-                                     copies, args.reps)
-                    base = base or lo
-                    cells.append(f"{lo:.3f}/{med:.3f} ({lo / base:.2f}x)")
-                print(f"{label:<26}" + "".join(f"{c:>16}" for c in cells))
+                    timed = timeit(lambda i: mod.matmul(packed[i], int(qt), n, k, xs[r], None, exact, args.threads),
+                                   copies, args.reps, setups)
+                    for isa, (lo, med) in zip(isas, timed):
+                        base = cells[isa][0][0] if cells[isa] else lo
+                        cells[isa].append((lo, f"{lo:.3f}/{med:.3f} ({lo / base:.2f}x)"))
+                for isa in isas:
+                    name = f"{label}, {isa}" if len(isas) > 1 else label
+                    print(f"{name:<26}" + "".join(f"{c:>16}" for _, c in cells[isa]))
             packed = []  # free this type's copies before the next
         if args.no_fp32:
             continue
@@ -140,7 +154,7 @@ def main() -> None:
         ):
             cells, base = [], None
             for r in rows:
-                lo, med = timeit(lambda i: fn(i, xs[r]), copies, max(3, args.reps // 3))
+                [(lo, med)] = timeit(lambda i: fn(i, xs[r]), copies, max(3, args.reps // 3))
                 base = base or lo
                 cells.append(f"{lo:.3f}/{med:.3f} ({lo / base:.2f}x)")
             print(f"{label:<26}" + "".join(f"{c:>16}" for c in cells))
