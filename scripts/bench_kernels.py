@@ -138,7 +138,7 @@ def main() -> None:
                         base = cells[isa][0][0] if cells[isa] else lo
                         cells[isa].append((lo, f"{lo:.3f}/{med:.3f} ({lo / base:.2f}x)"))
                 for isa in isas:
-                    name = f"{label}, {isa}" if len(isas) > 1 else label
+                    name = f"  int8, {isa}" if len(isas) > 1 else label
                     print(f"{name:<26}" + "".join(f"{c:>16}" for _, c in cells[isa]))
             packed = []  # free this type's copies before the next
         if args.no_fp32:

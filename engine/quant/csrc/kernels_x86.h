@@ -504,7 +504,10 @@ static void group_q8(const MatArgs& a, const ActQ& x, const Layout& L, int64_t u
 }
 
 #if SQ_ZMM
-constexpr int PAIR_ROWS = 3;
+// Pairs of groups from this many rows on. Below, a call is bound by memory, and two streams per thread read it
+// ~10-40% slower than one; from 3 rows on (Q6_K, with its larger units: 7) the halved instruction count wins
+// (measured on Zen 5 with scripts/bench_kernels.py --isa avxvnni,avx512vnni).
+static int pair_rows(int qtype) { return qtype == Q6_K ? 7 : 3; }
 using Tile2Fn = void (*)(const uint8_t*, const uint8_t*, const Tile&, int, __m512*);
 
 static Tile2Fn tile2_fn(int qtype) {
@@ -552,9 +555,7 @@ void matmul_q8(const MatArgs& a, const ActQ& x) {
     const int64_t groups = (a.N + GROUP - 1) / GROUP, units = a.K / L.unit_k;
     const TileFn fn = tile_fn(a.qtype);
 #if SQ_ZMM
-    // Pairs of groups from PAIR_ROWS rows on. Below, the call is bound by memory, and two streams per thread
-    // read it ~10-40% slower than one (measured on Zen 5); from 3 rows on the halved instruction count wins.
-    if (x.R >= PAIR_ROWS) {
+    if (x.R >= pair_rows(a.qtype)) {
         const Tile2Fn fn2 = tile2_fn(a.qtype);
         const int64_t items = (groups + 1) / 2;  // an odd last group goes alone
 #pragma omp parallel for schedule(dynamic, chunk_of(items, a.nthreads)) num_threads(a.nthreads)
