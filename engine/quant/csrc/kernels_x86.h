@@ -469,8 +469,9 @@ static int row_tiles(int R, int most, int* sizes) {
 // Ask for the bytes 6 KB past this unit: one-row calls stream the weights, and the hardware prefetcher
 // alone leaves ~15% of the bandwidth unused (measured, Q4_K/Q6_K/Q8_0/Q5_0). Past the buffer's end it is
 // harmless: prefetches do not fault.
+constexpr int AHEAD = 6144;
 static inline void prefetch_ahead(const uint8_t* unit, int bytes) {
-    for (int off = 0; off < bytes; off += 64) _mm_prefetch(reinterpret_cast<const char*>(unit + 6144 + off), _MM_HINT_T0);
+    for (int off = 0; off < bytes; off += 64) _mm_prefetch(reinterpret_cast<const char*>(unit + AHEAD + off), _MM_HINT_T0);
 }
 
 static inline void store_group(const __m256* acc, int R, const MatArgs& a, int64_t g) {
@@ -488,17 +489,20 @@ static inline void store_group(const __m256* acc, int R, const MatArgs& a, int64
     }
 }
 
+// The activations of the unit at position u along K (block-major: its first block is u * blocks per unit * R).
+static inline Tile tile_at(const ActQ& x, const Layout& L, int64_t u) {
+    const int64_t b0 = u * (L.unit_k / ABLK) * x.R;
+    return Tile{x.q + 32 * b0, x.dx + b0, x.xs + b0, x.bs16 + b0, x.bs32 + b0, 32 * x.R, x.R};
+}
+
 // One group (8 columns) through all units of K.
 static void group_q8(const MatArgs& a, const ActQ& x, const Layout& L, int64_t units, TileFn fn, int64_t g) {
-    const int bpu = L.unit_k / ABLK;
     __m256 acc[MAX_ROWS];
     for (int r = 0; r < x.R; ++r) acc[r] = _mm256_setzero_ps();
     const uint8_t* unit = a.packed + g * units * L.unit_bytes;
     for (int64_t u = 0; u < units; ++u, unit += L.unit_bytes) {
         prefetch_ahead(unit, L.unit_bytes);
-        const int64_t b0 = u * bpu * x.R;  // the unit's first activation block
-        const Tile t{x.q + 32 * b0, x.dx + b0, x.xs + b0, x.bs16 + b0, x.bs32 + b0, 32 * x.R, x.R};
-        fn(unit, t, x.R, acc);
+        fn(unit, tile_at(x, L, u), x.R, acc);
     }
     store_group(acc, x.R, a, g);
 }
@@ -523,21 +527,18 @@ static Tile2Fn tile2_fn(int qtype) {
 
 // Groups g and g + 1 (16 columns) through all units of K: two streams of weights, one register per row.
 static void pair_q8(const MatArgs& a, const ActQ& x, const Layout& L, int64_t units, Tile2Fn fn, int64_t g) {
-    const int bpu = L.unit_k / ABLK;
     __m512 acc[MAX_ROWS];
     for (int r = 0; r < x.R; ++r) acc[r] = _mm512_setzero_ps();
-    const uint8_t* u0 = a.packed + g * units * L.unit_bytes;
-    const uint8_t* u1 = u0 + units * L.unit_bytes;
-    // Prefetch 6 KB ahead in each stream as group_q8 does in its one, into the next pair past a group's end
-    // (where this thread most likely goes next): the hardware prefetcher alone leaves bandwidth unused.
     const int64_t gbytes = units * L.unit_bytes;
+    const uint8_t* u0 = a.packed + g * gbytes;
+    const uint8_t* u1 = u0 + gbytes;
     for (int64_t u = 0; u < units; ++u, u0 += L.unit_bytes, u1 += L.unit_bytes) {
-        const int64_t next = u * L.unit_bytes + 6144 >= gbytes ? gbytes : 0;
+        // AHEAD in each stream as group_q8 does in its one, into the next pair past a group's end (where this
+        // thread most likely goes next): the hardware prefetcher alone leaves bandwidth unused.
+        const int64_t next = u * L.unit_bytes + AHEAD >= gbytes ? gbytes : 0;
         prefetch_ahead(u0 + next, L.unit_bytes);
         prefetch_ahead(u1 + next, L.unit_bytes);
-        const int64_t b0 = u * bpu * x.R;
-        const Tile t{x.q + 32 * b0, x.dx + b0, x.xs + b0, x.bs16 + b0, x.bs32 + b0, 32 * x.R, x.R};
-        fn(u0, u1, t, x.R, acc);
+        fn(u0, u1, tile_at(x, L, u), x.R, acc);
     }
     __m256 lo[MAX_ROWS], hi[MAX_ROWS];
     for (int r = 0; r < x.R; ++r) {
