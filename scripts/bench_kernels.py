@@ -130,16 +130,16 @@ def main() -> None:
                   f"{copies} copies")
             modes = [("  int8 activations", False)] + ([("  exact fp32 activations", True)] if len(isas) == 1 else [])
             for label, exact in modes:
-                cells = {isa: [] for isa in isas}
+                cells, base = {isa: [] for isa in isas}, {}
                 for r in rows:
                     timed = timeit(lambda i: mod.matmul(packed[i], int(qt), n, k, xs[r], None, exact, args.threads),
                                    copies, args.reps, setups)
                     for isa, (lo, med) in zip(isas, timed):
-                        base = cells[isa][0][0] if cells[isa] else lo
-                        cells[isa].append((lo, f"{lo:.3f}/{med:.3f} ({lo / base:.2f}x)"))
+                        base.setdefault(isa, lo)  # the first row count's time
+                        cells[isa].append(f"{lo:.3f}/{med:.3f} ({lo / base[isa]:.2f}x)")
                 for isa in isas:
                     name = f"  int8, {isa}" if len(isas) > 1 else label
-                    print(f"{name:<26}" + "".join(f"{c:>16}" for _, c in cells[isa]))
+                    print(f"{name:<26}" + "".join(f"{c:>16}" for c in cells[isa]))
             packed = []  # free this type's copies before the next
         if args.no_fp32:
             continue
