@@ -14,7 +14,7 @@ c = (mean draft ms per drafted token) / (mean plain-decode ms per token) once th
 took turns (the hybrid), each has its own a, K and c, and the theory is their rounds' mix. The measured
 figure is speculative tokens/s over plain tokens/s, and only that: before the session has a plain rate the panel
 says it needs one instead of showing an estimate (a stand-in that could exceed the bound it is compared with).
-When a plain rate arrives, the whole measured curve is drawn from it. See engine.stats.SpeedTotals.
+When a plain rate arrives, the whole measured curve is drawn from it. See engine.analysis.stats.SpeedTotals.
 """
 from __future__ import annotations
 
@@ -29,8 +29,8 @@ from PySide6.QtWidgets import QGraphicsItem, QVBoxLayout, QWidget
 
 from app.names import drafter_name
 from app.theme import SERIES, mix
-from engine.events import RoundEvent
-from engine.stats import SpeedTotals, round_tokens_per_s
+from engine.api.events import RoundEvent
+from engine.analysis.stats import SpeedTotals, round_tokens_per_s
 
 ROLLING_WINDOW = 8
 AXIS_WIDTH = 40

@@ -25,7 +25,7 @@ from PySide6.QtWidgets import QTextEdit, QToolTip, QWidget
 from app.fences import FenceTracker
 from app.theme import OKABE_ITO, TokenColours, mix, token_colours
 from app.tokens import DISCARDED, PROVISIONAL, REJECTED, TokenInfo, token_tooltip, visible
-from engine.events import Origin, RoundEvent
+from engine.api.events import Origin, RoundEvent
 
 TOKEN_PROP = int(QTextFormat.Property.UserProperty) + 1  # int: index into ChatView.infos
 REJECTED_PROP = int(QTextFormat.Property.UserProperty) + 2  # bool: left out of copies

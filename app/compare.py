@@ -22,9 +22,9 @@ from PySide6.QtWidgets import (
 from app.chat_view import ChatView
 from app.names import drafter_name
 from app.theme import OKABE_ITO
-from engine.config import SamplingParams, SpecParams
-from engine.events import RoundEvent, Summary
-from engine.stats import MessageRecord
+from engine.api.config import SamplingParams, SpecParams
+from engine.api.events import RoundEvent, Summary
+from engine.analysis.stats import MessageRecord
 
 
 @dataclass

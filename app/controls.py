@@ -26,7 +26,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine.config import NEEDS_DRAFT_MODEL, STOP_BELOW, SamplingParams, SpecParams
+from engine.api.config import NEEDS_DRAFT_MODEL, STOP_BELOW, SamplingParams, SpecParams
 
 K_MIN, K_MAX = 1, 16
 # With "Stop drafting when unsure" (on by default) K is a ceiling: on a 2-vCPU AVX2 machine the embedded pair ran

@@ -11,7 +11,7 @@ Signals (GUI thread):
     loaded(object)              EngineInfo of the engine now in use
     loadFailed(str)             a readable reason; the previous engine (if any) stays in use
     loadCancelled()             the user cancelled; the previous engine stays in use
-    modelsListed(list)          engine.hub.LocalModel entries for the model picker
+    modelsListed(list)          engine.io.hub.LocalModel entries for the model picker
     roundsReady(int, list)      request id, RoundEvents in order (batched: at most ~60 signals a second)
     phaseReady(int, object)     request id, PhaseEvent: a stepping request now waits for step() or resume()
     summaryReady(int, object)   request id, Summary (once per request that ran to a stop or a cancel)
@@ -32,8 +32,8 @@ from typing import Any
 
 from PySide6.QtCore import QObject, Qt, Signal
 
-from engine.config import SamplingParams, SpecParams
-from engine.service import DEFAULT_LISTER, DEFAULT_LOADER, EngineInfo, Factory, spawn
+from engine.api.config import SamplingParams, SpecParams
+from engine.service.process import DEFAULT_LISTER, DEFAULT_LOADER, EngineInfo, Factory, spawn
 
 _LOST = "__lost__"  # posted by the reader thread when the pipe closes: (_LOST, fatal message or None)
 
@@ -106,7 +106,7 @@ class EngineHost(QObject):
 
     def __init__(self, loader: Factory = DEFAULT_LOADER, lister: Factory = DEFAULT_LISTER,
                  parent: QObject | None = None, spawned: tuple[Any, Any] | None = None) -> None:
-        """spawned: (process, connection) from `engine.service.spawn(loader, lister)`, started before Qt was
+        """spawned: (process, connection) from `engine.service.process.spawn(loader, lister)`, started before Qt was
         imported; the first start() takes it over instead of starting another."""
         super().__init__(parent)
         self._loader, self._lister = loader, lister

@@ -16,8 +16,8 @@ from PySide6.QtWidgets import QDockWidget, QLabel, QScrollArea, QVBoxLayout, QWi
 
 from app.tokens import DISCARDED, REJECTED, TokenInfo, visible
 from app.theme import OKABE_ITO, ORIGIN_HUE, ORIGIN_LABEL, REJECTED_HUE, mix
-from engine.dists import PositionDist
-from engine.events import Origin
+from engine.api.dists import PositionDist
+from engine.api.events import Origin
 
 P_HUE = OKABE_ITO["blue"]  # the target
 Q_HUE = OKABE_ITO["orange"]  # the draft

@@ -6,7 +6,7 @@ from PySide6.QtWidgets import QHBoxLayout, QLabel, QWidget
 
 from app.theme import ORIGIN_HELP, ORIGIN_LABEL, token_colours
 from app.tokens import REJECTED
-from engine.events import Origin
+from engine.api.events import Origin
 
 
 class OriginLegend(QWidget):

@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     spawned = None
     if not args.smoke_test and not args.trace:
-        from engine.service import spawn
+        from engine.service.process import spawn
 
         # First, before Qt: the engine process imports torch and loads the kernels (~1.3 s) while this one
         # imports Qt and builds the window (~0.6 s)

@@ -1,4 +1,4 @@
-"""What the user reads for the engine's drafter names (engine.config.Drafter, RoundEvent.drafter)."""
+"""What the user reads for the engine's drafter names (engine.api.config.Drafter, RoundEvent.drafter)."""
 from __future__ import annotations
 
 DRAFTER_NAMES = {"model": "draft model", "ngram": "n-gram", "hybrid": "draft model + n-gram"}

@@ -1,7 +1,7 @@
 """A finished reply's meta line (tokens, rounds, rate, acceptance, prompt reuse): in the chat and in traces."""
 from __future__ import annotations
 
-from engine.events import Summary
+from engine.api.events import Summary
 
 
 def reply_footer(s: Summary) -> str:

@@ -17,7 +17,7 @@ from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QPushButton, QVBoxLay
 from app.chat_view import ChatView
 from app.tokens import DISCARDED, PROVISIONAL, REJECTED, visible
 from app.theme import OKABE_ITO, ORIGIN_HUE, REJECTED_HUE
-from engine.events import CacheRollback, Origin, Phase, PhaseEvent
+from engine.api.events import CacheRollback, Origin, Phase, PhaseEvent
 
 PHASE_TITLE = {
     Phase.DRAFTED: "1 / 3 \u00b7 Draft proposed",

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QColor, QGuiApplication, QPalette
 
-from engine.events import Origin
+from engine.api.events import Origin
 
 # Okabe & Ito (2008), "Color Universal Design": distinguishable under the common colour-vision deficiencies.
 OKABE_ITO = {

@@ -8,8 +8,8 @@ import html
 from dataclasses import dataclass, field
 
 from app.theme import ORIGIN_HELP, ORIGIN_LABEL
-from engine.dists import PositionDist
-from engine.events import Origin, RoundEvent
+from engine.api.dists import PositionDist
+from engine.api.events import Origin, RoundEvent
 
 REJECTED = "rejected"  # the first draft the target turned down
 PROVISIONAL = "provisional"  # step-through: a draft on screen before the target has decided on it

@@ -22,9 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from app.jsonable import FormatError, dump, load
-from engine.config import SamplingParams, SpecParams
-from engine.service import EngineInfo
-from engine.stats import MessageRecord
+from engine.api.config import SamplingParams, SpecParams
+from engine.service.process import EngineInfo
+from engine.analysis.stats import MessageRecord
 
 FORMAT = "speclens-trace"
 VERSION = 1

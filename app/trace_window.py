@@ -28,7 +28,7 @@ from app.inspector import InspectorDock
 from app.reply_footer import reply_footer
 from app.resources import app_icon
 from app.trace import Trace, TraceError, read_trace, write_trace
-from engine.stats import MessageRecord, SessionStats
+from engine.analysis.stats import MessageRecord, SessionStats
 
 FILTER = "SpecLens traces (*.json);;All files (*)"
 

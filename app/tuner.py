@@ -12,9 +12,9 @@ from collections.abc import Sequence
 
 from PySide6.QtCore import QObject, Signal
 
-from engine.config import SamplingParams, SpecParams
-from engine.events import RoundEvent, Summary
-from engine.sweep import KS, Sweep, SweepRun, plan, run_of
+from engine.api.config import SamplingParams, SpecParams
+from engine.api.events import RoundEvent, Summary
+from engine.analysis.sweep import KS, Sweep, SweepRun, plan, run_of
 
 from app.names import drafter_name
 

@@ -20,7 +20,7 @@ from PySide6.QtWidgets import (
 from app.names import drafter_name
 from app.theme import OKABE_ITO, SERIES, mix
 from app.tuner import KTuner
-from engine.sweep import KS, Sweep, SweepRun
+from engine.analysis.sweep import KS, Sweep, SweepRun
 
 HUE = {"model": SERIES["measured"], "ngram": OKABE_ITO["blue"], "leviathan": SERIES["theoretical"],
        "plain": SERIES["plain"], "best": OKABE_ITO["orange"]}

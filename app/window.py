@@ -47,9 +47,9 @@ from app.stepper import StepPanel
 from app.tuner_dialog import TunerDialog
 from app.resources import app_icon
 from app.theme import THEMES, apply_theme
-from engine.events import RoundEvent, Summary
-from engine.service import EngineInfo
-from engine.stats import tuner_path
+from engine.api.events import RoundEvent, Summary
+from engine.service.process import EngineInfo
+from engine.analysis.stats import tuner_path
 
 
 FRAME_MS = 50  # repaint timer, 20 Hz: one chart per frame within the charts' time budget ...

@@ -29,13 +29,14 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from engine.adaptive import expected_speedup  # noqa: E402
-from engine.bench import read_prompts  # noqa: E402
-from engine.config import STOP_BELOW, SamplingParams, SpecParams  # noqa: E402
-from engine.drafters import forward_chunked  # noqa: E402
-from engine.engine import Engine  # noqa: E402
-from engine.events import RoundEvent, Summary  # noqa: E402
-from engine.provision import default_pair  # noqa: E402
+from engine.analysis.theory import theoretical_speedup  # noqa: E402
+from engine.tools.bench import read_prompts  # noqa: E402
+from engine.api.config import STOP_BELOW, SamplingParams, SpecParams  # noqa: E402
+from engine.spec.drafters import forward_chunked  # noqa: E402
+from engine.runtime.engine import Engine  # noqa: E402
+from engine.io.loading import load_engine  # noqa: E402
+from engine.api.events import RoundEvent, Summary  # noqa: E402
+from engine.io.provision import default_pair  # noqa: E402
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "bench"
 
@@ -168,7 +169,7 @@ def main() -> int:
     target, draft = default_pair()
     rows = read_prompts(a.prompts)[: a.limit or None]
     t0 = time.perf_counter()
-    engine = Engine.load(str(target), str(draft), device="cpu")
+    engine = load_engine(str(target), str(draft), device="cpu")
     ready_s = time.perf_counter() - t0
     prompts = [engine.encode_chat(r["messages"]) for r in rows]
     print(f"{cpu_line()}\n{len(prompts)} prompts, {a.max_new_tokens} new tokens, torch threads "
@@ -211,7 +212,7 @@ def main() -> int:
         spec = dict(modes)[name]
         if spec_rounds and spec.drafter == "model":
             c = sum(e.draft_ms for e in spec_rounds) / sum(len(e.drafted) for e in spec_rounds) / plain_ms
-            bound = expected_speedup(alpha, spec.k, c) if not spec.stop_below else None  # the bound is for a fixed K
+            bound = theoretical_speedup(alpha, spec.k, c) if not spec.stop_below else None  # the bound is for a fixed K
         summary[name] = {"tokens_per_s": r["tokens_per_s"], "e2e_tokens_per_s": r["e2e_tokens_per_s"],
                          "tokens": r["tokens"], "same_as_plain": same,
                          "alpha": alpha, "c": c, "leviathan_bound": bound}

@@ -23,10 +23,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench_prefill import llama_bench, side_by_side  # noqa: E402
 
-from engine.config import SamplingParams, SpecParams  # noqa: E402
-from engine.engine import Engine  # noqa: E402
-from engine.events import Summary  # noqa: E402
-from engine.provision import default_pair  # noqa: E402
+from engine.api.config import SamplingParams, SpecParams  # noqa: E402
+from engine.runtime.engine import Engine  # noqa: E402
+from engine.io.loading import load_engine  # noqa: E402
+from engine.api.events import Summary  # noqa: E402
+from engine.io.provision import default_pair  # noqa: E402
 
 
 def ours(engine: Engine, depth: int, n: int) -> float:
@@ -53,7 +54,7 @@ def main() -> int:
     a = ap.parse_args()
     depths = [int(d) for d in a.depths.split(",")]
     target, draft = default_pair()
-    engine = Engine.load(str(target), str(draft), device="cpu")
+    engine = load_engine(str(target), str(draft), device="cpu")
     engine.eos_ids = set()  # decode exactly --tokens every time
     ours(engine, min(depths), a.tokens)  # warm-up
     mine = {d: sum(ours(engine, d, a.tokens) for _ in range(a.reps)) / a.reps for d in depths}

@@ -15,9 +15,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench_cpu import our_mode  # noqa: E402
 
-from engine.config import STOP_BELOW, SpecParams  # noqa: E402
-from engine.engine import Engine  # noqa: E402
-from engine.provision import default_pair  # noqa: E402
+from engine.api.config import STOP_BELOW, SpecParams  # noqa: E402
+
+from engine.io.loading import load_engine  # noqa: E402
+from engine.io.provision import default_pair  # noqa: E402
 
 CODE = '''def merge_sorted(left, right):
     result = []
@@ -56,7 +57,7 @@ def main() -> int:
     ap.add_argument("--max-new-tokens", type=int, default=200)
     a = ap.parse_args()
     target, draft = default_pair()
-    engine = Engine.load(str(target), str(draft), device="cpu")
+    engine = load_engine(str(target), str(draft), device="cpu")
     prompts = [engine.encode_chat([{"role": "user", "content": f"{ask}\n\n{CODE}"}]) for ask in ASKS]
     base = None
     for name, spec in MODES:

@@ -55,7 +55,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def make_loader(args: argparse.Namespace):
     """(engine-process loader, description)."""
-    from engine.service import DEFAULT_LOADER, Factory
+    from engine.service.process import DEFAULT_LOADER, Factory
 
     if args.fake:
         from tests.app_fixtures import CODE_REPLY
@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     from app.controller import ChatController
     from app.host import EngineHost
     from app.window import MainWindow
-    from engine.service import Factory
+    from engine.service.process import Factory
 
     qapp = QApplication.instance() or QApplication([])
     qapp.setStyle("Fusion")

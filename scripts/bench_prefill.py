@@ -21,10 +21,11 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from engine.config import SamplingParams, SpecParams  # noqa: E402
-from engine.engine import Engine  # noqa: E402
-from engine.events import Summary  # noqa: E402
-from engine.provision import default_pair  # noqa: E402
+from engine.api.config import SamplingParams, SpecParams  # noqa: E402
+from engine.runtime.engine import Engine  # noqa: E402
+from engine.io.loading import load_engine  # noqa: E402
+from engine.api.events import Summary  # noqa: E402
+from engine.io.provision import default_pair  # noqa: E402
 
 
 def ours(engine: Engine, n: int, reps: int) -> float:
@@ -70,7 +71,7 @@ def main() -> int:
     a = ap.parse_args()
     lengths = [int(n) for n in a.lengths.split(",")]
     target, draft = default_pair()
-    engine = Engine.load(str(target), str(draft), device="cpu")
+    engine = load_engine(str(target), str(draft), device="cpu")
     mine = {n: ours(engine, n, a.reps) for n in lengths}
     del engine
     binary = llama_bench()

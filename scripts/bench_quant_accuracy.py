@@ -17,14 +17,14 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from engine.bench import read_prompts  # noqa: E402
-from engine.config import CacheConfig, SamplingParams, SpecParams  # noqa: E402
-from engine.engine import Engine  # noqa: E402
-from engine.gguf_file import GGUFFile  # noqa: E402
-from engine.gguf_model import build_model  # noqa: E402
-from engine.gguf_tokenizer import tokenizer_from_gguf  # noqa: E402
-from engine.kv_cache import BlockManager, KVPool  # noqa: E402
-from engine.provision import default_pair  # noqa: E402
+from engine.tools.bench import read_prompts  # noqa: E402
+from engine.api.config import CacheConfig, SamplingParams, SpecParams  # noqa: E402
+from engine.runtime.engine import Engine  # noqa: E402
+from engine.io.gguf_file import GGUFFile  # noqa: E402
+from engine.io.gguf_model import build_model  # noqa: E402
+from engine.io.gguf_tokenizer import tokenizer_from_gguf  # noqa: E402
+from engine.model.kv_cache import BlockManager, KVPool  # noqa: E402
+from engine.io.provision import default_pair  # noqa: E402
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "bench"
 MAX_LEN = 2048

@@ -22,7 +22,7 @@ def main() -> int:
     wait = xvfb_window.wait
     wait_until = functools.partial(xvfb_window.wait_until, timeout=1200)
     idle = functools.partial(xvfb_window.idle, controller, w)
-    from engine.events import Phase
+    from engine.api.events import Phase
 
     t0 = time.time()
     w.load_models(None)

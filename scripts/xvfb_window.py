@@ -18,7 +18,7 @@ def open_window(tiny_loader_kw: dict | None = None):
     from app.host import EngineHost
     from app.resources import app_icon
     from app.window import MainWindow
-    from engine.service import DEFAULT_LISTER, DEFAULT_LOADER, Factory
+    from engine.service.process import DEFAULT_LISTER, DEFAULT_LOADER, Factory
 
     qa = QApplication([])
     qa.setStyle("Fusion")

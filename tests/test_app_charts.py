@@ -3,8 +3,8 @@ import numpy as np
 import pytest
 
 from app.charts import ChartsPanel, TimeBudget, nice_ceiling, rolling_mean
-from engine.events import Origin
-from engine.stats import theoretical_speedup
+from engine.api.events import Origin
+from engine.analysis.theory import theoretical_speedup
 from tests.app_fixtures import *  # noqa: F401,F403
 from tests.app_fixtures import make_round
 

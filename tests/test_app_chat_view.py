@@ -8,7 +8,7 @@ from app.fences import FenceTracker
 from app.legend import OriginLegend
 from app.tokens import DISCARDED, REJECTED, token_tooltip
 from app.theme import contrast_ratio, dark_palette, light_palette, token_colours
-from engine.events import Origin
+from engine.api.events import Origin
 from tests.app_fixtures import *  # noqa: F401,F403
 from tests.app_fixtures import make_round
 

@@ -2,7 +2,7 @@
 from PySide6.QtCore import QSettings
 
 from app.controls import DEFAULT_K, ControlsPanel, describe_model
-from engine.config import STOP_BELOW, SamplingParams, SpecParams
+from engine.api.config import STOP_BELOW, SamplingParams, SpecParams
 from tests.app_fixtures import *  # noqa: F401,F403
 from tests.app_fixtures import fake, wait_idle
 

@@ -6,9 +6,9 @@ import threading
 import pytest
 
 from app.host import death_sentence
-from engine.config import SamplingParams, SpecParams
-from engine.events import RoundEvent, Summary
-from engine.service import Controls, EngineInfo, Factory, describe_error, spawn
+from engine.api.config import SamplingParams, SpecParams
+from engine.api.events import RoundEvent, Summary
+from engine.service.process import Controls, EngineInfo, Factory, describe_error, spawn
 from tests.app_fixtures import *  # noqa: F401,F403
 from tests.app_fixtures import LOAD_TIMEOUT_MS, fake, fake_loader
 
@@ -290,7 +290,7 @@ def test_a_status_that_says_idle_was_counted_after_the_last_job(monkeypatch):
     """status() runs in the command thread while a job may be ending in the main thread. If the job ends while
     the KV blocks are being counted, the answer must say busy: "idle" promises counts taken after every job sent
     before the query (the soak test relies on it after its last reset)."""
-    import engine.service as service
+    import engine.service.process as service
 
     svc = service.Service(None, fake(), Factory("tests.app_fixtures:listed_models"))
     svc._unfinished = 1  # a reset runs in the main thread
@@ -348,8 +348,8 @@ def test_service_shares_the_engines_controls_without_importing_torch():
     import subprocess
     import sys
 
-    from engine.engine import Controls as EngineControls
+    from engine.runtime.engine import Controls as EngineControls
 
     assert Controls is EngineControls
-    code = "import sys, engine.service; assert 'torch' not in sys.modules, 'torch imported'"
+    code = "import sys, engine.service.process; assert 'torch' not in sys.modules, 'torch imported'"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True).returncode == 0

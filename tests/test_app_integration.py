@@ -11,8 +11,8 @@ import csv
 import pytest
 
 from app.window import MainWindow
-from engine.events import RoundEvent, Summary
-from engine.service import DEFAULT_LOADER
+from engine.api.events import RoundEvent, Summary
+from engine.service.process import DEFAULT_LOADER
 from tests.app_fixtures import *  # noqa: F401,F403
 from tests.app_fixtures import spied, spy, tiny, wait_idle
 

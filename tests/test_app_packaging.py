@@ -52,7 +52,7 @@ def test_load_test_fails_with_the_reason(tmp_path):
 
 def test_smoke_test_loads_no_engine(tmp_path):
     code = ("import sys; from app.main import main; rc = main(['--smoke-test', '--settings', sys.argv[1]]); "
-            "print('torch' in sys.modules, 'engine.engine' in sys.modules); sys.exit(rc)")
+            "print('torch' in sys.modules, 'engine.runtime.engine' in sys.modules); sys.exit(rc)")
     out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "s.ini")], cwd=ROOT, capture_output=True,
                          text=True, timeout=120, env=dict(os.environ, QT_QPA_PLATFORM="offscreen"))
     assert out.returncode == 0, out.stderr
@@ -80,7 +80,7 @@ def test_app_modules_never_import_the_engine_core():
                      else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
             for name in names:
                 assert not name.startswith("torch") and name not in (
-                    "engine.engine", "engine.provision", "engine.loading", "engine.model", "engine.hub"), \
+                    "engine.runtime.engine", "engine.io.provision", "engine.io.loading", "engine.model.transformer", "engine.io.hub"), \
                     f"{path.name} imports {name}"
 
 

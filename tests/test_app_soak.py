@@ -3,7 +3,7 @@ rounds, greedy and sampled, some cancelled, a New chat every 8 turns. After the 
 every block free again, and the engine process's resident memory stays flat."""
 import time
 
-from engine.config import SamplingParams, SpecParams
+from engine.api.config import SamplingParams, SpecParams
 from tests.app_fixtures import *  # noqa: F401,F403
 from tests.app_fixtures import LOAD_TIMEOUT_MS, tiny
 

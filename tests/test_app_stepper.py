@@ -6,7 +6,7 @@ from PySide6.QtCore import Qt, QTimer
 
 from app.tokens import DISCARDED, PROVISIONAL, REJECTED, visible
 from app.stepper import phase_html, phase_pieces, rollback_line, verdict_of
-from engine.events import CacheRollback, CommittedToken, Origin, Phase, PhaseEvent
+from engine.api.events import CacheRollback, CommittedToken, Origin, Phase, PhaseEvent
 from tests.app_fixtures import *  # noqa: F401,F403
 from tests.app_fixtures import tiny, wait_idle
 

@@ -5,9 +5,9 @@ import csv
 import pytest
 
 from app.tuner import KIND
-from engine.bench import run_mode
-from engine.stats import tuner_path
-from engine.sweep import plan
+from engine.tools.bench import run_mode
+from engine.analysis.stats import tuner_path
+from engine.analysis.sweep import plan
 from tests.app_fixtures import *  # noqa: F401,F403
 from tests.app_fixtures import fake, tiny, wait_idle
 from tests.tiny import tiny_engine
@@ -123,7 +123,7 @@ def test_a_failed_replay_stops_the_sweep_with_its_reason(qtbot, make_window, dia
 @pytest.mark.parametrize("seedless", [True])
 def test_tuner_requires_a_seed(seedless, qtbot):
     from app.tuner import KTuner
-    from engine.config import SamplingParams, SpecParams
+    from engine.api.config import SamplingParams, SpecParams
 
     class Dummy:
         pass

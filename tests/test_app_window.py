@@ -6,7 +6,7 @@ import pytest
 from PySide6.QtCore import Qt
 from PySide6.QtTest import QTest
 
-from engine.stats import ROUND_COLUMNS
+from engine.analysis.stats import ROUND_COLUMNS
 from tests.app_fixtures import *  # noqa: F401,F403
 from tests.app_fixtures import CODE_REPLY, LOAD_TIMEOUT_MS, fake, wait_idle
 

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-import engine.provision
-from engine.bench import main
-from engine.engine import Engine
+import engine.io.provision
+from engine.tools.bench import main
+from engine.runtime.engine import Engine
 
 GOOD_LINE = json.dumps({"id": "a", "messages": [{"role": "user", "content": "hi"}]})
 
@@ -23,7 +23,7 @@ def no_loading(monkeypatch):
         pytest.fail("a model load was attempted before the arguments were checked")
 
     monkeypatch.setattr(Engine, "load", reached)
-    monkeypatch.setattr(engine.provision, "default_pair", reached)
+    monkeypatch.setattr(engine.io.provision, "default_pair", reached)
 
 
 @pytest.fixture
@@ -97,7 +97,7 @@ def test_the_write_check_leaves_no_file_behind(tmp_path, prompts, no_loading):
 
 
 def test_command_line_prints_one_line_and_exits_non_zero(tmp_path, prompts):
-    out = subprocess.run([sys.executable, "-m", "engine.bench", "--prompts", str(prompts), "--k", "1000"],
+    out = subprocess.run([sys.executable, "-m", "engine.tools.bench", "--prompts", str(prompts), "--k", "1000"],
                          capture_output=True, text=True, cwd=Path(__file__).resolve().parent.parent)
     assert out.returncode != 0
     assert out.stderr.splitlines() == ["speclens-bench: --k 1000: K must be <= 16, got 1000"]
@@ -109,7 +109,7 @@ def test_good_arguments_reach_loading_and_run(tmp_path, prompts, monkeypatch):
     from tests.tiny import tiny_engine
 
     eng = tiny_engine()
-    monkeypatch.setattr(engine.provision, "default_pair", lambda **kw: (tmp_path / "t", tmp_path / "d"))
+    monkeypatch.setattr(engine.io.provision, "default_pair", lambda **kw: (tmp_path / "t", tmp_path / "d"))
     monkeypatch.setattr(Engine, "load", lambda target, draft, device=None: eng)
     out = tmp_path / "out.json"
     rc = main(["--prompts", str(prompts), "--k", "1,16", "--temperature", "0.5", "--top-p", "0.9",

@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from engine.kv_cache import BlockManager, CacheFullError
+from engine.model.kv_cache import BlockManager, CacheFullError
 
 
 def ceil_div(a: int, b: int) -> int:

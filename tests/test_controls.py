@@ -7,10 +7,11 @@ import random
 import pytest
 import torch
 
-from engine.adaptive import AdaptiveK, expected_speedup
-from engine.config import SamplingParams, SpecParams
-from engine.engine import Controls, Engine
-from engine.events import Origin, RoundEvent, Summary
+from engine.analysis.theory import theoretical_speedup
+from engine.spec.adaptive import AdaptiveK
+from engine.api.config import SamplingParams, SpecParams
+from engine.runtime.engine import Controls, Engine
+from engine.api.events import Origin, RoundEvent, Summary
 from tests.tiny import tiny_engine
 
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=40)
@@ -244,11 +245,11 @@ def test_closing_the_generator_leaves_caches_consistent(engine, prompt, plain, c
     ],
 )
 def test_expected_speedup_values(alpha, k, c, want):
-    assert expected_speedup(alpha, k, c) == pytest.approx(want)
+    assert theoretical_speedup(alpha, k, c) == pytest.approx(want)
 
 
 def test_expected_speedup_is_continuous_at_alpha_one():
-    assert expected_speedup(0.999999, 6, 0.2) == pytest.approx(expected_speedup(1.0, 6, 0.2), rel=1e-4)
+    assert theoretical_speedup(0.999999, 6, 0.2) == pytest.approx(theoretical_speedup(1.0, 6, 0.2), rel=1e-4)
 
 
 def test_adaptive_estimates():
@@ -287,7 +288,7 @@ def test_adaptive_k_follows_acceptance():
 def test_adaptive_choice_is_the_argmax_of_the_model():
     a = AdaptiveK(alpha=0.7, c=0.2)
     spec = SpecParams(adaptive=True, k=16)
-    best = max(range(1, spec.k + 1), key=lambda k: expected_speedup(0.7, k, 0.2))
+    best = max(range(1, spec.k + 1), key=lambda k: theoretical_speedup(0.7, k, 0.2))
     assert a.choose(spec) == best
     assert 1 < best < spec.k  # an interior optimum: the test means something
 
@@ -344,4 +345,4 @@ def test_adaptive_k_measures_the_verify_width():
     assert wide.c == pytest.approx(flat.c, rel=0.05)  # c is per step, whatever the width
     spec = SpecParams(adaptive=True, k=16)
     assert wide.choose(spec) < flat.choose(spec)
-    assert wide.choose(spec) == max(range(1, 17), key=lambda k: expected_speedup(wide.alpha, k, wide.c, 0.25))
+    assert wide.choose(spec) == max(range(1, 17), key=lambda k: theoretical_speedup(wide.alpha, k, wide.c, 0.25))

@@ -3,8 +3,8 @@ import pytest
 import torch
 from torch import nn
 
-from engine.config import SamplingParams, SpecParams
-from engine.cpu_linear import Int8Linear, PackedLinear, int8_supported, packed_supported, swap_linears
+from engine.api.config import SamplingParams, SpecParams
+from engine.model.cpu_linear import Int8Linear, PackedLinear, int8_supported, packed_supported, swap_linears
 from tests.tiny import tiny_engine
 
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.detok import Detokenizer
+from engine.runtime.detok import Detokenizer
 from tests.tiny import tiny_tokenizer
 
 CORPUS = [

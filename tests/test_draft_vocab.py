@@ -4,9 +4,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from engine.config import CacheConfig, SamplingParams, SpecParams
-from engine.draft_vocab import head_rows
-from engine.engine import Engine
+from engine.api.config import CacheConfig, SamplingParams, SpecParams
+from engine.spec.draft_vocab import head_rows
+from engine.io.loading import load_engine
 
 try:
     from test_weights import make_hf_model, make_tokenizer, write_gguf
@@ -28,7 +28,7 @@ def test_greedy_speculative_equals_plain_with_a_trimmed_draft_head(tmp_path):
     target = write_gguf(tmp_path / "t.gguf", make_hf_model("qwen2", len(tok)), tok, "Q8_0")
     draft = write_gguf(tmp_path / "d.gguf", make_hf_model("qwen2", len(tok), num_hidden_layers=1), tok, "Q8_0")
     keep = len(tok) // 2
-    engine = Engine.load(str(target), str(draft), device="cpu", cache=CacheConfig(max_seq_len=128), draft_vocab=keep)
+    engine = load_engine(str(target), str(draft), device="cpu", cache=CacheConfig(max_seq_len=128), draft_vocab=keep)
     ids = engine.draft.head_ids.numpy()
     assert engine.draft.lm_head.out_features == len(ids) < len(tok) and np.all(ids[:keep] == np.arange(keep))
     assert engine.target.head_ids is None  # the target always scores everything

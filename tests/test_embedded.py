@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.config import STOP_BELOW, SamplingParams, SpecParams
-from engine.drafters import HybridDrafter
-from engine.engine import Engine
-from engine.provision import default_pair
+from engine.api.config import STOP_BELOW, SamplingParams, SpecParams
+from engine.spec.drafters import HybridDrafter
+from engine.io.loading import load_engine
+from engine.io.provision import default_pair
 
 pytestmark = pytest.mark.embedded
 PROMPTS = Path(__file__).resolve().parents[2] / "shared" / "bench" / "prompts.jsonl"
@@ -27,7 +27,7 @@ def engine():
     threads = torch.get_num_threads()
     torch.set_num_threads(os.cpu_count() or 1)  # real models: use every core
     target, draft = default_pair()
-    yield Engine.load(str(target), str(draft), device="cpu")
+    yield load_engine(str(target), str(draft), device="cpu")
     torch.set_num_threads(threads)
 
 

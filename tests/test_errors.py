@@ -4,9 +4,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.config import CacheConfig, SamplingParams, SpecParams
-from engine.engine import Controls, Engine
-from engine.model import Transformer
+from engine.api.config import CacheConfig, SamplingParams, SpecParams
+from engine.runtime.engine import Controls, Engine
+from engine.model.transformer import Transformer
 from tests.tiny import ENGINE_CFG, hf_model, model_config, state_dict, tiny_engine, tiny_tokenizer
 
 GREEDY = SamplingParams(max_new_tokens=4)
@@ -171,7 +171,7 @@ def test_context_longer_than_the_model_supports_is_refused_clearly():
 
 
 def test_kv_cache_exhausted_mid_request_is_clear_and_recoverable():
-    from engine.kv_cache import CacheFullError
+    from engine.model.kv_cache import CacheFullError
     from tests.tiny import draft_weights
 
     cfg = model_config(ENGINE_CFG)

@@ -8,13 +8,13 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from engine.config import CacheConfig, SamplingParams, SpecParams
-from engine.drafters import HybridDrafter
-from engine.engine import Engine
-from engine.events import Origin, Summary
-from engine.kv_cache import BlockManager, KVPool
-from engine.model import Transformer
-from engine.sampling import probs_for_positions, probs_from_logits
+from engine.api.config import CacheConfig, SamplingParams, SpecParams
+from engine.spec.drafters import HybridDrafter
+from engine.runtime.engine import Engine
+from engine.api.events import Origin, Summary
+from engine.model.kv_cache import BlockManager, KVPool
+from engine.model.transformer import Transformer
+from engine.spec.sampling import probs_for_positions, probs_from_logits
 from tests.tiny import ENGINE_CFG, draft_weights, hf_model, model_config, state_dict, tiny_engine, tiny_tokenizer
 
 PROMPTS = [
@@ -126,8 +126,8 @@ def chi2_pvalue(counts: dict[tuple[int, int], int], expected: dict[tuple[int, in
 
 def quantized_pair(folder) -> tuple[Transformer, Transformer, object]:
     """small_pair's target and draft written as Q8_0 GGUFs and run through the quantized kernels."""
-    from engine.gguf_file import GGUFFile
-    from engine.gguf_model import build_model
+    from engine.io.gguf_file import GGUFFile
+    from engine.io.gguf_model import build_model
     from tests.test_weights import write_gguf
 
     cfg_dict = dict(ENGINE_CFG, num_hidden_layers=1)
@@ -193,8 +193,8 @@ def test_sampling_distribution_is_exact_on_quantized_models(tmp_path):
 def test_sampling_distribution_is_exact_with_a_trimmed_draft_head(tmp_path):
     """A draft whose LM head scores only part of the vocabulary (q = 0 elsewhere) changes acceptance, never
     the output distribution."""
-    from engine.gguf_file import GGUFFile
-    from engine.gguf_model import build_model
+    from engine.io.gguf_file import GGUFFile
+    from engine.io.gguf_model import build_model
 
     target, draft, tok = quantized_pair(tmp_path)
     keep = np.arange(0, target.cfg.vocab_size, 2)  # every other token: plenty of mass outside the head

@@ -5,14 +5,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.config import CacheConfig, SamplingParams, SpecParams
-from engine.engine import Engine
-from engine.gguf_file import GGUFFile
-from engine.gguf_model import build_model
-from engine.kv_cache import BlockManager, KVPool
-from engine.model import Transformer
+from engine.api.config import CacheConfig, SamplingParams, SpecParams
+
+from engine.io.loading import load_engine
+from engine.io.gguf_file import GGUFFile
+from engine.io.gguf_model import build_model
+from engine.model.kv_cache import BlockManager, KVPool
+from engine.model.transformer import Transformer
 from engine.quant import QuantLinear, kernels_name
-from engine.weights import load_checkpoint
+from engine.io.weights import load_checkpoint
 
 try:
     from test_weights import make_hf_model, make_tokenizer, write_gguf
@@ -78,7 +79,7 @@ def test_rows_are_batch_invariant_through_the_whole_model(gguf_path):
 def test_greedy_speculative_equals_plain_on_quantized_models(tok, tmp_path, drafter):
     target = write_gguf(tmp_path / "t.gguf", make_hf_model("qwen2", len(tok)), tok, "Q8_0")
     draft = write_gguf(tmp_path / "d.gguf", make_hf_model("qwen2", len(tok), num_hidden_layers=1), tok, "Q8_0")
-    engine = Engine.load(str(target), str(draft), device="cpu", cache=CacheConfig(max_seq_len=128))
+    engine = load_engine(str(target), str(draft), device="cpu", cache=CacheConfig(max_seq_len=128))
     assert isinstance(engine.target.layers[0].mlp.down, QuantLinear)
     engine.eos_ids = set()  # random weights: run to the length limit
     greedy = SamplingParams(max_new_tokens=40)
@@ -92,8 +93,8 @@ def test_greedy_speculative_equals_plain_on_quantized_models(tok, tmp_path, draf
 
 
 def test_gguf_pair_check_reads_vocabularies_from_the_files(tok, tmp_path, monkeypatch):
-    from engine import loading
-    from engine.weights import ModelLoadError
+    from engine.io import loading
+    from engine.io.weights import ModelLoadError
 
     target = write_gguf(tmp_path / "t.gguf", make_hf_model("qwen2", len(tok)), tok, "Q8_0")
     tgt, dft = load_checkpoint(target, dequantize=False), load_checkpoint(target, dequantize=False)
@@ -109,7 +110,7 @@ def test_gguf_pair_check_reads_vocabularies_from_the_files(tok, tmp_path, monkey
 def test_engine_names_the_files_quantization(tok, tmp_path):
     path = write_gguf(tmp_path / "t.gguf", make_hf_model("qwen2", len(tok)), tok, "Q8_0")
     assert GGUFFile(path).file_type == "GGUF"  # this writer states no file type
-    engine = Engine.load(str(path), None, device="cpu", cache=CacheConfig(max_seq_len=64))
+    engine = load_engine(str(path), None, device="cpu", cache=CacheConfig(max_seq_len=64))
     assert engine.dtype_name == f"GGUF, int8 activations, {kernels_name()}"
 
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer
 
-from engine.gguf_file import GGUFFile
-from engine.gguf_tokenizer import tokenizer_from_gguf
+from engine.io.gguf_file import GGUFFile
+from engine.io.gguf_tokenizer import tokenizer_from_gguf
 
 try:
     from test_weights import make_hf_model, make_tokenizer, write_gguf
@@ -55,7 +55,7 @@ def test_tiny_gguf_tokenizer_matches_transformers(tmp_path, arch):
 
 @pytest.mark.embedded
 def test_embedded_target_tokenizer_matches_transformers():
-    from engine.provision import default_pair
+    from engine.io.provision import default_pair
 
     target, _ = default_pair()
     texts = list(TEXTS)
@@ -69,8 +69,8 @@ def test_gguf_tokenizer_needs_no_transformers(tmp_path):
     """Loading a GGUF model's tokenizer must not import transformers (about 1.5 s of every load)."""
     tok = make_tokenizer()
     path = write_gguf(tmp_path / "q.gguf", make_hf_model("qwen2", len(tok)), tok, "F16")
-    code = ("import sys; from pathlib import Path; from engine.gguf_file import GGUFFile; "
-            "from engine.gguf_tokenizer import tokenizer_from_gguf; p = Path(sys.argv[1]); "
+    code = ("import sys; from pathlib import Path; from engine.io.gguf_file import GGUFFile; "
+            "from engine.io.gguf_tokenizer import tokenizer_from_gguf; p = Path(sys.argv[1]); "
             "t = tokenizer_from_gguf(p, GGUFFile(p).metadata); t.apply_chat_template([{'role': 'user', 'content': 'x'}]); "
             "print('transformers' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=120,
@@ -82,7 +82,7 @@ def test_gguf_tokenizer_needs_no_transformers(tmp_path):
 def test_a_template_that_raises_gives_a_clear_error():
     from tokenizers import Tokenizer, models
 
-    from engine.chat_tokenizer import ChatTokenizer, TemplateError
+    from engine.io.chat_tokenizer import ChatTokenizer, TemplateError
 
     t = ChatTokenizer(Tokenizer(models.BPE()), bos_token=None, eos_token=None,
                       chat_template="{{ raise_exception('roles must alternate') }}")

@@ -1,4 +1,4 @@
-"""engine.hub: resolving specs and listing local models, over a fake HF cache and fake embedded parts."""
+"""engine.io.hub: resolving specs and listing local models, over a fake HF cache and fake embedded parts."""
 from __future__ import annotations
 
 import hashlib
@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine import hub, provision
-from engine.hub import LocalModel, hf_cache_dir, list_local_models, resolve
-from engine.provision import PartSet, ProvisionError
-from engine.weights import ModelLoadError, load_checkpoint
+from engine.io import hub, provision
+from engine.io.hub import LocalModel, hf_cache_dir, list_local_models, resolve
+from engine.io.provision import PartSet, ProvisionError
+from engine.io.weights import ModelLoadError, load_checkpoint
 
 try:
     from test_weights import make_hf_model, make_tokenizer, save_hf_folder, write_gguf
@@ -119,7 +119,7 @@ def test_corrupt_cache_repos_are_skipped_with_a_warning(cache, no_embedded, capl
     (broken / "config.json").symlink_to("../../blobs/gone")
     dangling = cache_repo(cache, "bad/dangling-ref")
     (dangling.parent.parent / "refs" / "main").write_text("elsewhere")
-    with caplog.at_level("WARNING", logger="engine.hub"):
+    with caplog.at_level("WARNING", logger="engine.io.hub"):
         assert [m.name for m in list_local_models()] == ["good/llama"]
     warned = " ".join(r.getMessage() for r in caplog.records)
     assert "models--bad--broken-link" in warned and "models--bad--dangling-ref" in warned

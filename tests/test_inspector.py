@@ -13,10 +13,10 @@ import torch
 from tests.app_fixtures import *  # noqa: F403
 from tests.tiny import ENGINE_CFG, draft_weights, hf_model, state_dict
 
-from engine.config import SamplingParams, SpecParams
-from engine.events import Origin, RoundEvent, Summary
-from engine.sampling import residual, sample
-from engine.speculative import accept_reject
+from engine.api.config import SamplingParams, SpecParams
+from engine.api.events import Origin, RoundEvent, Summary
+from engine.spec.sampling import residual, sample
+from engine.spec.accept import accept_reject
 
 PROMPT = [{"role": "user", "content": "Tell me a story about a cat."}]
 
@@ -261,7 +261,7 @@ def test_bonus_and_accepted_tokens(qtbot, shown):
 def test_greedy_token_says_point_masses(qtbot):
     from app.tokens import REJECTED, TokenInfo
     from app.inspector import InspectorPanel
-    from engine.dists import PositionDist
+    from engine.api.dists import PositionDist
 
     panel = InspectorPanel()
     qtbot.addWidget(panel)

@@ -4,10 +4,10 @@ import json
 
 import torch
 
-from engine.config import ModelConfig
-from engine.kv_cache import BlockManager, KVPool
-from engine.model import Transformer
-from engine.weights import load_checkpoint
+from engine.api.config import ModelConfig
+from engine.model.kv_cache import BlockManager, KVPool
+from engine.model.transformer import Transformer
+from engine.io.weights import load_checkpoint
 from tests.tiny import hf_model, save_folder, tiny_tokenizer
 
 LLAMA_32_1B = {  # config.json of meta-llama/Llama-3.2-1B-Instruct

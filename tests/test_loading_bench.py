@@ -1,13 +1,14 @@
-"""Engine.load from a Hugging Face folder, pair checks, and the speclens-bench contract."""
+"""load_engine from a Hugging Face folder, pair checks, and the speclens-bench contract."""
 import json
 
 import pytest
 import torch
 
-from engine.bench import main as bench_main
-from engine.config import SamplingParams, SpecParams
-from engine.engine import Engine
-from engine.weights import ModelLoadError
+from engine.tools.bench import main as bench_main
+from engine.api.config import SamplingParams, SpecParams
+
+from engine.io.loading import load_engine
+from engine.io.weights import ModelLoadError
 from tests.tiny import ENGINE_CFG, draft_weights, hf_model, save_folder, tiny_tokenizer
 
 
@@ -23,7 +24,7 @@ def pair_dirs(tmp_path_factory):
 
 def test_load_folder_pair_and_generate(pair_dirs):
     t, d = pair_dirs
-    eng = Engine.load(str(t), str(d), device="cpu")
+    eng = load_engine(str(t), str(d), device="cpu")
     assert eng.device.type == "cpu" and eng.dtype == torch.float32
     prompt = eng.encode_chat([{"role": "user", "content": "hello"}])
     *_, plain = eng.generate(prompt, SamplingParams(max_new_tokens=20), SpecParams(enabled=False))
@@ -38,12 +39,12 @@ def test_vocab_mismatch_is_named(tmp_path, pair_dirs):
     other = dict(ENGINE_CFG, vocab_size=ENGINE_CFG["vocab_size"] + 4)
     d = save_folder(hf_model(other, 2), tiny_tokenizer(), tmp_path / "bigger")
     with pytest.raises(ModelLoadError, match="vocabulary mismatch"):
-        Engine.load(str(t), str(d), device="cpu")
+        load_engine(str(t), str(d), device="cpu")
 
 
 def test_missing_path_is_clear(tmp_path):
     with pytest.raises(ModelLoadError, match="nothing-here"):
-        Engine.load(str(tmp_path / "nothing-here"), device="cpu")
+        load_engine(str(tmp_path / "nothing-here"), device="cpu")
 
 
 def test_bench_cli_writes_contract_json(tmp_path, pair_dirs, capsys):

@@ -2,8 +2,8 @@
 import pytest
 import torch
 
-from engine.kv_cache import BlockManager, KVPool
-from engine.model import Transformer
+from engine.model.kv_cache import BlockManager, KVPool
+from engine.model.transformer import Transformer
 from tests.tiny import LLAMA32_TINY, QWEN2_TINY, hf_model, model_config, state_dict
 
 
@@ -36,7 +36,7 @@ def test_logits_match_transformers(cfg):
 
 def test_llama3_rope_scaling_is_exercised():
     # Positions past original_max_position_embeddings (64) only match if the llama3 rescaling is right.
-    from engine.model import rope_frequencies
+    from engine.model.transformer import rope_frequencies
 
     plain = dict(LLAMA32_TINY, rope_scaling=None)
     assert not torch.allclose(rope_frequencies(model_config(LLAMA32_TINY)), rope_frequencies(model_config(plain)))

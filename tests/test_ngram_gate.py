@@ -1,8 +1,8 @@
 """The n-gram drafter proposes only what is likely to pass, and learns that from the committed text."""
 import torch
 
-from engine.config import SamplingParams
-from engine.drafters import NGramDrafter
+from engine.api.config import SamplingParams
+from engine.spec.drafters import NGramDrafter
 
 GREEDY = SamplingParams()
 

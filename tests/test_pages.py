@@ -1,4 +1,4 @@
-"""engine.pages: lazily zeroed anonymous buffers and the arena that packed matrices are carved from."""
+"""engine.model.pages: lazily zeroed anonymous buffers and the arena that packed matrices are carved from."""
 from __future__ import annotations
 
 import gc
@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-from engine.pages import SMALL, Arena, zeroed, zeros
+from engine.model.pages import SMALL, Arena, zeroed, zeros
 
 
 def rss_bytes() -> int:

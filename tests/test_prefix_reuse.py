@@ -7,12 +7,12 @@ import time
 import pytest
 import torch
 
-from engine.config import SamplingParams, SpecParams
-from engine.drafters import common_prefix
-from engine.engine import Engine
-from engine.events import Summary
-from engine.kv_cache import BlockManager, KVPool
-from engine.model import Transformer
+from engine.api.config import SamplingParams, SpecParams
+from engine.spec.drafters import common_prefix
+from engine.runtime.engine import Engine
+from engine.api.events import Summary
+from engine.model.kv_cache import BlockManager, KVPool
+from engine.model.transformer import Transformer
 from tests.tiny import tiny_engine
 
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=16)

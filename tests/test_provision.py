@@ -1,4 +1,4 @@
-"""engine.provision with tiny fake part files (a real tiny GGUF split into parts), never the real 1.6 GB."""
+"""engine.io.provision with tiny fake part files (a real tiny GGUF split into parts), never the real 1.6 GB."""
 from __future__ import annotations
 
 import errno
@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 import torch
 
-from engine import provision
-from engine.gguf_file import GGUFFile
-from engine.provision import PartSet, ProvisionError, is_trusted, locate_part
-from engine.weights import load_checkpoint
+from engine.io import provision
+from engine.io.gguf_file import GGUFFile
+from engine.io.provision import PartSet, ProvisionError, is_trusted, locate_part
+from engine.io.weights import load_checkpoint
 
 try:
     from test_weights import make_hf_model, make_tokenizer, write_gguf

@@ -14,7 +14,7 @@ import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
 from gguf.quants import dequantize as gguf_dequantize
 
-from engine import provision
+from engine.io import provision
 from engine.quant import ext, formats
 from engine.quant.formats import FORMATS, T
 from engine.quant.linear import QuantEmbedding, QuantLinear

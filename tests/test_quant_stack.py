@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.gguf_file import GGUFFile
-from engine.gguf_model import build_model
-from engine.kv_cache import BlockManager, CacheView, KVPool
-from engine.model import Transformer
+from engine.io.gguf_file import GGUFFile
+from engine.io.gguf_model import build_model
+from engine.model.kv_cache import BlockManager, CacheView, KVPool
+from engine.model.transformer import Transformer
 from engine.quant import ext, kernels_available
 
 try:

@@ -10,15 +10,15 @@ import numpy as np
 import pytest
 import torch
 
-import engine.drafters as drafters_mod
-import engine.engine as engine_mod
-from engine.adaptive import AdaptiveK
-from engine.config import CacheConfig, SamplingParams, SpecParams
-from engine.engine import Controls, Engine
-from engine.events import RoundEvent, Summary
-from engine.model import Transformer
-from engine.sampling import probs_from_logits, tempered_softmax
-from engine.stats import ROUND_COLUMNS, SUMMARY_COLUMNS, SessionStats
+import engine.spec.drafters as drafters_mod
+import engine.runtime.engine as engine_mod
+from engine.spec.adaptive import AdaptiveK
+from engine.api.config import CacheConfig, SamplingParams, SpecParams
+from engine.runtime.engine import Controls, Engine
+from engine.api.events import RoundEvent, Summary
+from engine.model.transformer import Transformer
+from engine.spec.sampling import probs_from_logits, tempered_softmax
+from engine.analysis.stats import ROUND_COLUMNS, SUMMARY_COLUMNS, SessionStats
 from tests.tiny import ENGINE_CFG, hf_model, model_config, state_dict, tiny_engine, tiny_tokenizer
 
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=24)
@@ -183,7 +183,7 @@ def nested_array_gguf(path) -> None:
 
 
 def test_bad_cache_entries_are_skipped_with_a_warning(tmp_path, monkeypatch, caplog):
-    from engine import hub, provision
+    from engine.io import hub, provision
     from tests.test_hub import cache_repo
     from tests.test_weights import make_tokenizer, save_hf_folder, write_gguf, make_hf_model
 
@@ -199,7 +199,7 @@ def test_bad_cache_entries_are_skipped_with_a_warning(tmp_path, monkeypatch, cap
     (cache_repo(cache, "bad/list-config") / "config.json").write_text(json.dumps([{"model_type": "llama"}]))
     nested_array_gguf(cache_repo(cache, "bad/nested-gguf") / "model.gguf")
 
-    with caplog.at_level(logging.WARNING, logger="engine.hub"):
+    with caplog.at_level(logging.WARNING, logger="engine.io.hub"):
         models = hub.list_local_models()
     names = [m.name for m in models]
     assert names == [provision.TARGET.name, provision.DRAFT.name, "good/llama"]

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.config import SamplingParams, SpecParams
-from engine.engine import Engine
-from engine.events import RoundEvent, Summary
-from engine.kv_cache import BlockManager, KVPool
-from engine.model import Transformer
+from engine.api.config import SamplingParams, SpecParams
+from engine.runtime.engine import Engine
+from engine.api.events import RoundEvent, Summary
+from engine.model.kv_cache import BlockManager, KVPool
+from engine.model.transformer import Transformer
 from tests.tiny import tiny_engine
 
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=40)

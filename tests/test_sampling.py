@@ -4,11 +4,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.config import SamplingParams
-from engine.sampling import (
+from engine.api.config import SamplingParams
+from engine.spec.sampling import (
     probs_for_positions, probs_from_logits, repetition_penalty, residual, sample, top_k_filter, top_p_filter,
 )
-from engine.speculative import accept_reject, point_mass
+from engine.spec.accept import accept_reject, point_mass
 
 EMPTY = torch.empty(0, dtype=torch.long)
 

@@ -1,27 +1,27 @@
-"""engine.stats: rows, CSV and the speedup arithmetic, on hand-made events (no Qt, no torch in stats)."""
+"""engine.analysis.stats: rows, CSV and the speedup arithmetic, on hand-made events (no Qt, no torch in stats)."""
 import csv
 import math
 import sys
 
 import pytest
 
-from engine.events import Origin
-from engine.stats import (
+from engine.api.events import Origin
+from engine.analysis.stats import (
     ROUND_COLUMNS,
     SUMMARY_COLUMNS,
     SessionStats,
     SpeedTotals,
     round_tokens_per_s,
     summary_path,
-    theoretical_speedup,
 )
+from engine.analysis.theory import theoretical_speedup
 from tests.app_fixtures import make_round, make_summary
 
 
 def test_stats_imports_neither_qt_nor_torch():
     import subprocess
 
-    code = ("import sys, engine.stats; bad = [m for m in sys.modules if m.split('.')[0] in "
+    code = ("import sys, engine.analysis.stats; bad = [m for m in sys.modules if m.split('.')[0] in "
             "('torch', 'PySide6', 'pyqtgraph')]; print(bad); sys.exit(1 if bad else 0)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0, out.stdout + out.stderr

@@ -4,9 +4,9 @@ import time
 
 import pytest
 
-from engine.config import SamplingParams, SpecParams
-from engine.controls import Controls, StepGate
-from engine.events import CacheRollback, Phase, PhaseEvent, RoundEvent, Summary
+from engine.api.config import SamplingParams, SpecParams
+from engine.api.live import Controls, StepGate
+from engine.api.events import CacheRollback, Phase, PhaseEvent, RoundEvent, Summary
 from tests.tiny import tiny_engine
 
 SAMPLED = SamplingParams(temperature=0.9, top_p=0.95, seed=11, max_new_tokens=40)

@@ -5,9 +5,9 @@ import random
 
 import pytest
 
-from engine.config import SamplingParams, SpecParams
-from engine.events import RoundEvent, Summary
-from engine.stops import StopChecker
+from engine.api.config import SamplingParams, SpecParams
+from engine.api.events import RoundEvent, Summary
+from engine.runtime.stops import StopChecker
 from tests.tiny import tiny_engine
 
 # --- StopChecker --------------------------------------------------------------------------------------
@@ -279,7 +279,7 @@ def test_caches_consistent_after_stop_and_next_turn_matches_fresh(engine, baseli
 def test_cancel_with_held_back_text_keeps_stream_and_summary_in_step(engine, baseline):
     """Text held back as a possible stop-string start must end up in the same place in the streamed deltas
     and in Summary.text: the GUI shows the deltas while the chat history stores Summary.text."""
-    from engine.engine import Controls
+    from engine.runtime.engine import Controls
 
     prompt, events, summary, tokens = baseline
     shown = events[0].text_delta + events[1].text_delta

@@ -3,9 +3,10 @@ import csv
 
 import pytest
 
-from engine.events import Origin
-from engine.stats import SessionStats, theoretical_speedup, tuner_path
-from engine.sweep import KS, SWEEP_COLUMNS, Sweep, SweepRun, plan, run_of
+from engine.api.events import Origin
+from engine.analysis.stats import SessionStats, tuner_path
+from engine.analysis.theory import theoretical_speedup
+from engine.analysis.sweep import KS, SWEEP_COLUMNS, Sweep, SweepRun, plan, run_of
 from tests.app_fixtures import make_round, make_summary
 
 

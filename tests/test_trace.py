@@ -12,11 +12,11 @@ import pytest
 from tests.app_fixtures import *  # noqa: F403
 
 from app.trace import FORMAT, VERSION, Settings, Trace, TraceError, from_json, read_trace, to_json, write_trace
-from engine.config import SamplingParams, SpecParams
-from engine.dists import PositionDist
-from engine.events import Origin
-from engine.service import EngineInfo
-from engine.stats import MessageRecord
+from engine.api.config import SamplingParams, SpecParams
+from engine.api.dists import PositionDist
+from engine.api.events import Origin
+from engine.service.process import EngineInfo
+from engine.analysis.stats import MessageRecord
 
 ROOT = Path(__file__).resolve().parents[1]
 

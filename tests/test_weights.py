@@ -1,4 +1,4 @@
-"""engine.weights and engine.gguf_file on tiny random models built here (HF folders and GGUF files)."""
+"""engine.io.weights and engine.io.gguf_file on tiny random models built here (HF folders and GGUF files)."""
 from __future__ import annotations
 
 import json
@@ -13,8 +13,8 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import (LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast, Qwen2Config,
                           Qwen2ForCausalLM)
 
-from engine.gguf_file import GGUFFile
-from engine.weights import ModelLoadError, load_checkpoint, load_tokenizer
+from engine.io.gguf_file import GGUFFile
+from engine.io.weights import ModelLoadError, load_checkpoint, load_tokenizer
 
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHAT = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
@@ -411,7 +411,7 @@ def test_corrupt_truncated_and_unsupported_gguf(tmp_path):
 def test_string_arrays_decode_lazily_and_compare_raw():
     import struct
 
-    from engine.gguf_file import StringArray
+    from engine.io.gguf_file import StringArray
 
     words = ["a", "<|im_end|>", "ü🙂", "", "<|im_end|>x"]
     raw, starts = b"", []

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import torch
 
-from engine.config import ModelConfig
+from engine.api.config import ModelConfig
 
 # Llama-3.2-style: llama3 rope scaling, tied embeddings, GQA.
 LLAMA32_TINY = dict(
@@ -91,9 +91,9 @@ def draft_weights(target_sd: dict[str, torch.Tensor], noise: float, seed: int) -
 
 
 def tiny_engine(max_seq_len: int = 256, draft: bool = True, noise: float = 0.03, **kw):
-    from engine.config import CacheConfig
-    from engine.engine import Engine
-    from engine.model import Transformer
+    from engine.api.config import CacheConfig
+    from engine.runtime.engine import Engine
+    from engine.model.transformer import Transformer
 
     cfg = model_config(ENGINE_CFG)
     sd = state_dict(hf_model(ENGINE_CFG, 0))

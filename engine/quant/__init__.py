@@ -1,10 +1,10 @@
 """Quantized linear layers over GGUF blocks (Q4_K, Q5_K, Q6_K, Q8_0, Q5_0, F16, F32) for the CPU.
 
 formats: block layouts and a numpy reference dequantizer; ext: the C++/OpenMP kernels (built on first
-use, with a pure-torch fallback); linear: QuantLinear and QuantEmbedding. No Qt; of the engine it imports only the cache location (engine.provision).
+use, with a pure-torch fallback); linear: QuantLinear and QuantEmbedding. No Qt; of the engine it imports only the cache location (engine.io.provision).
 """
-from .formats import FORMATS, UnsupportedType, dequantize, fmt
-from .linear import QuantEmbedding, QuantLinear
+from engine.quant.formats import FORMATS, UnsupportedType, dequantize, fmt
+from engine.quant.linear import QuantEmbedding, QuantLinear
 
 
 ISA_NAMES = {"scalar": "scalar", "avx2": "AVX2", "avxvnni": "AVX-VNNI", "avx512vnni": "AVX-512 VNNI"}
@@ -12,14 +12,14 @@ ISA_NAMES = {"scalar": "scalar", "avx2": "AVX2", "avxvnni": "AVX-VNNI", "avx512v
 
 def kernels_available() -> bool:
     """True when the compiled kernels load (else the modules run the slow pure-torch fallback)."""
-    from . import ext
+    from engine.quant import ext
 
     return ext.load() is not None
 
 
 def kernels_name() -> str:
     """What runs the quantized matrices, for the user: "AVX-512 VNNI kernels", ... or the fallback."""
-    from . import ext
+    from engine.quant import ext
 
     mod = ext.load()
     return f"{ISA_NAMES.get(mod.isa(), mod.isa())} kernels" if mod is not None else "pure-torch fallback"

@@ -23,7 +23,7 @@ from types import ModuleType
 
 import torch
 
-from ..provision import cache_root  # stdlib only: no cycle, nothing heavy
+from engine.paths import cache_root
 
 log = logging.getLogger(__name__)
 

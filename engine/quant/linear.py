@@ -24,8 +24,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from . import ext
-from .formats import GROUP, T, dequantize, fmt, row_bytes
+from engine.quant import ext
+from engine.quant.formats import GROUP, T, dequantize, fmt, row_bytes
 
 Act = Literal["int8", "fp32"]
 
@@ -49,7 +49,7 @@ def packed_slices(specs: Sequence[tuple[int, int, int]],
                   take: Callable[[int], torch.Tensor] | None = None) -> list[torch.Tensor] | None:
     """One buffer for parts (qtype, N, K) to be repacked side by side (`out=`), so that `concat` of the
     parts copies nothing; None without the compiled kernels. take(nbytes): where the buffer comes from
-    (e.g. `engine.pages.Arena.take`); default a new tensor."""
+    (e.g. `engine.model.pages.Arena.take`); default a new tensor."""
     mod = ext.load()
     if mod is None:
         return None

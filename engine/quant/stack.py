@@ -14,12 +14,12 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from . import ext
-from .linear import QuantLinear
+from engine.quant import ext
+from engine.quant.linear import QuantLinear
 
 if TYPE_CHECKING:
-    from ..kv_cache import CacheView
-    from ..model import Transformer
+    from engine.model.kv_cache import CacheView
+    from engine.model.transformer import Transformer
 
 MAX_ROWS = 16  # the kernels' row tile (csrc/quant.h)
 

@@ -1,0 +1,290 @@
+"""Session statistics: RoundEvent / Summary -> rows -> CSV, plus the speedup arithmetic the charts show.
+
+Pure Python: no Qt, no torch. The GUI records every round of every reply here and exports it on demand;
+`docs/csv_columns.md` documents the columns.
+"""
+from __future__ import annotations
+
+import csv
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from engine.api.config import SamplingParams, SpecParams
+from engine.analysis.sweep import SWEEP_COLUMNS
+from engine.analysis.theory import expected_tokens, round_cost
+from engine.api.events import RoundEvent, Summary
+
+ROUND_COLUMNS: tuple[str, ...] = (
+    "chat", "message", "kind", "round", "mode", "drafter", "k", "temperature", "drafted", "accepted",
+    "committed", "final_origin", "final_token_id", "final_token", "draft_ms", "verify_ms", "draft_prefill_ms",
+    "tokens_per_s", "elapsed_s", "stop_reason",
+)
+SUMMARY_COLUMNS: tuple[str, ...] = (
+    "chat", "message", "kind", "prompt", "mode", "drafter", "k_mean", "temperature", "prompt_tokens",
+    "reused_prefix_tokens", "new_tokens", "rounds", "target_forwards", "drafted", "accepted", "acceptance_rate",
+    "mean_tokens_per_round", "per_position_acceptance", "tokens_per_s", "ttft_s", "total_s", "draft_ms",
+    "verify_ms", "draft_prefill_ms", "stop_reason",
+)
+
+
+def round_tokens_per_s(event: RoundEvent) -> float:
+    """Committed tokens over this round's own draft + verify time (0 when the round took no time)."""
+    ms = event.draft_ms + event.verify_ms
+    return len(event.committed) * 1000.0 / ms if ms > 0 else 0.0
+
+
+@dataclass
+class DrafterTotals:
+    """Sums over speculative rounds that drafted anything: every drafter's together, and each drafter's own (under
+    the hybrid drafter the draft model and the n-gram lookup take turns, at very different α and c)."""
+
+    rounds: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    draft_ms: float = 0.0
+
+    def add(self, event: RoundEvent) -> None:
+        self.rounds += 1
+        self.drafted += len(event.drafted)
+        self.accepted += event.accepted
+        self.draft_ms += event.draft_ms
+
+    @property
+    def alpha(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def mean_k(self) -> float:
+        """Tokens actually drafted per round (the n-gram drafter may propose fewer than K)."""
+        return self.drafted / self.rounds if self.rounds else 0.0
+
+    def cost_ratio(self, ref_ms: float) -> float:
+        """c: ms per drafted token over ref_ms, one target step."""
+        return self.draft_ms / self.drafted / ref_ms if self.drafted and ref_ms > 0 else 0.0
+
+
+@dataclass
+class SpeedTotals:
+    """Running sums over rounds, split by mode; enough for alpha, c and both speedups."""
+
+    spec_rounds: int = 0
+    spec_committed: int = 0
+    draft_ms: float = 0.0  # every speculative round's, also those whose lookup found nothing to draft
+    spec_verify_ms: float = 0.0
+    plain_committed: int = 0
+    plain_ms: float = 0.0
+    drafting: DrafterTotals = field(default_factory=DrafterTotals)  # the rounds that drafted, all drafters
+    by_drafter: dict[str, DrafterTotals] = field(default_factory=dict)  # "model" / "ngram", in first-seen order
+
+    def add(self, event: RoundEvent) -> None:
+        if event.mode == "speculative":
+            if event.drafted:
+                self.drafting.add(event)
+                self.by_drafter.setdefault(event.drafter or "model", DrafterTotals()).add(event)
+            self.spec_rounds += 1
+            self.spec_committed += len(event.committed)
+            self.draft_ms += event.draft_ms
+            self.spec_verify_ms += event.verify_ms
+        elif event.mode == "plain":
+            self.plain_committed += len(event.committed)
+            self.plain_ms += event.verify_ms + event.draft_ms
+
+    @property
+    def plain_ms_per_token(self) -> float | None:
+        return self.plain_ms / self.plain_committed if self.plain_committed else None
+
+    def reference_ms(self, plain_ms_per_token: float | None = None) -> float:
+        """One target step, in ms: the given plain rate, else this session's own plain rounds, else the mean
+        verify pass of a speculative round (it stands in for one step); 0 before any of these."""
+        ref = plain_ms_per_token or self.plain_ms_per_token
+        if not ref and self.spec_verify_ms > 0:
+            ref = self.spec_verify_ms / self.spec_rounds
+        return ref or 0.0
+
+    def cost_ratio(self, plain_ms_per_token: float | None = None) -> float:
+        """c = mean draft ms per drafted token / mean plain-decode ms per token when a plain rate is
+        known; otherwise / mean verify ms per round (one verify pass stands in for one target step)."""
+        if not self.drafting.drafted:
+            return 0.0
+        ref = self.reference_ms(plain_ms_per_token)
+        return self.draft_ms / self.drafting.drafted / ref if ref > 0 else 0.0
+
+    def measured_speedup(self, plain_ms_per_token: float | None = None) -> float | None:
+        """Speculative tokens/s over plain tokens/s. Without a plain rate, the same estimate with the mean
+        verify time standing in for a plain step. None before any speculative round."""
+        spent = self.draft_ms + self.spec_verify_ms
+        if not self.spec_rounds or spent <= 0:
+            return None
+        return self.spec_committed * self.reference_ms(plain_ms_per_token) / spent
+
+    def theoretical_speedup(self, plain_ms_per_token: float | None = None) -> float | None:
+        """Leviathan's speedup for the rounds that drafted. With more than one drafter (the hybrid) it is the
+        mix of their rounds: tokens per round over cost per round, each drafter at its own α, K and c; for one
+        drafter that is exactly Leviathan's formula."""
+        if not self.drafting.rounds:
+            return None
+        ref = self.reference_ms(plain_ms_per_token)
+        tokens = cost = 0.0
+        for d in self.by_drafter.values():
+            tokens += d.rounds * expected_tokens(d.alpha, d.mean_k)
+            cost += d.rounds * round_cost(d.mean_k, d.cost_ratio(ref))
+        return tokens / cost
+
+
+@dataclass
+class MessageRecord:
+    """One assistant reply: its rounds and, once finished, its Summary."""
+
+    chat: int
+    message: int
+    kind: str  # "chat", "compare-plain", "compare-speculative"
+    prompt: str
+    rounds: list[RoundEvent] = field(default_factory=list)
+    summary: Summary | None = None
+    # The request as sent, for session traces (app/trace.py): messages (system prompt included), the settings it
+    # started with (live changes show in its rounds) and the models that ran it.
+    messages: list[dict[str, str]] = field(default_factory=list)
+    sampling: SamplingParams | None = None
+    spec: SpecParams | None = None
+    target: str | None = None
+    draft: str | None = None
+
+
+def round_row(record: MessageRecord, event: RoundEvent) -> dict[str, object]:
+    final = event.correction
+    return {
+        "chat": record.chat,
+        "message": record.message,
+        "kind": record.kind,
+        "round": event.round,
+        "mode": event.mode,
+        "drafter": event.drafter or "",
+        "k": event.k,
+        "temperature": event.temperature,
+        "drafted": len(event.drafted),
+        "accepted": event.accepted,
+        "committed": len(event.committed),
+        "final_origin": final.origin.value if final else "",
+        "final_token_id": final.token_id if final else "",
+        "final_token": final.text if final else "",
+        "draft_ms": round(event.draft_ms, 3),
+        "verify_ms": round(event.verify_ms, 3),
+        "draft_prefill_ms": round(event.draft_prefill_ms, 3),
+        "tokens_per_s": round(round_tokens_per_s(event), 2),
+        "elapsed_s": round(event.elapsed_s, 4),
+        "stop_reason": event.stop_reason or "",
+    }
+
+
+def _joined(values: Iterable[object]) -> str:
+    distinct: list[str] = []
+    for v in values:
+        s = str(v)
+        if s not in distinct:
+            distinct.append(s)
+    return "+".join(distinct)
+
+
+def summary_row(record: MessageRecord) -> dict[str, object]:
+    s, rounds = record.summary, record.rounds
+    row: dict[str, object] = {
+        "chat": record.chat,
+        "message": record.message,
+        "kind": record.kind,
+        "prompt": record.prompt,
+        "mode": _joined(r.mode for r in rounds),
+        "drafter": _joined(r.drafter for r in rounds if r.drafter),
+        "k_mean": round(sum(r.k for r in rounds) / len(rounds), 3) if rounds else "",
+        "temperature": _joined(r.temperature for r in rounds),
+    }
+    if s is None:  # the reply never finished (an engine error): what the rounds tell
+        row.update(new_tokens=sum(len(r.committed) for r in rounds), rounds=len(rounds),
+                   drafted=sum(len(r.drafted) for r in rounds), accepted=sum(r.accepted for r in rounds),
+                   stop_reason="error")
+        return {c: row.get(c, "") for c in SUMMARY_COLUMNS}
+    row.update(
+        prompt_tokens=s.prompt_tokens,
+        reused_prefix_tokens=s.reused_prefix_tokens,
+        new_tokens=s.new_tokens,
+        rounds=s.rounds,
+        target_forwards=s.target_forwards,
+        drafted=s.drafted,
+        accepted=s.accepted,
+        acceptance_rate=round(s.acceptance_rate, 4),
+        mean_tokens_per_round=round(s.mean_tokens_per_round, 4),
+        per_position_acceptance=";".join(f"{a:.3f}" for a in s.per_position_acceptance),
+        tokens_per_s=round(s.tokens_per_s, 2),
+        ttft_s=round(s.ttft_s, 4),
+        total_s=round(s.total_s, 4),
+        draft_ms=round(s.draft_ms, 3),
+        verify_ms=round(s.verify_ms, 3),
+        draft_prefill_ms=round(s.draft_prefill_ms, 3),
+        stop_reason=s.stop_reason,
+    )
+    return row
+
+
+def summary_path(path: str | Path) -> Path:
+    """`stats.csv` -> `stats_summary.csv`, beside it."""
+    p = Path(path)
+    return p.with_name(f"{p.stem}_summary{p.suffix or '.csv'}")
+
+
+def tuner_path(path: str | Path) -> Path:
+    """`stats.csv` -> `stats_tuner.csv` (the K tuner's sweeps), beside it."""
+    p = Path(path)
+    return p.with_name(f"{p.stem}_tuner{p.suffix or '.csv'}")
+
+
+class SessionStats:
+    """Every reply of the app session, in order. `chat` counts conversations (New chat starts the next),
+    `message` counts replies across the whole session."""
+
+    def __init__(self) -> None:
+        self.records: list[MessageRecord] = []
+        self.chat = 1
+        self.sweeps: list = []  # engine.analysis.sweep.Sweep, one per completed Run > Tune K
+
+    def new_chat(self) -> None:
+        if any(r.chat == self.chat for r in self.records):
+            self.chat += 1
+
+    def begin(self, prompt: str, kind: str = "chat") -> MessageRecord:
+        record = MessageRecord(self.chat, len(self.records) + 1, kind, prompt)
+        self.records.append(record)
+        return record
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def round_rows(self) -> list[dict[str, object]]:
+        return [round_row(rec, ev) for rec in self.records for ev in rec.rounds]
+
+    def summary_rows(self) -> list[dict[str, object]]:
+        return [summary_row(rec) for rec in self.records]
+
+    def totals(self) -> SpeedTotals:
+        t = SpeedTotals()
+        for rec in self.records:
+            for ev in rec.rounds:
+                t.add(ev)
+        return t
+
+    def write_csv(self, path: str | Path) -> tuple[Path, Path]:
+        """Rounds to `path`, per-message summaries to `<name>_summary.csv`, and the K tuner's sweeps (when there
+        are any) to `<name>_tuner.csv`. Raises OSError."""
+        main, side = Path(path), summary_path(path)
+        _write(main, ROUND_COLUMNS, self.round_rows())
+        _write(side, SUMMARY_COLUMNS, self.summary_rows())
+        if self.sweeps:
+            rows = [row for i, sweep in enumerate(self.sweeps, 1) for row in sweep.rows(i)]
+            _write(tuner_path(path), SWEEP_COLUMNS, rows)
+        return main, side
+
+
+def _write(path: Path, columns: tuple[str, ...], rows: list[dict[str, object]]) -> None:
+    with path.open("w", newline="", encoding="utf-8") as f:
+        w = csv.DictWriter(f, fieldnames=columns)
+        w.writeheader()
+        w.writerows(rows)

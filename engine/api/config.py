@@ -1,0 +1,243 @@
+"""Configs, each checked when it is made."""
+from __future__ import annotations
+
+import json
+import math
+import numbers
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Literal, get_args
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """A Llama-family decoder (Llama 2/3/3.2, Qwen2/2.5)."""
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int = 0  # 0: hidden_size // num_heads
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    rope_scaling: dict[str, Any] | None = None  # {"rope_type": "llama3", "factor", "low_freq_factor", ...}
+    max_position_embeddings: int = 4096
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False  # Qwen2 has q/k/v biases
+    bos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = ()
+    arch: str = "llama"
+
+    def __post_init__(self) -> None:
+        if self.head_dim == 0:
+            object.__setattr__(self, "head_dim", self.hidden_size // self.num_heads)
+        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"ModelConfig.{name} must be >= 1, got {getattr(self, name)}")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})")
+        if self.rope_scaling is not None:
+            kind = self.rope_scaling.get("rope_type", self.rope_scaling.get("type"))
+            if kind not in ("llama3", "default", None):
+                raise ValueError(f"unsupported rope_scaling type {kind!r} (supported: llama3)")
+
+    @classmethod
+    def from_hf(cls, cfg: dict[str, Any]) -> ModelConfig:
+        """From a Hugging Face config.json dict."""
+        arch = cfg.get("model_type", "llama")
+        if arch not in ("llama", "qwen2", "mistral"):
+            raise ValueError(f"unsupported model_type {arch!r}: SpecLens runs Llama-family models (llama, qwen2)")
+        eos = cfg.get("eos_token_id")
+        eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ())
+        return cls(
+            vocab_size=cfg["vocab_size"],
+            hidden_size=cfg["hidden_size"],
+            intermediate_size=cfg["intermediate_size"],
+            num_layers=cfg["num_hidden_layers"],
+            num_heads=cfg["num_attention_heads"],
+            num_kv_heads=cfg.get("num_key_value_heads") or cfg["num_attention_heads"],
+            head_dim=cfg.get("head_dim") or 0,
+            rms_norm_eps=cfg.get("rms_norm_eps", 1e-5),
+            rope_theta=cfg.get("rope_theta", (cfg.get("rope_parameters") or {}).get("rope_theta", 10000.0)),
+            rope_scaling=_rope_scaling(cfg),
+            max_position_embeddings=cfg.get("max_position_embeddings", 4096),
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            attention_bias=bool(cfg.get("attention_bias", arch == "qwen2")),
+            bos_token_id=cfg.get("bos_token_id"),
+            eos_token_ids=eos_ids,
+            arch=arch,
+        )
+
+    @classmethod
+    def from_json(cls, path: str | Path) -> ModelConfig:
+        return cls.from_hf(json.loads(Path(path).read_text()))
+
+    def to_hf(self) -> dict[str, Any]:
+        """A config.json dict that `from_hf` reads back (and transformers understands)."""
+        out: dict[str, Any] = {
+            "model_type": self.arch,
+            "architectures": ["Qwen2ForCausalLM" if self.arch == "qwen2" else "LlamaForCausalLM"],
+            "vocab_size": self.vocab_size,
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "num_hidden_layers": self.num_layers,
+            "num_attention_heads": self.num_heads,
+            "num_key_value_heads": self.num_kv_heads,
+            "head_dim": self.head_dim,
+            "rms_norm_eps": self.rms_norm_eps,
+            "rope_theta": self.rope_theta,
+            "rope_scaling": self.rope_scaling,
+            "max_position_embeddings": self.max_position_embeddings,
+            "tie_word_embeddings": self.tie_word_embeddings,
+            "attention_bias": self.attention_bias,
+            "bos_token_id": self.bos_token_id,
+            "eos_token_id": list(self.eos_token_ids),
+        }
+        return out
+
+
+def _rope_scaling(cfg: dict[str, Any]) -> dict[str, Any] | None:
+    rs = cfg.get("rope_scaling") or cfg.get("rope_parameters")
+    if not rs:
+        return None
+    kind = rs.get("rope_type", rs.get("type"))
+    if kind in (None, "default"):
+        return None
+    return dict(rs)
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How the next token is chosen. Applied identically to draft and target (Leviathan §2.2)."""
+
+    temperature: float = 0.0  # 0: greedy
+    top_k: int = 0  # 0: off
+    top_p: float = 1.0  # 1: off
+    repetition_penalty: float = 1.0  # 1: off
+    max_new_tokens: int = 256
+    seed: int | None = None
+    stop: tuple[str, ...] = ()  # a single str is taken as one stop string
+
+    def __post_init__(self) -> None:
+        for name in ("temperature", "top_p", "repetition_penalty"):
+            _check_finite(type(self).__name__, name, getattr(self, name))
+        for name in ("top_k", "max_new_tokens"):
+            _check_int(type(self).__name__, name, getattr(self, name))
+        if not (0.0 <= self.temperature <= 10.0):
+            raise ValueError(f"temperature must be in [0, 10], got {self.temperature}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+        if not (0.0 < self.top_p <= 1.0):
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.repetition_penalty <= 0:
+            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.seed is not None:
+            _check_int(type(self).__name__, "seed", self.seed)
+            if not 0 <= self.seed < 2**64:  # what torch.Generator.manual_seed takes
+                raise ValueError(f"seed must be in [0, 2**64), got {self.seed}")
+        object.__setattr__(self, "stop", _stop_strings(self.stop))
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    def with_(self, **kw: Any) -> SamplingParams:
+        return replace(self, **kw)
+
+
+def _check_finite(owner: str, name: str, value: object) -> None:
+    """NaN slips through every range comparison, so non-finite values are refused first."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ValueError(f"{owner}.{name} must be a number, got {value!r}")
+    if not math.isfinite(value):
+        raise ValueError(f"{owner}.{name} must be a finite number, got {value!r}")
+
+
+def _check_int(owner: str, name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ValueError(f"{owner}.{name} must be an integer, got {value!r}")
+
+
+def _stop_strings(stop: str | tuple[str, ...] | list[str]) -> tuple[str, ...]:
+    """A single string is one stop string (iterating it would make every character a stop)."""
+    items = (stop,) if isinstance(stop, str) else stop
+    try:
+        items = tuple(items)
+    except TypeError:
+        raise ValueError(f"stop must be a string or a sequence of strings, got {stop!r}") from None
+    bad = [s for s in items if not isinstance(s, str)]
+    if bad:
+        raise ValueError(f"stop strings must be str, got {bad[0]!r}")
+    return tuple(s for s in items if s)
+
+
+Drafter = Literal["model", "ngram", "hybrid"]  # hybrid: the n-gram drafter when its lookup is likely to pass, else the model
+DRAFTERS: tuple[str, ...] = get_args(Drafter)
+NEEDS_DRAFT_MODEL = ("model", "hybrid")  # the drafters that cannot run without a draft model
+
+
+@dataclass(frozen=True)
+class SpecParams:
+    """How each round drafts. Read at the start of every round, so it may change mid-request."""
+
+    enabled: bool = True
+    k: int = 4
+    drafter: Drafter = "model"
+    adaptive: bool = False  # pick K each round from recent acceptance
+    k_max: int = 16
+    ngram_max: int = 4  # longest context the n-gram drafter matches
+    ngram_min: int = 1
+    # The draft model stops a round's drafting early once the product of its confidences in its tokens falls
+    # below this (engine.spec.drafters.confidence); 0 always drafts K. Lossless either way. The app uses STOP_BELOW.
+    stop_below: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name in ("k", "k_max", "ngram_max", "ngram_min"):
+            _check_int(type(self).__name__, name, getattr(self, name))
+        _check_finite(type(self).__name__, "stop_below", self.stop_below)
+        if not 0.0 <= self.stop_below < 1.0:
+            raise ValueError(f"stop_below must be in [0, 1), got {self.stop_below}")
+        if self.k < 1:
+            raise ValueError(f"K must be >= 1, got {self.k}")
+        if self.k > self.k_max:
+            raise ValueError(f"K must be <= {self.k_max}, got {self.k}")
+        if self.drafter not in DRAFTERS:
+            raise ValueError(f"drafter must be one of {', '.join(map(repr, DRAFTERS))}, got {self.drafter!r}")
+        if not (1 <= self.ngram_min <= self.ngram_max):
+            raise ValueError(f"need 1 <= ngram_min <= ngram_max, got {self.ngram_min}, {self.ngram_max}")
+
+    def with_(self, **kw: Any) -> SpecParams:
+        return replace(self, **kw)
+
+
+# Measured on the embedded pair (2-core AVX2 CPU, greedy, 4 bench prompts, decode rates): with it K = 4 ran 1.19x
+# plain instead of 1.06x and K = 6 1.13x instead of 0.93x, while K = 2 stayed at ~1.15x; 0.5 did worse at K >= 3,
+# 0.8 and 0.9 no better. So a K set too high costs little.
+STOP_BELOW = 0.7
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    block_size: int = 16
+    num_blocks: int = 0  # 0: enough for max_seq_len plus K slack
+    max_seq_len: int = 4096
+
+    def __post_init__(self) -> None:
+        for name in ("block_size", "num_blocks", "max_seq_len"):
+            _check_int(type(self).__name__, name, getattr(self, name))
+        if self.block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {self.block_size}")
+        if self.max_seq_len < 2:
+            raise ValueError(f"max_seq_len must be >= 2, got {self.max_seq_len}")
+        if self.num_blocks < 0:
+            raise ValueError(f"num_blocks must be >= 0, got {self.num_blocks}")
+
+    @property
+    def blocks(self) -> int:
+        return self.num_blocks or -(-(self.max_seq_len + 32) // self.block_size)
+
+

@@ -1,0 +1,69 @@
+"""What may change while a request runs, read by the engine at the start of every round. No torch here, so the
+engine process's command reader (engine/service.py) can hold one without importing the engine."""
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from engine.api.config import SamplingParams, SpecParams
+
+
+class StepGate:
+    """Step-through: while stepping is on, the engine waits here after each phase of a round.
+
+    `step()` lets it run to the next phase (presses made before it arrives are kept and used in turn);
+    `set_stepping(False)` ('continue') lets it run on; `release()` (a cancel) opens the gate for good.
+    Thread-safe: the engine waits on one thread, the command reader drives it from another.
+    """
+
+    def __init__(self, stepping: bool = False) -> None:
+        self._cond = threading.Condition()
+        self._stepping = stepping
+        self._permits = 0
+        self._released = False
+
+    @property
+    def stepping(self) -> bool:
+        return self._stepping and not self._released
+
+    def set_stepping(self, on: bool) -> None:
+        with self._cond:
+            self._stepping, self._permits = bool(on), 0
+            self._cond.notify_all()
+
+    def step(self) -> None:
+        with self._cond:
+            self._permits += 1
+            self._cond.notify_all()
+
+    def release(self) -> None:
+        with self._cond:
+            self._released = True
+            self._cond.notify_all()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until a step, a continue or a release; True unless `timeout` ran out first."""
+        with self._cond:
+            ok = self._cond.wait_for(lambda: not self.stepping or self._permits > 0, timeout)
+            if ok and self.stepping:
+                self._permits -= 1
+            return ok
+
+
+class Controls:
+    """Values another thread may change while a request runs; read at the start of every round.
+
+    Each attribute is replaced whole (never mutated in place), so a round sees a consistent value.
+    """
+
+    def __init__(self, sampling: SamplingParams, spec: SpecParams) -> None:
+        self.sampling = sampling
+        self.spec = spec
+        self.cancelled = False
+        self.gate = StepGate()  # step-through: see StepGate
+        self.on_phase: Callable[[Any], None] | None = None  # receives each engine.api.events.PhaseEvent while stepping
+
+    def cancel(self) -> None:
+        self.cancelled = True
+        self.gate.release()  # a paused request wakes up, finishes its round and stops

@@ -1,0 +1,418 @@
+"""Read a .gguf file: a ModelConfig from its metadata, its tensors dequantized and renamed to Hugging Face names.
+
+The header is parsed here rather than with `gguf.GGUFReader`: the reader builds one numpy view per string,
+which takes ~9 s for a Qwen vocabulary (300k strings); this parse takes a fraction of a second, so listing
+and loading GGUF models stays quick. Dequantization is `gguf.quants.dequantize`.
+"""
+from __future__ import annotations
+
+import bisect
+import functools
+import math
+import mmap
+import struct
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType, LlamaFileType
+from gguf.quants import dequantize
+
+from engine.api.config import ModelConfig
+from engine.api.errors import ModelLoadError
+
+_MAGIC = b"GGUF"
+_SCALARS = {  # value type -> struct format (little-endian)
+    GGUFValueType.UINT8: "<B", GGUFValueType.INT8: "<b", GGUFValueType.UINT16: "<H", GGUFValueType.INT16: "<h",
+    GGUFValueType.UINT32: "<I", GGUFValueType.INT32: "<i", GGUFValueType.FLOAT32: "<f", GGUFValueType.BOOL: "<?",
+    GGUFValueType.UINT64: "<Q", GGUFValueType.INT64: "<q", GGUFValueType.FLOAT64: "<d",
+}
+SUPPORTED_ARCHS = ("llama", "qwen2")
+
+# GGUF tensor name (after "blk.{i}.") -> Hugging Face name (after "model.layers.{i}.")
+_LAYER_NAMES = {
+    "attn_norm.weight": "input_layernorm.weight",
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+    "attn_q.weight": "self_attn.q_proj.weight",
+    "attn_k.weight": "self_attn.k_proj.weight",
+    "attn_v.weight": "self_attn.v_proj.weight",
+    "attn_output.weight": "self_attn.o_proj.weight",
+    "attn_q.bias": "self_attn.q_proj.bias",
+    "attn_k.bias": "self_attn.k_proj.bias",
+    "attn_v.bias": "self_attn.v_proj.bias",
+    "ffn_gate.weight": "mlp.gate_proj.weight",
+    "ffn_up.weight": "mlp.up_proj.weight",
+    "ffn_down.weight": "mlp.down_proj.weight",
+}
+_TOP_NAMES = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
+              "output.weight": "lm_head.weight"}
+_IGNORED = {"rope_freqs.weight"}  # llama3 rope factors: folded into ModelConfig.rope_scaling
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    name: str  # GGUF name, e.g. "blk.0.attn_q.weight"
+    qtype: GGMLQuantizationType
+    shape: tuple[int, ...]  # numpy / HF order: GGUF's ne order reversed
+    offset: int  # absolute byte offset in the file
+    nbytes: int
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+
+MADV_POPULATE_READ = 22  # Linux's value; Python's mmap module does not name it
+
+
+class StringArray(Sequence[str]):
+    """A GGUF string array, decoded on first use. A vocabulary and its merges are 300k strings (~0.4 s to
+    decode); a draft's are only compared with its target's, which raw bytes do, and searched for a few
+    end-of-turn markers."""
+
+    def __init__(self, raw: bytes, starts: list[int]) -> None:
+        self.raw, self.starts = raw, starts  # length-prefixed entries, and where each begins in raw
+
+    @functools.cached_property
+    def items(self) -> list[str]:
+        raw, ends = self.raw, [*self.starts[1:], len(self.raw)]
+        return [raw[a + 8:b].decode("utf-8", errors="replace") for a, b in zip(self.starts, ends)]
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+    def __getitem__(self, i):  # type: ignore[override]
+        return self.items[i]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.items)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, StringArray):
+            return self.raw == other.raw and len(self) == len(other)
+        return isinstance(other, (list, tuple)) and list(self.items) == list(other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def find(self, text: str) -> int | None:
+        """Index of the first entry equal to text, without decoding the others."""
+        data = text.encode()
+        needle, at = struct.pack("<Q", len(data)) + data, 0
+        while (at := self.raw.find(needle, at)) >= 0:
+            i = bisect.bisect_left(self.starts, at)
+            if i < len(self.starts) and self.starts[i] == at:
+                return i
+            at += 1
+        return None
+
+
+class _Cursor:
+    """Little-endian reads over a buffer; running off its end means the file is truncated."""
+
+    def __init__(self, buf: Any, path: Path) -> None:
+        self.buf, self.pos, self.path = buf, 0, path
+
+    def take(self, fmt: str) -> Any:
+        size = struct.calcsize(fmt)
+        if self.pos + size > len(self.buf):
+            raise ModelLoadError(f"{self.path}: GGUF header is truncated (needed byte {self.pos + size}, file has {len(self.buf)})")
+        (v,) = struct.unpack_from(fmt, self.buf, self.pos)
+        self.pos += size
+        return v
+
+    def string(self) -> str:
+        n = self.take("<Q")
+        if self.pos + n > len(self.buf):
+            raise ModelLoadError(f"{self.path}: GGUF header is truncated inside a string at byte {self.pos}")
+        raw = self.buf[self.pos:self.pos + n]
+        self.pos += n
+        return bytes(raw).decode("utf-8", errors="replace")
+
+    def strings(self, count: int) -> StringArray:
+        """An array of strings, located now and decoded on first use (see StringArray). Locating is a walk over
+        the length prefixes (~600k in a vocabulary and its merges, per file), so the loop does nothing else:
+        a prefix past the end raises struct.error, and the end is checked once."""
+        buf, base, starts = self.buf, self.pos, [0] * count
+        length, pos = struct.Struct("<Q").unpack_from, base
+        try:
+            for i in range(count):
+                starts[i] = pos - base
+                pos += 8 + length(buf, pos)[0]
+        except struct.error:
+            pos = len(self.buf) + 1
+        if pos > len(self.buf):
+            raise ModelLoadError(f"{self.path}: GGUF header is truncated inside a string array that starts at byte {base}")
+        arr = StringArray(bytes(buf[base:pos]), starts)
+        self.pos = pos
+        return arr
+
+    def value(self, vtype: int) -> Any:
+        if vtype == GGUFValueType.STRING:
+            return self.string()
+        if vtype == GGUFValueType.ARRAY:
+            sub, count = self.take("<I"), self.take("<Q")
+            if sub in _SCALARS:  # numeric arrays in one numpy read: token_type has ~150k entries
+                dt = np.dtype(_SCALARS[GGUFValueType(sub)].replace("?", "b1"))
+                end = self.pos + count * dt.itemsize
+                if end > len(self.buf):
+                    raise ModelLoadError(f"{self.path}: GGUF header is truncated inside an array at byte {self.pos}")
+                arr = np.frombuffer(self.buf, dtype=dt, count=count, offset=self.pos).tolist()
+                self.pos = end
+                return arr
+            if sub == GGUFValueType.STRING:
+                return self.strings(count)
+            return [self.value(sub) for _ in range(count)]
+        if vtype not in _SCALARS:
+            raise ModelLoadError(f"{self.path}: unknown GGUF metadata value type {vtype} at byte {self.pos}")
+        return self.take(_SCALARS[GGUFValueType(vtype)])
+
+
+class GGUFFile:
+    """One .gguf file, memory-mapped. `check_data=False` accepts a file cut short after the header
+    (e.g. the first part of a split download), for reading metadata only."""
+
+    def __init__(self, path: str | Path, *, check_data: bool = True) -> None:
+        self.path = Path(path)
+        try:
+            with open(self.path, "rb") as f:
+                if self.path.stat().st_size == 0:
+                    raise ModelLoadError(f"{self.path}: file is empty (not a GGUF model)")
+                self._mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        except OSError as e:
+            raise ModelLoadError(f"{self.path}: cannot read GGUF file: {e.strerror or e}") from e
+        self.metadata: dict[str, Any] = {}
+        self.tensors: dict[str, TensorInfo] = {}
+        self._parse(check_data)
+        self.arch: str = self.metadata.get("general.architecture", "")
+
+    def _parse(self, check_data: bool) -> None:
+        c = _Cursor(self._mm, self.path)
+        if self._mm[:4] != _MAGIC:
+            raise ModelLoadError(f"{self.path}: not a GGUF file (bad magic {bytes(self._mm[:4])!r})")
+        c.pos = 4
+        version = c.take("<I")
+        if version not in (2, 3):
+            raise ModelLoadError(f"{self.path}: unsupported GGUF version {version} (supported: 2, 3; "
+                                 "big-endian files are not supported)")
+        n_tensors, n_kv = c.take("<Q"), c.take("<Q")
+        for _ in range(n_kv):
+            key = c.string()
+            self.metadata[key] = c.value(c.take("<I"))
+        infos = []
+        for _ in range(n_tensors):
+            name = c.string()
+            dims = [c.take("<Q") for _ in range(c.take("<I"))]
+            raw_type, rel = c.take("<I"), c.take("<Q")
+            try:
+                qtype = GGMLQuantizationType(raw_type)
+            except ValueError:
+                raise ModelLoadError(f"{self.path}: tensor {name!r} has unknown ggml type {raw_type}") from None
+            infos.append((name, qtype, tuple(reversed(dims)), rel))
+        align = int(self.metadata.get("general.alignment", 32))
+        data_start = -(-c.pos // align) * align
+        size = len(self._mm)
+        for name, qtype, shape, rel in infos:
+            block, type_size = GGML_QUANT_SIZES[qtype]
+            numel = math.prod(shape)
+            if shape and shape[-1] % block:
+                raise ModelLoadError(f"{self.path}: tensor {name!r} row length {shape[-1]} is not a multiple of "
+                                     f"the {qtype.name} block size {block}")
+            t = TensorInfo(name, qtype, shape, data_start + rel, numel // block * type_size)
+            if check_data and t.offset + t.nbytes > size:
+                raise ModelLoadError(f"{self.path}: file is truncated: tensor {name!r} ends at byte "
+                                     f"{t.offset + t.nbytes} but the file has {size} bytes")
+            self.tensors[name] = t
+
+    # --- config -------------------------------------------------------------------------------------------
+
+    def _meta(self, key: str, default: Any = ...) -> Any:
+        full = f"{self.arch}.{key}"
+        if full in self.metadata:
+            return self.metadata[full]
+        if default is ...:
+            raise ModelLoadError(f"{self.path}: GGUF metadata lacks {full!r}")
+        return default
+
+    def config(self) -> ModelConfig:
+        if self.arch not in SUPPORTED_ARCHS:
+            raise ModelLoadError(f"{self.path}: unsupported architecture {self.arch!r} "
+                                 f"(SpecLens runs {', '.join(SUPPORTED_ARCHS)})")
+        if "token_embd.weight" not in self.tensors:
+            raise ModelLoadError(f"{self.path}: GGUF has no token_embd.weight tensor")
+        heads, kv = self._meta("attention.head_count"), self._meta("attention.head_count_kv", None)
+        if isinstance(heads, list) or isinstance(kv, list):
+            raise ModelLoadError(f"{self.path}: per-layer head counts are not supported")
+        hidden = self._meta("embedding_length")
+        tokens = self.metadata.get("tokenizer.ggml.tokens") or []
+        try:
+            return ModelConfig(
+                vocab_size=self.tensors["token_embd.weight"].shape[0],
+                hidden_size=hidden,
+                intermediate_size=self._meta("feed_forward_length"),
+                num_layers=self._meta("block_count"),
+                num_heads=heads,
+                num_kv_heads=kv or heads,
+                head_dim=self._meta("attention.key_length", 0) or hidden // heads,
+                rms_norm_eps=float(f"{self._meta('attention.layer_norm_rms_epsilon', 1e-5):.7g}"),  # stored as f32
+                rope_theta=float(self._meta("rope.freq_base", 10000.0)),
+                rope_scaling=self._rope_scaling(),
+                max_position_embeddings=self._meta("context_length", 4096),
+                tie_word_embeddings="output.weight" not in self.tensors,
+                attention_bias="blk.0.attn_q.bias" in self.tensors,
+                bos_token_id=self.metadata.get("tokenizer.ggml.bos_token_id"),
+                eos_token_ids=self._eos_ids(tokens),
+                arch=self.arch,
+            )
+        except ValueError as e:
+            raise ModelLoadError(f"{self.path}: invalid model metadata: {e}") from e
+
+    def _eos_ids(self, tokens: list[str]) -> tuple[int, ...]:
+        ids = [self.metadata.get(f"tokenizer.ggml.{k}_token_id") for k in ("eos", "eot", "eom")]
+        if self.arch == "qwen2":  # Qwen2.5 chat models end turns with <|im_end|>; base models with <|endoftext|>
+            find = tokens.find if isinstance(tokens, StringArray) else lambda t: tokens.index(t) if t in tokens else None
+            ids += sorted(i for i in map(find, ("<|im_end|>", "<|endoftext|>")) if i is not None)
+        return tuple(dict.fromkeys(i for i in ids if i is not None))
+
+    def _rope_scaling(self) -> dict[str, Any] | None:
+        kind = self._meta("rope.scaling.type", "none")
+        if kind not in ("none", None):
+            raise ModelLoadError(f"{self.path}: unsupported rope scaling {kind!r}")
+        if "rope_freqs.weight" not in self.tensors:
+            return None
+        return _llama3_scaling(self.read_raw("rope_freqs.weight"), self.path, self._meta("rope.freq_base", 10000.0))
+
+    # --- tensors ------------------------------------------------------------------------------------------
+
+    def read_raw(self, name: str) -> np.ndarray:
+        """A tensor as float32 in numpy (HF) shape, exactly as stored (no un-permuting)."""
+        t = self.tensors[name]
+        if t.offset + t.nbytes > len(self._mm):
+            raise ModelLoadError(f"{self.path}: file is truncated inside tensor {name!r}")
+        block, type_size = GGML_QUANT_SIZES[t.qtype]
+        shape = t.shape or (1,)
+        raw = np.frombuffer(self._mm, dtype=np.uint8, count=t.nbytes, offset=t.offset)
+        try:
+            out = dequantize(raw.reshape(*shape[:-1], shape[-1] // block * type_size), t.qtype)
+        except NotImplementedError:
+            raise ModelLoadError(f"{self.path}: tensor {name!r} uses {t.qtype.name}, which gguf cannot dequantize") from None
+        out = np.asarray(out, dtype=np.float32).reshape(t.shape)
+        return out if out.flags.writeable else out.copy()  # F32 data is a view of the read-only map
+
+    def hf_name(self, name: str) -> str | None:
+        """The Hugging Face name of a GGUF tensor; None for tensors folded into the config."""
+        if name in _TOP_NAMES:
+            return _TOP_NAMES[name]
+        if name in _IGNORED:
+            return None
+        parts = name.split(".", 2)
+        if len(parts) == 3 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in _LAYER_NAMES:
+            return f"model.layers.{parts[1]}.{_LAYER_NAMES[parts[2]]}"
+        raise ModelLoadError(f"{self.path}: unexpected tensor {name!r} for a {self.arch} model")
+
+    def hf_shapes(self) -> dict[str, tuple[int, ...]]:
+        """HF name -> shape, in file order, without reading any data."""
+        out = {}
+        for name, t in self.tensors.items():
+            hf = self.hf_name(name)
+            if hf is not None:
+                out[hf] = t.shape
+        return out
+
+    def read(self, name: str) -> np.ndarray:
+        """A tensor by GGUF name, float32, in Hugging Face layout."""
+        arr = self.read_raw(name)
+        heads = self._permuted_heads(name)
+        return _unpermute(arr, heads) if heads else arr
+
+    def release(self, name: str) -> None:
+        """Drop a tensor's pages from this process's memory map once its blocks were copied (repacked): they
+        stay in the page cache, and a later read faults them back in. Without this the whole file counts
+        towards the process's RSS while a model loads."""
+        if hasattr(mmap, "MADV_DONTNEED"):
+            self._advise(name, mmap.MADV_DONTNEED)
+
+    def prefault(self, name: str) -> None:
+        """Map a tensor's pages in one call before reading all of it (repacking), rather than faulting them in
+        4 KB at a time (~20% of a repack's time). A no-op before Linux 5.14 and on other systems."""
+        try:
+            self._advise(name, MADV_POPULATE_READ)
+        except (OSError, ValueError):
+            pass
+
+    def _advise(self, name: str, advice: int) -> None:
+        t = self.tensors[name]
+        start = t.offset // mmap.PAGESIZE * mmap.PAGESIZE
+        end = min(len(self._mm), t.offset + t.nbytes)
+        if end > start:
+            self._mm.madvise(advice, start, end - start)
+
+    def blocks(self, name: str) -> np.ndarray:
+        """A 2-D tensor's quantized blocks as stored, (rows, bytes per row) uint8, rows in Hugging Face order.
+        A read-only view of the file's memory map, except for llama's q/k, whose rows are reordered (a copy):
+        the permutation moves whole rows, so every quantization block stays intact."""
+        t = self.tensors[name]
+        if len(t.shape) != 2:
+            raise ModelLoadError(f"{self.path}: tensor {name!r} has shape {t.shape}, expected a matrix")
+        if t.offset + t.nbytes > len(self._mm):
+            raise ModelLoadError(f"{self.path}: file is truncated inside tensor {name!r}")
+        rows = t.shape[0]
+        raw = np.frombuffer(self._mm, dtype=np.uint8, count=t.nbytes, offset=t.offset).reshape(rows, t.nbytes // rows)
+        heads = self._permuted_heads(name)
+        if heads:
+            order = _unpermute(np.arange(rows)[:, None], heads)[:, 0]
+            raw = raw[order]
+        return raw
+
+    def _permuted_heads(self, name: str) -> int:
+        """llama.cpp's converter interleaves the two rotary halves of each head of llama's q and k: over how many
+        heads (0: not permuted)."""
+        kind = name.split(".")[-2] if name.count(".") >= 2 else ""
+        if self.arch != "llama" or kind not in ("attn_q", "attn_k"):
+            return 0
+        n = self._meta("attention.head_count")
+        return (self._meta("attention.head_count_kv", None) or n) if kind == "attn_k" else n
+
+    def iter_hf(self) -> Iterator[tuple[str, np.ndarray]]:
+        for name in self.tensors:
+            hf = self.hf_name(name)
+            if hf is not None:
+                yield hf, self.read(name)
+
+    @property
+    def file_type(self) -> str:
+        """The file's quantization mix as llama.cpp names it (Q4_K_M, Q8_0, ...), or "GGUF" when unstated."""
+        try:
+            return LlamaFileType(int(self.metadata["general.file_type"])).name.removeprefix("MOSTLY_")
+        except (KeyError, ValueError, TypeError):
+            return "GGUF"
+
+    @property
+    def num_params(self) -> int:
+        return sum(t.numel for n, t in self.tensors.items() if n not in _IGNORED)
+
+
+def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
+    """Inverse of llama.cpp's `permute`: rows (head, pair, half) back to (head, half, pair)."""
+    if w.shape[0] % (2 * n_head):
+        raise ModelLoadError(f"cannot un-permute a tensor of shape {w.shape} over {n_head} heads")
+    rest = w.shape[1:]
+    return np.ascontiguousarray(w.reshape(n_head, w.shape[0] // n_head // 2, 2, *rest).swapaxes(1, 2).reshape(w.shape))
+
+
+def _llama3_scaling(freqs: np.ndarray, path: Path, theta: float) -> dict[str, Any]:
+    """Recover Llama 3.1-style rope_scaling from llama.cpp's rope_freqs tensor (which stores only the
+    per-frequency factors): the factor is their maximum; the other parameters are Meta's, checked to fit."""
+    factor = float(freqs.max())
+    params = {"rope_type": "llama3", "factor": factor, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+              "original_max_position_embeddings": 8192}
+    dim = 2 * freqs.size
+    inv = 1.0 / theta ** (np.arange(0, dim, 2, dtype=np.float64) / dim)
+    wavelen = 2 * math.pi / inv
+    lo, hi = params["original_max_position_embeddings"] / np.array([1.0, 4.0])
+    smooth = (params["original_max_position_embeddings"] / wavelen - 1.0) / (4.0 - 1.0)
+    expect = np.where(wavelen < hi, 1.0, np.where(wavelen > lo, factor, 1.0 / ((1 - smooth) / factor + smooth)))
+    if not np.allclose(expect, freqs, rtol=1e-3):
+        raise ModelLoadError(f"{path}: rope_freqs does not match Llama 3 rope scaling; unsupported rope variant")
+    return params

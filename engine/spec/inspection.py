@@ -1,0 +1,120 @@
+"""The distribution inspector's data for one round, from the tensors verification already holds.
+
+Bounded and cheap: one top-k over the target's rows, one over the draft's, a gather of each distribution at the
+other's top tokens (so the paired bars are exact), the TV distances, and the residual of a rejection; then one
+transfer to the host for all of it. The sampling path never sees any of this: nothing here draws a random number.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+
+from engine.api.dists import TOP_K, PositionDist
+from engine.spec.sampling import residual
+
+
+def inspect_round(
+    p: torch.Tensor, q: torch.Tensor | None, drafted: torch.Tensor, u: Sequence[float], row: int, token: int,
+    piece: Callable[[int], str], *, logits: torch.Tensor | None = None, draft_logits: torch.Tensor | None = None,
+    top_k: int = TOP_K,
+) -> tuple[PositionDist, ...]:
+    """p (N, V): the target's rows as sampled from (N = K + 1, or 1 for a plain step); q (K, V) the draft's, None
+    for a plain step; drafted (K,) and u the K uniform draws; `token` the correction, bonus or plain token and
+    `row` its row (a row < K is a rejection); piece: token id -> text. Under greedy, `logits` (N, V) and
+    `draft_logits` (K, V; None for a model-free drafter) are shown instead of the point masses.
+    -> one PositionDist per row; each row names its drafted and committed tokens even outside the top k."""
+    n_rows, vocab = p.shape
+    k_drafted = 0 if q is None else len(q)
+    k = min(top_k, vocab)
+    greedy = logits is not None
+    shown_p = _Shown(logits) if greedy else _Shown(p, probs=True)
+    shown_q = _Shown(draft_logits) if greedy and draft_logits is not None else _Shown(q, probs=True)
+    top_p = torch.topk(shown_p.ranked, k, dim=-1).indices  # (N, k)
+    # Each row's own tokens: the drafted one (the committed one on the last row), then the committed one.
+    own = torch.full((n_rows, 2), token, dtype=torch.long, device=p.device)
+    own[:k_drafted, 0] = drafted.to(p.device)
+    parts: list[torch.Tensor] = []
+    if k_drafted:
+        ids = torch.cat([top_p[:k_drafted], torch.topk(shown_q.ranked, k, dim=-1).indices, own[:k_drafted]], dim=1)
+        tv = 1.0 - torch.minimum(p[:k_drafted], q).sum(-1)  # (K,) TV = 1 - sum(min(p, q)), one pass fewer
+        parts += [ids, shown_p.at(ids, 0), shown_q.at(ids, 0), tv]
+    last = torch.cat([top_p[k_drafted:], own[k_drafted:]], dim=1)  # the bonus (or plain) row: p only
+    parts += [last, shown_p.at(last, k_drafted)]
+    rejected = row if row < k_drafted else None
+    if rejected is not None:
+        r = residual(p[rejected], q[rejected])
+        r_ids = torch.cat([torch.topk(r, k).indices, own[rejected, 1:]])
+        parts += [r_ids, r[r_ids]]
+    flat = torch.cat([t.reshape(-1).double() for t in parts]).tolist()  # the one host transfer (ids < 2^53)
+    take = _Reader(flat)
+
+    out: list[PositionDist] = []
+    width = 2 * k + 2
+    if k_drafted:
+        ids_rows, p_rows, q_rows, tvs = (take.rows(k_drafted, width), take.rows(k_drafted, width),
+                                         take.rows(k_drafted, width), take.items(k_drafted))
+    last_ids, last_p = take.rows(n_rows - k_drafted, k + 2), take.rows(n_rows - k_drafted, k + 2)
+    res_ids, res_p = (take.items(k + 1), take.items(k + 1)) if rejected is not None else ([], [])
+    for i in range(k_drafted):
+        keep = _distinct(ids_rows[i], p_rows[i], q_rows[i], q_from=k, q_to=2 * k)
+        res = _kept(res_ids, res_p) if i == rejected else []
+        out.append(PositionDist(
+            ids=tuple(t for t, _, _ in keep), texts=tuple(piece(t) for t, _, _ in keep),
+            p=tuple(a for _, a, _ in keep), q=tuple(b for _, _, b in keep), u=float(u[i]),
+            tv=min(max(tvs[i], 0.0), 1.0), residual_ids=tuple(t for t, _ in res),
+            residual_texts=tuple(piece(t) for t, _ in res), residual=tuple(v for _, v in res), from_logits=greedy,
+        ))
+    for ids_, ps in zip(last_ids, last_p):
+        keep = _kept(ids_, ps)
+        out.append(PositionDist(ids=tuple(t for t, _ in keep), texts=tuple(piece(t) for t, _ in keep),
+                                p=tuple(v for _, v in keep), from_logits=greedy))
+    return tuple(out)
+
+
+class _Shown:
+    """Rows to rank and read probabilities from: probabilities as they are, or logits read as softmax at T = 1
+    (ranked by the logits themselves, and only the values read are exponentiated: no V-wide softmax)."""
+
+    def __init__(self, rows: torch.Tensor, probs: bool = False) -> None:
+        self.ranked = rows if probs else rows.float()
+        self.lse = None if probs else torch.logsumexp(self.ranked, -1, keepdim=True)  # (N, 1)
+
+    def at(self, ids: torch.Tensor, first: int) -> torch.Tensor:
+        """Values at ids (n, m) of rows first .. first + n."""
+        rows = self.ranked[first : first + len(ids)]
+        if self.lse is None:
+            return rows.gather(1, ids)
+        return torch.exp(rows.gather(1, ids) - self.lse[first : first + len(ids)])
+
+
+class _Reader:
+    """Walks the flat list the host transfer returned."""
+
+    def __init__(self, flat: list[float]) -> None:
+        self.flat, self.at = flat, 0
+
+    def items(self, n: int) -> list[float]:
+        self.at += n
+        return self.flat[self.at - n : self.at]
+
+    def rows(self, n: int, width: int) -> list[list[float]]:
+        return [self.items(width) for _ in range(n)]
+
+
+def _distinct(ids: list[float], ps: list[float], qs: list[float], q_from: int = 0,
+              q_to: int = 0) -> list[tuple[int, float, float]]:
+    """p's top tokens then q's, each once. Tokens with no mass under either are dropped, and so are q's picks
+    [q_from, q_to) that q gives nothing: a point mass's top k is one token and k - 1 arbitrary zeros."""
+    seen: set[int] = set()
+    out = []
+    for j, (t, a, b) in enumerate(zip(ids, ps, qs)):
+        t = int(t)
+        if t not in seen and (a > 0 or b > 0) and not (q_from <= j < q_to and b <= 0):
+            seen.add(t)
+            out.append((t, a, b))
+    return out
+
+
+def _kept(ids: list[float], values: list[float]) -> list[tuple[int, float]]:
+    return [(t, v) for t, v, _ in _distinct(ids, values, [0.0] * len(values))]

@@ -1,0 +1,230 @@
+"""speclens-bench: plain vs speculative decoding on a prompt set, as a table and as JSON."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import NoReturn
+
+from engine.api.config import NEEDS_DRAFT_MODEL, SamplingParams, SpecParams
+from engine.runtime.engine import Engine
+from engine.io.loading import load_engine
+from engine.api.events import Summary
+
+DRAFTER_OF = {"draft": "model", "ngram": "ngram", "hybrid": "hybrid"}  # mode -> SpecParams.drafter
+MODES = ("plain", *DRAFTER_OF)
+PROG = "speclens-bench"
+
+
+def fail(reason: str) -> NoReturn:
+    """Every usage error ends the same way: one line on stderr (Python prints a SystemExit's text), status 1."""
+    raise SystemExit(f"{PROG}: {reason}")
+
+
+@dataclass
+class Result:
+    mode: str
+    k: int
+    temperature: float
+    tokens_per_s: float
+    new_tokens: int
+    acceptance_rate: float
+    mean_accepted_length: float  # tokens committed per round (accepted drafts + correction/bonus)
+    seconds: float
+    rounds: int
+    outputs: list[list[int]] = field(default_factory=list)
+
+
+def check_messages(row: object) -> None:
+    """A prompt line must be {"messages": [{"role": str, "content": str}, ...]} (plus any other keys)."""
+    if not isinstance(row, dict):
+        raise ValueError(f"expected a JSON object, got a {type(row).__name__}")
+    messages = row.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise ValueError("needs a non-empty 'messages' list")
+    for i, m in enumerate(messages, 1):
+        if not (isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)):
+            raise ValueError(f"message {i} must be an object with string 'role' and 'content', got {m!r}")
+
+
+def read_prompts(path: str | Path) -> list[dict]:
+    p = Path(path)
+    if not p.is_file():
+        fail(f"prompts file not found: {p}")
+    try:
+        text = p.read_bytes().decode("utf-8")
+    except OSError as e:
+        fail(f"cannot read prompts file {p}: {e.strerror or e}")
+    except UnicodeDecodeError as e:
+        fail(f"{p} is not UTF-8 text (byte {e.start}: {e.reason})")
+    prompts = []
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            check_messages(row)
+        except ValueError as e:  # json.JSONDecodeError is a ValueError
+            fail(f"{p}:{n}: bad prompt line ({e})")
+        prompts.append(row)
+    if not prompts:
+        fail(f"{p} holds no prompts")
+    return prompts
+
+
+def check_writable(path: str | Path) -> None:
+    """Fail now, not after the whole benchmark, when the results file cannot be written. Opening for append
+    leaves an existing file as it is; a file created only for the check is removed again."""
+    p = Path(path)
+    if p.is_dir():
+        fail(f"--json {p} is a directory")
+    existed = p.exists()
+    try:
+        with open(p, "a", encoding="utf-8"):
+            pass
+    except OSError as e:
+        fail(f"cannot write --json file {p}: {e.strerror or e}")
+    if not existed:
+        p.unlink(missing_ok=True)
+
+
+def check_device(device: str | None) -> None:
+    if device is None:
+        return
+    import torch
+
+    try:
+        dev = torch.device(device)
+    except RuntimeError as e:
+        fail(f"--device {device!r} is not a device ({str(e).splitlines()[0]})")
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        fail(f"--device {device!r}: CUDA is not available on this machine")
+
+
+def run_mode(engine: Engine, prompts: list[list[int]], mode: str, k: int, sampling: SamplingParams) -> Result:
+    drafter = DRAFTER_OF.get(mode)
+    spec = SpecParams(enabled=False) if drafter is None else SpecParams(k=k, drafter=drafter)
+    outputs, new, rounds, drafted, accepted, seconds = [], 0, 0, 0, 0, 0.0
+    for ids in prompts:
+        engine.reset()  # no cross-prompt prefix reuse: every prompt pays its own prefill
+        t = time.perf_counter()
+        *_, s = engine.generate(ids, sampling, spec)
+        seconds += time.perf_counter() - t
+        assert isinstance(s, Summary)
+        outputs.append(list(s.token_ids))
+        new, rounds, drafted, accepted = new + s.new_tokens, rounds + s.rounds, drafted + s.drafted, accepted + s.accepted
+    return Result(mode, 0 if mode == "plain" else k, sampling.temperature, new / seconds, new,
+                  accepted / drafted if drafted else 0.0, new / rounds if rounds else 0.0, seconds, rounds, outputs)
+
+
+def parse_ks(text: str) -> list[int]:
+    try:
+        ks = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        fail(f"--k must be an integer or a list like 1,2,4,8 (got {text!r})")
+    if not ks or min(ks) < 1:
+        fail(f"every K must be >= 1 (got {text!r})")
+    for k in ks:  # the engine's own limits, checked before anything loads
+        try:
+            SpecParams(k=k)
+        except ValueError as e:
+            fail(f"--k {text}: {e}")
+    return ks
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        fail(message)  # one line, like every other usage error (argparse prints the usage first)
+
+
+def table(results: list[Result]) -> str:
+    base = next((r.tokens_per_s for r in results if r.mode == "plain"), None)
+    lines = [f"{'mode':<7}{'K':>3}{'temp':>6}{'tok/s':>8}{'speedup':>9}{'accept':>8}{'tok/round':>10}{'tokens':>8}"]
+    for r in results:
+        speed = f"{r.tokens_per_s / base:.2f}x" if base else "-"
+        lines.append(f"{r.mode:<7}{r.k:>3}{r.temperature:>6.2f}{r.tokens_per_s:>8.2f}{speed:>9}"
+                     f"{r.acceptance_rate:>8.2f}{r.mean_accepted_length:>10.2f}{r.new_tokens:>8}")
+    return "\n".join(lines)
+
+
+def load(target: str | None, draft: str | None, device: str | None) -> Engine:
+    """The given pair, or the embedded one; a model that cannot be found or read ends in one line too."""
+    from engine.io.provision import ProvisionError
+    from engine.io.weights import ModelLoadError
+
+    try:
+        if target is None:
+            from engine.io.provision import default_pair
+
+            t_dir, d_dir = default_pair(progress=lambda s, f: print(f"\r{s}", end="", file=sys.stderr, flush=True))
+            target, draft = str(t_dir), str(d_dir)
+            print(file=sys.stderr)
+        return load_engine(target, draft, device=device)
+    except (ModelLoadError, ProvisionError) as e:
+        fail(str(e).replace("\n", " "))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = _Parser(prog=PROG, description=__doc__)
+    ap.add_argument("--target", help="folder, .gguf or HF-cache repo id (default: the embedded pair)")
+    ap.add_argument("--draft", help="folder, .gguf or HF-cache repo id (default: the embedded pair)")
+    ap.add_argument("--prompts", required=True, help="JSONL, one {id, messages} per line")
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--k", default="4", help="K, or a list to sweep: 1,2,4,8")
+    ap.add_argument("--temperature", type=float, default=0.0)
+    ap.add_argument("--top-p", type=float, default=1.0)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--modes", default="plain,draft,ngram")
+    ap.add_argument("--device", default=None)
+    ap.add_argument("--json", dest="json_out", help="write the results here")
+    a = ap.parse_args(argv)
+
+    # Every argument is checked before anything loads: a mistake costs no model load and no benchmark run.
+    modes = [m.strip() for m in a.modes.split(",") if m.strip()]
+    unknown = [m for m in modes if m not in MODES]
+    if unknown:
+        fail(f"unknown mode(s) {unknown}; choose from {', '.join(MODES)}")
+    if not modes:
+        fail("--modes names no mode")
+    ks = parse_ks(a.k)
+    try:
+        sampling = SamplingParams(temperature=a.temperature, top_p=a.top_p, max_new_tokens=a.max_new_tokens,
+                                  seed=a.seed)
+    except ValueError as e:
+        fail(f"bad sampling settings: {e}")
+    prompts = read_prompts(a.prompts)
+    if a.json_out:
+        check_writable(a.json_out)
+    check_device(a.device)
+    target, draft = a.target, a.draft
+    if target is None and draft is not None:
+        fail("--draft given without --target")
+    for mode in modes:
+        if DRAFTER_OF.get(mode) in NEEDS_DRAFT_MODEL and target is not None and draft is None:
+            fail(f"mode '{mode}' needs --draft")
+
+    engine = load(target, draft, a.device)
+    print(f"loaded in {engine.load_seconds:.1f} s on {engine.device} ({engine.dtype_name})", file=sys.stderr)
+    ids = [engine.encode_chat(p["messages"]) for p in prompts]
+    for _ in engine.generate(ids[0], sampling.with_(max_new_tokens=4), SpecParams(enabled=False)):
+        pass  # warm-up: first-call allocations stay out of the timings
+    engine.reset()
+
+    results: list[Result] = []
+    for mode in modes:
+        for k in ([ks[0]] if mode == "plain" else ks):
+            results.append(run_mode(engine, ids, mode, k, sampling))
+            print(f"  {mode} K={k}: {results[-1].tokens_per_s:.2f} tok/s", file=sys.stderr)
+    print(table(results))
+    if a.json_out:
+        out = {"device": str(engine.device), "target": engine.target_name, "draft": engine.draft_name,
+               "results": [asdict(r) for r in results]}
+        Path(a.json_out).write_text(json.dumps(out, indent=1), encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
