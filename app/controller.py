@@ -33,9 +33,9 @@ from PySide6.QtCore import QObject, Signal
 
 from app.host import EngineHost, LoadRequest
 from app.host import Request as HostRequest
+from engine.analysis.stats import MessageRecord, SessionStats
 from engine.api.config import SamplingParams, SpecParams
 from engine.api.events import PhaseEvent, RoundEvent, Summary
-from engine.analysis.stats import MessageRecord, SessionStats
 
 Messages = list[dict[str, str]]
 

@@ -64,10 +64,10 @@ def main(argv: list[str] | None = None) -> int:
     from PySide6.QtWidgets import QApplication
 
     from app import __version__
-    from app.resources import app_icon
+    from app.views.resources import app_icon
     from app.controller import ChatController
     from app.host import EngineHost
-    from app.window import MainWindow
+    from app.views.window import MainWindow
 
     app = QApplication.instance() or QApplication(sys.argv[:1])
     app.setApplicationName("SpecLens")
@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     app.setStyle("Fusion")
     app.setWindowIcon(app_icon())
     if args.trace:  # a saved session alone: no engine process, no model
-        from app.trace_window import open_trace_cli
+        from app.dialogs.trace_window import open_trace_cli
 
         return open_trace_cli(app, args.trace, smoke_test=args.smoke_test)
 

@@ -155,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from app.controller import ChatController
     from app.host import EngineHost
-    from app.window import MainWindow
+    from app.views.window import MainWindow
     from engine.service.process import Factory
 
     qapp = QApplication.instance() or QApplication([])

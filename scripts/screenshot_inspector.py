@@ -23,7 +23,7 @@ def main() -> int:
     from PySide6.QtGui import QTextCursor
     from PySide6.QtTest import QTest
 
-    from app.tokens import REJECTED
+    from app.views.tokens import REJECTED
 
     w.load_models(None)
     wait_until(lambda: not controller.loading)

@@ -16,8 +16,8 @@ def open_window(tiny_loader_kw: dict | None = None):
 
     from app.controller import ChatController
     from app.host import EngineHost
-    from app.resources import app_icon
-    from app.window import MainWindow
+    from app.views.resources import app_icon
+    from app.views.window import MainWindow
     from engine.service.process import DEFAULT_LISTER, DEFAULT_LOADER, Factory
 
     qa = QApplication([])

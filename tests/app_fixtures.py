@@ -428,7 +428,7 @@ def make_host(qapp, qtbot):
 def make_window(qtbot, qt_settings, make_host):
     """Factory: a shown MainWindow over a ChatController over a host (default: make_host(loader))."""
     from app.controller import ChatController
-    from app.window import MainWindow
+    from app.views.window import MainWindow
 
     def make(loader: Factory | None = None, *, host=None, load: bool = True, show: bool = True, settings=None,
              **host_kw):

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from app.charts import ChartsPanel, TimeBudget, nice_ceiling, rolling_mean
+from app.views.charts import ChartsPanel, TimeBudget, nice_ceiling, rolling_mean
 from engine.api.events import Origin
 from engine.analysis.theory import theoretical_speedup
 from tests.app_fixtures import *  # noqa: F401,F403
@@ -145,7 +145,7 @@ def test_nice_ceiling():
 
 def test_time_budget_limits_chart_work(panel, monkeypatch):
     clock = [100.0]
-    monkeypatch.setattr("app.charts.time.perf_counter", lambda: clock[0])
+    monkeypatch.setattr("app.views.charts.time.perf_counter", lambda: clock[0])
     budget = TimeBudget(share=0.03, burst=0.03)
     assert budget.allow()
     budget.spend(0.05)  # one expensive paint overdraws the bucket ...

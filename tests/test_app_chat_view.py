@@ -3,11 +3,11 @@ from PySide6.QtCore import QEvent, QPoint
 from PySide6.QtGui import QHelpEvent, QTextCursor
 from PySide6.QtWidgets import QApplication, QToolTip
 
-from app.chat_view import ChatView
-from app.fences import FenceTracker
-from app.legend import OriginLegend
-from app.tokens import DISCARDED, REJECTED, token_tooltip
-from app.theme import contrast_ratio, dark_palette, light_palette, token_colours
+from app.views.chat_view import ChatView
+from app.views.fences import FenceTracker
+from app.views.legend import OriginLegend
+from app.views.tokens import DISCARDED, REJECTED, token_tooltip
+from app.views.theme import contrast_ratio, dark_palette, light_palette, token_colours
 from engine.api.events import Origin
 from tests.app_fixtures import *  # noqa: F401,F403
 from tests.app_fixtures import make_round

@@ -1,7 +1,7 @@
 """Controls: live changes reach the engine at its next round; settings persist in an isolated QSettings."""
 from PySide6.QtCore import QSettings
 
-from app.controls import DEFAULT_K, ControlsPanel, describe_model
+from app.views.controls_panel import DEFAULT_K, ControlsPanel, describe_model
 from engine.api.config import STOP_BELOW, SamplingParams, SpecParams
 from tests.app_fixtures import *  # noqa: F401,F403
 from tests.app_fixtures import fake, wait_idle

@@ -10,7 +10,7 @@ import csv
 
 import pytest
 
-from app.window import MainWindow
+from app.views.window import MainWindow
 from engine.api.events import RoundEvent, Summary
 from engine.service.process import DEFAULT_LOADER
 from tests.app_fixtures import *  # noqa: F401,F403

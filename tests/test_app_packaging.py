@@ -62,7 +62,8 @@ def test_smoke_test_loads_no_engine(tmp_path):
 def test_gui_process_never_imports_torch():
     """Everything the GUI process imports, the window, controller and host included: no torch (the engine
     runs in its own process). This test's own process has torch (tests/conftest.py), so it asks a fresh one."""
-    code = ("import app.main, app.window, app.controller, app.host, app.compare, app.charts; import sys; "
+    code = ("import app.main, app.views.window, app.controller, app.host, app.dialogs.compare, app.views.charts; "
+            "import sys; "
             "bad = sorted(m for m in sys.modules if m == 'torch' or m.startswith(('torch.', 'transformers'))); "
             "print(bad); sys.exit(1 if bad else 0)")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
@@ -107,7 +108,7 @@ def test_icons_render(qapp):
     from PySide6.QtGui import QImage
     from PySide6.QtSvg import QSvgRenderer
 
-    from app.resources import app_icon
+    from app.views.resources import app_icon
 
     assert QSvgRenderer(str(ROOT / "resources" / "speclens.svg")).isValid()
     png = QImage(str(ROOT / "resources" / "speclens.png"))

@@ -4,8 +4,8 @@ import time
 
 from PySide6.QtCore import Qt, QTimer
 
-from app.tokens import DISCARDED, PROVISIONAL, REJECTED, visible
-from app.stepper import phase_html, phase_pieces, rollback_line, verdict_of
+from app.views.tokens import DISCARDED, PROVISIONAL, REJECTED, visible
+from app.views.stepper import phase_html, phase_pieces, rollback_line, verdict_of
 from engine.api.events import CacheRollback, CommittedToken, Origin, Phase, PhaseEvent
 from tests.app_fixtures import *  # noqa: F401,F403
 from tests.app_fixtures import tiny, wait_idle
@@ -36,7 +36,7 @@ def test_phase_pieces_and_table_from_scripted_events():
 
 
 def test_provisional_tokens_are_no_part_of_the_reply(qtbot):
-    from app.chat_view import ChatView
+    from app.views.chat_view import ChatView
     from tests.app_fixtures import make_round
 
     view = ChatView()

@@ -4,7 +4,7 @@ import csv
 
 import pytest
 
-from app.tuner import KIND
+from app.session.tuner import KIND
 from engine.tools.bench import run_mode
 from engine.analysis.stats import tuner_path
 from engine.analysis.sweep import plan
@@ -122,7 +122,7 @@ def test_a_failed_replay_stops_the_sweep_with_its_reason(qtbot, make_window, dia
 
 @pytest.mark.parametrize("seedless", [True])
 def test_tuner_requires_a_seed(seedless, qtbot):
-    from app.tuner import KTuner
+    from app.session.tuner import KTuner
     from engine.api.config import SamplingParams, SpecParams
 
     class Dummy:

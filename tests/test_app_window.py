@@ -225,7 +225,7 @@ def test_menus_and_shortcuts(window):
 
 
 def test_theme_switch_recolours(qtbot, window):
-    from app.theme import is_dark
+    from app.views.theme import is_dark
 
     window.set_theme("dark")
     qtbot.waitUntil(lambda: is_dark(window.chat.palette()) and window.chat._colours.dark, timeout=2000)

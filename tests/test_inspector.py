@@ -189,8 +189,8 @@ def shown(qtbot, pair):
     """A ChatView showing a sampled reply of the tiny pair, and an InspectorDock wired as in the window."""
     from PySide6.QtWidgets import QMainWindow
 
-    from app.chat_view import ChatView
-    from app.inspector import InspectorDock
+    from app.views.chat_view import ChatView
+    from app.views.inspector_dock import InspectorDock
 
     engine, _, _ = pair
     events = run(engine, 0.8)
@@ -220,7 +220,7 @@ def Qt_right():
 
 
 def test_click_on_a_rejected_draft_explains_the_verdict(qtbot, shown):
-    from app.tokens import REJECTED
+    from app.views.tokens import REJECTED
 
     chat, dock = shown
     assert not dock.isVisible()
@@ -259,8 +259,8 @@ def test_bonus_and_accepted_tokens(qtbot, shown):
 
 
 def test_greedy_token_says_point_masses(qtbot):
-    from app.tokens import REJECTED, TokenInfo
-    from app.inspector import InspectorPanel
+    from app.views.tokens import REJECTED, TokenInfo
+    from app.views.inspector_dock import InspectorPanel
     from engine.api.dists import PositionDist
 
     panel = InspectorPanel()
@@ -273,8 +273,8 @@ def test_greedy_token_says_point_masses(qtbot):
 
 
 def test_token_without_inspector_data(qtbot):
-    from app.tokens import TokenInfo
-    from app.inspector import InspectorPanel
+    from app.views.tokens import TokenInfo
+    from app.views.inspector_dock import InspectorPanel
 
     panel = InspectorPanel()
     qtbot.addWidget(panel)

@@ -11,7 +11,7 @@ import pytest
 
 from tests.app_fixtures import *  # noqa: F403
 
-from app.trace import FORMAT, VERSION, Settings, Trace, TraceError, from_json, read_trace, to_json, write_trace
+from app.session.trace import FORMAT, VERSION, Settings, Trace, TraceError, from_json, read_trace, to_json, write_trace
 from engine.api.config import SamplingParams, SpecParams
 from engine.api.dists import PositionDist
 from engine.api.events import Origin
@@ -104,7 +104,7 @@ def test_unreadable_and_binary_files(tmp_path):
 def test_a_failed_save_leaves_the_old_file(tmp_path, monkeypatch):
     path = write_trace(hand_made_trace(), tmp_path / "t.json")
     before = path.read_bytes()
-    import app.trace as trace_mod
+    import app.session.trace as trace_mod
 
     def broken(*a, **k):
         raise OSError(28, "No space left on device")

@@ -14,9 +14,9 @@ from PySide6.QtCore import Qt
 from PySide6.QtGui import QAction, QKeySequence
 from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QPushButton, QVBoxLayout, QWidget
 
-from app.chat_view import ChatView
-from app.tokens import DISCARDED, PROVISIONAL, REJECTED, visible
-from app.theme import OKABE_ITO, ORIGIN_HUE, REJECTED_HUE
+from app.views.chat_view import ChatView
+from app.views.theme import OKABE_ITO, ORIGIN_HUE, REJECTED_HUE
+from app.views.tokens import DISCARDED, PROVISIONAL, REJECTED, visible
 from engine.api.events import CacheRollback, Origin, Phase, PhaseEvent
 
 PHASE_TITLE = {

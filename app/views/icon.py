@@ -1,11 +1,11 @@
-"""Render resources/speclens.svg to PNG: `python -m app.icon [SIZE]` rewrites resources/speclens.png."""
+"""Render resources/speclens.svg to PNG: `python -m app.views.icon [SIZE]` rewrites resources/speclens.png."""
 from __future__ import annotations
 
 import os
 import sys
 from pathlib import Path
 
-from app.resources import resource_path
+from app.views.resources import resource_path
 
 
 def render_png(svg: Path, png: Path, size: int = 256) -> None:

@@ -8,10 +8,10 @@ from PySide6.QtCore import Qt
 from PySide6.QtGui import QAction, QActionGroup, QKeySequence
 from PySide6.QtWidgets import QToolBar
 
-from app.theme import THEMES
+from app.views.theme import THEMES
 
 if TYPE_CHECKING:
-    from app.window import MainWindow
+    from app.views.window import MainWindow
 
 
 def build_menus(w: MainWindow) -> None:

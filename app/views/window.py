@@ -2,7 +2,7 @@
 
 The controller's signals arrive in the GUI thread; the slots only append to buffers (chat view, charts). A
 20 Hz QTimer repaints from those buffers (the chat at up to 20 Hz, 10 Hz while rounds stream in continuously;
-one chart per frame, as the charts' GUI-time budget allows: see app/charts.py), so the engine's rate never
+one chart per frame, as the charts' GUI-time budget allows: see app/views/charts.py), so the engine's rate never
 sets the paint rate. If the engine process dies, a banner says why in one sentence and offers to reload the
 models; the chat, the charts and the session stats stay.
 """
@@ -28,28 +28,28 @@ from PySide6.QtWidgets import (
 )
 
 from app import __version__
-from app.charts import ChartsPanel
-from app.chat_view import ChatView
-from app.compare import CompareDialog
 from app.controller import ChatController
-from app.controls import ControlsPanel
-from app.crash_banner import CrashBanner
-from app.inspector import InspectorDock
-from app.legend import OriginLegend
-from app.load_dialog import LoadDialog, describe_target
-from app.menus import build_menus
-from app.names import drafter_name
-from app.trace import Settings, session_trace
-from app.trace_window import TraceWindow, open_trace_dialog, save_trace_dialog
-from app.prompt_edit import PromptEdit
-from app.reply_footer import reply_footer
-from app.stepper import StepPanel
-from app.tuner_dialog import TunerDialog
-from app.resources import app_icon
-from app.theme import THEMES, apply_theme
+from app.dialogs.compare import CompareDialog
+from app.dialogs.load_dialog import LoadDialog, describe_target
+from app.dialogs.trace_window import TraceWindow, open_trace_dialog, save_trace_dialog
+from app.dialogs.tuner_dialog import TunerDialog
+from app.session.names import drafter_name
+from app.session.trace import Settings, session_trace
+from app.views.charts import ChartsPanel
+from app.views.chat_view import ChatView
+from app.views.controls_panel import ControlsPanel
+from app.views.crash_banner import CrashBanner
+from app.views.inspector_dock import InspectorDock
+from app.views.legend import OriginLegend
+from app.views.menus import build_menus
+from app.views.prompt_edit import PromptEdit
+from app.views.reply_footer import reply_footer
+from app.views.resources import app_icon
+from app.views.stepper import StepPanel
+from app.views.theme import THEMES, apply_theme
+from engine.analysis.stats import tuner_path
 from engine.api.events import RoundEvent, Summary
 from engine.service.process import EngineInfo
-from engine.analysis.stats import tuner_path
 
 
 FRAME_MS = 50  # repaint timer, 20 Hz: one chart per frame within the charts' time budget ...
@@ -253,7 +253,7 @@ class MainWindow(QMainWindow):
         """One frame: paint part of what the buffers gathered. While rounds stream in faster than the frame
         rate, the chat (which scrolls, so repaints whole) and the status line take every other frame; a round
         that follows a pause is painted at the next frame. No frame does everything at once, even at the end of
-        a reply: the chat takes a bounded number of rounds, the charts one plot (see app/charts.py), and the
+        a reply: the chat takes a bounded number of rounds, the charts one plot (see app/views/charts.py), and the
         timer runs on until both have caught up."""
         now = time.monotonic()
         final = self.controller.active is None

@@ -1,5 +1,5 @@
 """The K tuner's window: progress and Cancel while the replays run, then measured speedup against K beside
-Leviathan's curve, the best K marked, and one button that applies it to the K slider (app/tuner.py runs the
+Leviathan's curve, the best K marked, and one button that applies it to the K slider (app/session/tuner.py runs the
 sweep, engine/sweep.py does the arithmetic)."""
 from __future__ import annotations
 
@@ -17,9 +17,9 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.names import drafter_name
-from app.theme import OKABE_ITO, SERIES, mix
-from app.tuner import KTuner
+from app.session.names import drafter_name
+from app.session.tuner import KTuner
+from app.views.theme import OKABE_ITO, SERIES, mix
 from engine.analysis.sweep import KS, Sweep, SweepRun
 
 HUE = {"model": SERIES["measured"], "ngram": OKABE_ITO["blue"], "leviathan": SERIES["theoretical"],

@@ -4,8 +4,8 @@ from __future__ import annotations
 from PySide6.QtCore import QEvent, Qt
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QWidget
 
-from app.theme import ORIGIN_HELP, ORIGIN_LABEL, token_colours
-from app.tokens import REJECTED
+from app.views.theme import ORIGIN_HELP, ORIGIN_LABEL, token_colours
+from app.views.tokens import REJECTED
 from engine.api.events import Origin
 
 

@@ -19,12 +19,12 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.chat_view import ChatView
-from app.names import drafter_name
-from app.theme import OKABE_ITO
+from app.session.names import drafter_name
+from app.views.chat_view import ChatView
+from app.views.theme import OKABE_ITO
+from engine.analysis.stats import MessageRecord
 from engine.api.config import SamplingParams, SpecParams
 from engine.api.events import RoundEvent, Summary
-from engine.analysis.stats import MessageRecord
 
 
 @dataclass

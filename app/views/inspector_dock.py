@@ -14,8 +14,8 @@ from PySide6.QtCore import QEvent, QRectF, QSize, Qt
 from PySide6.QtGui import QColor, QFont, QFontMetrics, QPainter, QPalette
 from PySide6.QtWidgets import QDockWidget, QLabel, QScrollArea, QVBoxLayout, QWidget
 
-from app.tokens import DISCARDED, REJECTED, TokenInfo, visible
-from app.theme import OKABE_ITO, ORIGIN_HUE, ORIGIN_LABEL, REJECTED_HUE, mix
+from app.views.theme import OKABE_ITO, ORIGIN_HUE, ORIGIN_LABEL, REJECTED_HUE, mix
+from app.views.tokens import DISCARDED, REJECTED, TokenInfo, visible
 from engine.api.dists import PositionDist
 from engine.api.events import Origin
 

@@ -5,7 +5,7 @@ from PySide6.QtCore import QRectF, Qt
 from PySide6.QtGui import QColor, QPainter, QPen
 from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QPushButton, QWidget
 
-from app.theme import OKABE_ITO
+from app.views.theme import OKABE_ITO
 
 
 class CrashBanner(QFrame):

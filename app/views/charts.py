@@ -27,10 +27,10 @@ from PySide6.QtCore import QEvent, Qt
 from PySide6.QtGui import QColor, QPalette
 from PySide6.QtWidgets import QGraphicsItem, QVBoxLayout, QWidget
 
-from app.names import drafter_name
-from app.theme import SERIES, mix
-from engine.api.events import RoundEvent
+from app.session.names import drafter_name
+from app.views.theme import SERIES, mix
 from engine.analysis.stats import SpeedTotals, round_tokens_per_s
+from engine.api.events import RoundEvent
 
 ROLLING_WINDOW = 8
 AXIS_WIDTH = 40

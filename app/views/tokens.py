@@ -7,7 +7,7 @@ from __future__ import annotations
 import html
 from dataclasses import dataclass, field
 
-from app.theme import ORIGIN_HELP, ORIGIN_LABEL
+from app.views.theme import ORIGIN_HELP, ORIGIN_LABEL
 from engine.api.dists import PositionDist
 from engine.api.events import Origin, RoundEvent
 

@@ -21,10 +21,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from app.jsonable import FormatError, dump, load
+from app.session.jsonable import FormatError, dump, load
+from engine.analysis.stats import MessageRecord
 from engine.api.config import SamplingParams, SpecParams
 from engine.service.process import EngineInfo
-from engine.analysis.stats import MessageRecord
 
 FORMAT = "speclens-trace"
 VERSION = 1

@@ -21,13 +21,13 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.charts import ChartsPanel
-from app.chat_view import ChatView
-from app.legend import OriginLegend
-from app.inspector import InspectorDock
-from app.reply_footer import reply_footer
-from app.resources import app_icon
-from app.trace import Trace, TraceError, read_trace, write_trace
+from app.session.trace import Trace, TraceError, read_trace, write_trace
+from app.views.charts import ChartsPanel
+from app.views.chat_view import ChatView
+from app.views.inspector_dock import InspectorDock
+from app.views.legend import OriginLegend
+from app.views.reply_footer import reply_footer
+from app.views.resources import app_icon
 from engine.analysis.stats import MessageRecord, SessionStats
 
 FILTER = "SpecLens traces (*.json);;All files (*)"

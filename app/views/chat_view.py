@@ -22,9 +22,9 @@ from PySide6.QtGui import (
 )
 from PySide6.QtWidgets import QTextEdit, QToolTip, QWidget
 
-from app.fences import FenceTracker
-from app.theme import OKABE_ITO, TokenColours, mix, token_colours
-from app.tokens import DISCARDED, PROVISIONAL, REJECTED, TokenInfo, token_tooltip, visible
+from app.views.fences import FenceTracker
+from app.views.theme import OKABE_ITO, TokenColours, mix, token_colours
+from app.views.tokens import DISCARDED, PROVISIONAL, REJECTED, TokenInfo, token_tooltip, visible
 from engine.api.events import Origin, RoundEvent
 
 TOKEN_PROP = int(QTextFormat.Property.UserProperty) + 1  # int: index into ChatView.infos

@@ -1,0 +1,1 @@
+"""The session apart from its views: trace files and their JSON, the K tuner's replays, names shown to users."""
