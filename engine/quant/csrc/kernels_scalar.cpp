@@ -70,7 +70,7 @@ float unit_q8(int qtype, const uint8_t* u, int c, const RowView& xv, float acc) 
                 S = std::fma(static_cast<float>(I), xv.d(j), S);
                 Mn = std::fma(static_cast<float>(unit_m(u, j, c)), xv.s(j), Mn);
             }
-            acc = std::fma(unit_d(u, c), S, acc);
+            acc = std::fma(unit_d(qtype, u, c), S, acc);
             return std::fma(-unit_dmin(u, c), Mn, acc);
         }
         case Q6_K: {
@@ -84,14 +84,14 @@ float unit_q8(int qtype, const uint8_t* u, int c, const RowView& xv, float acc) 
                 }
                 S = std::fma(static_cast<float>(I), xv.d(b), S);
             }
-            return std::fma(unit_d(u, c), S, acc);
+            return std::fma(unit_d(qtype, u, c), S, acc);
         }
         case Q8_0:
         case Q5_0: {
             const int off = qtype == Q5_0 ? 16 : 0;
             int I = 0;
             for (int k = 0; k < 32; ++k) I += (unit_q(qtype, u, c, k) - off) * xv.x(k);
-            return std::fma(static_cast<float>(I), unit_d(u, c) * xv.d(0), acc);
+            return std::fma(static_cast<float>(I), unit_d(qtype, u, c) * xv.d(0), acc);
         }
         default:
             return acc;

@@ -9,17 +9,9 @@
 // step, an int8 activation broadcast of 4 bytes multiplies it with maddubs, and every 32-bit lane ends
 // up as one output column: no horizontal sums, and the weight step is decoded once for all R rows.
 //
-// Units (offsets in bytes; q is the file's unsigned quant, c the column, e = k % 4):
-//   Q4_K (256 k, 1184 B): d[8] f16 | dmin[8] f16 | sc[8 sub][8 c] u8 | m[8][8] u8 |
-//                         qs[8 sub][4 t][32]: low nibble = step t, high nibble = step t+4 of the sub-block
-//   Q5_K (256 k, 1440 B): Q4_K's unit, then qh[8 sub][32]: bit s = 5th bit of step s
-//   Q6_K (256 k, 1680 B): d[8] f16 | sc[16 sub][8 c] i8 | qv[16 sub][3][32], for steps s0..s3 of the sub-block:
-//                         v0 = q(s0) | hi2(s2) << 6, v1 = q(s1) | hi2(s3) << 6, v2 = lo4(s2) | lo4(s3) << 4
-//                         (9 ops decode 4 steps, half of a nibble + 2-bit-plane split)
-//   Q8_0 (32 k, 272 B):   d[8] f16 | q[8 steps][32] i8
-//   Q5_0 (32 k, 176 B):   d[8] f16 | qs[4 t][32] (low = step t, high = step t+4) | qh[32]: bit s of step s
-//   F16  (32 k, 512 B):   w[32 k][8 c] f16        F32 (32 k, 1024 B): w[32 k][8 c] f32
-// Bits per weight equal the file's except Q4_K/Q5_K (+0.125: their 6-bit scales are kept as bytes).
+// The units are the structs below (each one's size and field offsets checked at compile time); q is the
+// file's unsigned quant, c the column, e = k % 4. Bits per weight equal the file's except Q4_K/Q5_K (+0.125:
+// their 6-bit scales are kept as bytes).
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -33,6 +25,58 @@ enum QType : int { F32 = 0, F16 = 1, Q5_0 = 6, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q
 constexpr int GROUP = 8;   // output columns per group
 constexpr int ABLK = 32;   // inputs per activation-quantization block
 constexpr int MAX_ROWS = 16;
+constexpr int STEP = 4 * GROUP;  // bytes of a step: 4 consecutive k of the 8 columns, column c in bytes 4c..4c+3
+
+// ---- packed units (f16 fields hold the file's bits; [sub][c] arrays hold one byte per column) --------------
+
+struct UnitQ4K {                     // 256 k
+    static constexpr int K = 256;
+    uint16_t d[GROUP], dmin[GROUP];  // f16
+    uint8_t sc[8][GROUP];            // [sub-block of 32 k][c]: 6-bit scale
+    uint8_t m[8][GROUP];             // [sub-block][c]: 6-bit min
+    uint8_t qs[8][4][STEP];          // [sub-block][t]: low nibble = step t, high nibble = step t + 4
+};
+struct UnitQ5K {  // Q4_K's unit, then the 5th bits
+    static constexpr int K = 256;
+    UnitQ4K k;
+    uint8_t qh[8][STEP];  // [sub-block]: bit s = 5th bit of step s
+};
+// Q6_K's 4 steps s0..s3 of a sub-block in 3 vectors: v0 = q(s0) | hi2(s2) << 6, v1 = q(s1) | hi2(s3) << 6,
+// v2 = lo4(s2) | lo4(s3) << 4 (9 ops decode 4 steps, half of a nibble + 2-bit-plane split)
+struct UnitQ6K {
+    static constexpr int K = 256;
+    uint16_t d[GROUP];         // f16
+    int8_t sc[16][GROUP];      // [sub-block of 16 k][c]
+    uint8_t qv[16][3][STEP];   // [sub-block][v0, v1, v2]
+};
+struct UnitQ80 {
+    static constexpr int K = 32;
+    uint16_t d[GROUP];   // f16
+    int8_t q[8][STEP];   // [step]
+};
+struct UnitQ50 {
+    static constexpr int K = 32;
+    uint16_t d[GROUP];    // f16
+    uint8_t qs[4][STEP];  // [t]: low nibble = step t, high nibble = step t + 4
+    uint8_t qh[STEP];     // bit s = 5th bit of step s
+};
+struct UnitF16 {
+    static constexpr int K = 32;
+    uint16_t w[K][GROUP];  // f16
+};
+struct UnitF32 {
+    static constexpr int K = 32;
+    float w[K][GROUP];
+};
+
+static_assert(sizeof(UnitQ4K) == 1184 && offsetof(UnitQ4K, dmin) == 16 && offsetof(UnitQ4K, sc) == 32 &&
+              offsetof(UnitQ4K, m) == 96 && offsetof(UnitQ4K, qs) == 160, "Q4_K unit layout");
+// offsetof(k) == 0: code that reads only the Q4_K fields takes a Q5_K unit as a Q4_K one
+static_assert(sizeof(UnitQ5K) == 1440 && offsetof(UnitQ5K, k) == 0 && offsetof(UnitQ5K, qh) == 1184, "Q5_K unit layout");
+static_assert(sizeof(UnitQ6K) == 1680 && offsetof(UnitQ6K, sc) == 16 && offsetof(UnitQ6K, qv) == 144, "Q6_K unit layout");
+static_assert(sizeof(UnitQ80) == 272 && offsetof(UnitQ80, q) == 16, "Q8_0 unit layout");
+static_assert(sizeof(UnitQ50) == 176 && offsetof(UnitQ50, qs) == 16 && offsetof(UnitQ50, qh) == 144, "Q5_0 unit layout");
+static_assert(sizeof(UnitF16) == 512 && sizeof(UnitF32) == 1024, "F16/F32 unit layout");
 
 // Threads take output groups in chunks, about 8 per thread, first come first served: a thread the OS
 // descheduled (a machine shared with other jobs) then delays a call by one chunk, not by its whole share.
@@ -48,7 +92,7 @@ struct Layout {
     int blk;         // GGUF block size (inputs)
     int blk_bytes;   // GGUF bytes per block
 };
-bool layout_of(int qtype, Layout* out);
+bool layout_of(int qtype, Layout* out);  // false for a type the kernels do not run
 
 // Quantized activations of R rows: q = round(x / dx) per 32-input block, |q| <= 127. Block-major (a block's
 // R rows adjacent), so a kernel walks the rows of one block with a constant 32-byte stride.

@@ -3,21 +3,73 @@
 #include <omp.h>
 
 #include <cstring>
+#include <type_traits>
 
 #include "quant.h"
 #include "unit.h"
 
 namespace sq {
 
+namespace {
+
+// GGUF blocks as the file has them (ggml's block_q4_K, ...). Byte fields only: a block may sit at any address.
+struct BlockQ4K {
+    static constexpr int K = 256;
+    uint8_t d[2], dmin[2];  // f16
+    uint8_t scales[12];     // 8 six-bit scale/min pairs (kquant_scales)
+    uint8_t qs[128];        // 4-bit: chunk i of 32 bytes holds sub-block 2i (low nibbles) and 2i + 1 (high nibbles)
+};
+struct BlockQ5K {
+    static constexpr int K = 256;
+    uint8_t d[2], dmin[2], scales[12];
+    uint8_t qh[32];  // bit j of byte i: 5th bit of input i of sub-block j
+    uint8_t qs[128];
+};
+struct BlockQ6K {
+    static constexpr int K = 256;
+    uint8_t ql[128];    // low 4 bits of each input (q6_half)
+    uint8_t qh[64];     // top 2 bits
+    int8_t scales[16];  // one per 16 inputs
+    uint8_t d[2];
+};
+struct BlockQ80 {
+    static constexpr int K = 32;
+    uint8_t d[2];
+    int8_t qs[32];
+};
+struct BlockQ50 {
+    static constexpr int K = 32;
+    uint8_t d[2];
+    uint8_t qh[4];   // u32: bit i = 5th bit of input i
+    uint8_t qs[16];  // low nibbles inputs 0-15, high nibbles 16-31
+};
+struct BlockF16 {
+    static constexpr int K = 1;
+    uint8_t w[2];
+};
+struct BlockF32 {
+    static constexpr int K = 1;
+    uint8_t w[4];
+};
+static_assert(sizeof(BlockQ4K) == 144 && sizeof(BlockQ5K) == 176 && sizeof(BlockQ6K) == 210 && sizeof(BlockQ80) == 34 &&
+              sizeof(BlockQ50) == 22, "GGUF block sizes (gguf.GGML_QUANT_SIZES)");
+
+template <class U, class B>
+constexpr Layout layout() {
+    return {U::K, static_cast<int>(sizeof(U)), B::K, static_cast<int>(sizeof(B))};
+}
+
+}  // namespace
+
 bool layout_of(int qtype, Layout* out) {
     switch (qtype) {
-        case Q4_K: *out = {256, 1184, 256, 144}; return true;
-        case Q5_K: *out = {256, 1440, 256, 176}; return true;
-        case Q6_K: *out = {256, 1680, 256, 210}; return true;
-        case Q8_0: *out = {32, 272, 32, 34}; return true;
-        case Q5_0: *out = {32, 176, 32, 22}; return true;
-        case F16: *out = {32, 512, 1, 2}; return true;
-        case F32: *out = {32, 1024, 1, 4}; return true;
+        case Q4_K: *out = layout<UnitQ4K, BlockQ4K>(); return true;
+        case Q5_K: *out = layout<UnitQ5K, BlockQ5K>(); return true;
+        case Q6_K: *out = layout<UnitQ6K, BlockQ6K>(); return true;
+        case Q8_0: *out = layout<UnitQ80, BlockQ80>(); return true;
+        case Q5_0: *out = layout<UnitQ50, BlockQ50>(); return true;
+        case F16: *out = layout<UnitF16, BlockF16>(); return true;
+        case F32: *out = layout<UnitF32, BlockF32>(); return true;
         default: return false;
     }
 }
@@ -53,9 +105,9 @@ namespace {
 // buffer alone costs ~0.6 ms per MB), so it moves 4 quants at a time as 32-bit words: a "step" word holds
 // one column's quants of 4 consecutive inputs, one per byte, exactly as a unit stores them.
 
-inline uint32_t ld32(const uint8_t* p) { uint32_t v; std::memcpy(&v, p, 4); return v; }
-inline void st32(uint8_t* p, uint32_t v) { std::memcpy(p, &v, 4); }
-inline void put16(uint8_t* p, uint16_t v) { std::memcpy(p, &v, 2); }
+inline uint32_t ld32(const void* p) { uint32_t v; std::memcpy(&v, p, 4); return v; }
+inline void st32(void* p, uint32_t v) { std::memcpy(p, &v, 4); }
+inline uint16_t rd16(const uint8_t* p) { uint16_t v; std::memcpy(&v, p, 2); return v; }
 constexpr uint32_t LO4 = 0x0F0F0F0Fu, BIT0 = 0x01010101u, LO2 = 0x03030303u;
 
 // spread4(v): bit i of a 4-bit v moved to bit 0 of byte i
@@ -72,9 +124,9 @@ void kquant_scales(const uint8_t* s, uint8_t sc[8], uint8_t m[8]) {  // the 12-b
     }
 }
 
-// Half a Q6_K block (sub-blocks 8h..8h+7) into the unit's vectors: input r of the half has its low 4 bits in
-// ql[r % 64] (high nibble when r >= 64) and its top 2 bits in qh[r % 32] at bit 2 * (r / 32).
-inline void q6_half(const uint8_t* ql, const uint8_t* qh, uint8_t* dst) {
+// Half a Q6_K block (sub-blocks 8h..8h+7) into column c of the unit's vectors: input r of the half has its low
+// 4 bits in ql[r % 64] (high nibble when r >= 64) and its top 2 bits in qh[r % 32] at bit 2 * (r / 32).
+inline void q6_half(const uint8_t* ql, const uint8_t* qh, uint8_t (*qv)[3][STEP], int c) {
 #pragma GCC unroll 8
     for (int jj = 0; jj < 8; ++jj) {  // sub-block: 16 inputs from r = 16 * jj, 4 step words
         uint32_t st[4];
@@ -83,65 +135,84 @@ inline void q6_half(const uint8_t* ql, const uint8_t* qh, uint8_t* dst) {
             const int r = 16 * jj + 4 * s;
             st[s] = ((ld32(ql + r % 64) >> (4 * (r / 64))) & LO4) | ((ld32(qh + r % 32) >> (2 * (r / 32))) & LO2) << 4;
         }
-        uint8_t* v = dst + 96 * jj;
-        st32(v, st[0] | ((st[2] >> 4) & LO2) << 6);
-        st32(v + 32, st[1] | ((st[3] >> 4) & LO2) << 6);
-        st32(v + 64, (st[2] & LO4) | (st[3] & LO4) << 4);
+        st32(qv[jj][0] + 4 * c, st[0] | ((st[2] >> 4) & LO2) << 6);
+        st32(qv[jj][1] + 4 * c, st[1] | ((st[3] >> 4) & LO2) << 6);
+        st32(qv[jj][2] + 4 * c, (st[2] & LO4) | (st[3] & LO4) << 4);
     }
 }
 
-// One GGUF block (column c's inputs of this unit) into the unit. `col` = u + 4c: the column's word in
-// every 32-byte vector.
-void pack_column(int qtype, const uint8_t* p, uint8_t* u, int c) {
-    uint8_t* col = u + 4 * c;
-    uint8_t q6sc[16];
+// One GGUF block into column c of the unit: each of the column's steps is a 32-bit word at 4c of its vector.
+template <bool Q5>
+void pack_q45k(const uint8_t* blk, void* unit, int c) {
+    using B = std::conditional_t<Q5, BlockQ5K, BlockQ4K>;
+    const B& b = *reinterpret_cast<const B*>(blk);
+    UnitQ4K& u = *static_cast<UnitQ4K*>(unit);  // a Q5_K unit begins with one
+    u.d[c] = rd16(b.d), u.dmin[c] = rd16(b.dmin);
+    uint8_t sc[8], m[8];
+    kquant_scales(b.scales, sc, m);
+    for (int j = 0; j < 8; ++j) {
+        u.sc[j][c] = sc[j], u.m[j][c] = m[j];
+        const uint8_t* src = b.qs + 32 * (j / 2);  // sub-block j: nibble half j % 2 of chunk j / 2
+        const int sh = 4 * (j % 2);
+        uint32_t h = 0;
+        for (int t = 0; t < 4; ++t) {  // low nibbles: step t, high: step t + 4
+            const uint32_t lo = (ld32(src + 4 * t) >> sh) & LO4, hi = (ld32(src + 4 * t + 16) >> sh) & LO4;
+            st32(u.qs[j][t] + 4 * c, lo | hi << 4);
+            if constexpr (Q5) h |= ((ld32(b.qh + 4 * t) >> j) & BIT0) << t | ((ld32(b.qh + 4 * t + 16) >> j) & BIT0) << (t + 4);
+        }
+        if constexpr (Q5) st32(static_cast<UnitQ5K*>(unit)->qh[j] + 4 * c, h);
+    }
+}
+
+void pack_q6k(const uint8_t* blk, void* unit, int c) {
+    const auto& b = *reinterpret_cast<const BlockQ6K*>(blk);
+    auto& u = *static_cast<UnitQ6K*>(unit);
+    u.d[c] = rd16(b.d);
+    for (int j = 0; j < 16; ++j) u.sc[j][c] = b.scales[j];
+    for (int h = 0; h < 2; ++h)  // each half of the block: 128 inputs, ql[64], qh[32]
+        q6_half(b.ql + 64 * h, b.qh + 32 * h, u.qv + 8 * h, c);
+}
+
+void pack_q80(const uint8_t* blk, void* unit, int c) {
+    const auto& b = *reinterpret_cast<const BlockQ80*>(blk);
+    auto& u = *static_cast<UnitQ80*>(unit);
+    u.d[c] = rd16(b.d);
+    for (int s = 0; s < 8; ++s) st32(u.q[s] + 4 * c, ld32(b.qs + 4 * s));
+}
+
+void pack_q50(const uint8_t* blk, void* unit, int c) {
+    const auto& b = *reinterpret_cast<const BlockQ50*>(blk);
+    auto& u = *static_cast<UnitQ50*>(unit);
+    u.d[c] = rd16(b.d);
+    const uint32_t qh = ld32(b.qh);
+    uint32_t h = 0;
+    for (int t = 0; t < 4; ++t) {  // steps t (inputs 4t..) and t + 4 (inputs 16 + 4t..)
+        const uint32_t v = ld32(b.qs + 4 * t);
+        st32(u.qs[t] + 4 * c, (v & LO4) | (v >> 4 & LO4) << 4);
+        h |= spread4(qh >> (4 * t) & 15) << t | spread4(qh >> (4 * t + 16) & 15) << (t + 4);
+    }
+    st32(u.qh + 4 * c, h);
+}
+
+// The 32 inputs of one F16/F32 column: w[k][c]
+template <class U>
+void pack_plain(const uint8_t* blk, void* unit, int c) {
+    auto& u = *static_cast<U*>(unit);
+    for (int k = 0; k < U::K; ++k) std::memcpy(&u.w[k][c], blk + sizeof(u.w[0][0]) * k, sizeof(u.w[0][0]));
+}
+
+using PackFn = void (*)(const uint8_t*, void*, int);
+
+PackFn pack_fn(int qtype) {
     switch (qtype) {
-        case Q4_K:
-        case Q5_K: {
-            put16(u + 2 * c, rd16(p)), put16(u + 16 + 2 * c, rd16(p + 2));
-            uint8_t sc[8], m[8];
-            kquant_scales(p + 4, sc, m);
-            const uint8_t* qh = p + 16;
-            const uint8_t* qs = p + (qtype == Q5_K ? 48 : 16);
-            for (int j = 0; j < 8; ++j) {
-                u[32 + 8 * j + c] = sc[j], u[96 + 8 * j + c] = m[j];
-                const uint8_t* src = qs + 32 * (j / 2);  // sub-block j: nibble half j % 2 of chunk j / 2
-                const int sh = 4 * (j % 2);
-                uint32_t h = 0;
-                for (int t = 0; t < 4; ++t) {  // low nibbles: step t, high: step t + 4
-                    const uint32_t lo = (ld32(src + 4 * t) >> sh) & LO4, hi = (ld32(src + 4 * t + 16) >> sh) & LO4;
-                    st32(col + 160 + 128 * j + 32 * t, lo | hi << 4);
-                    if (qtype == Q5_K) h |= ((ld32(qh + 4 * t) >> j) & BIT0) << t | ((ld32(qh + 4 * t + 16) >> j) & BIT0) << (t + 4);
-                }
-                if (qtype == Q5_K) st32(col + 1184 + 32 * j, h);
-            }
-            break;
-        }
-        case Q6_K: {
-            put16(u + 2 * c, rd16(p + 208));
-            std::memcpy(q6sc, p + 192, 16);
-            for (int j = 0; j < 16; ++j) u[16 + 8 * j + c] = q6sc[j];
-            for (int h = 0; h < 2; ++h)  // each half of the block: 128 inputs, ql[64], qh[32]
-                q6_half(p + 64 * h, p + 128 + 32 * h, col + 144 + 96 * 8 * h);
-            break;
-        }
-        case Q8_0:
-            put16(u + 2 * c, rd16(p));
-            for (int s = 0; s < 8; ++s) st32(col + 16 + 32 * s, ld32(p + 2 + 4 * s));
-            break;
-        case Q5_0: {
-            put16(u + 2 * c, rd16(p));
-            const uint32_t qh = ld32(p + 2);
-            uint32_t h = 0;
-            for (int t = 0; t < 4; ++t) {  // steps t (inputs 4t..) and t + 4 (inputs 16 + 4t..)
-                st32(col + 16 + 32 * t, (ld32(p + 6 + 4 * t) & LO4) | (ld32(p + 6 + 4 * t) >> 4 & LO4) << 4);
-                h |= spread4(qh >> (4 * t) & 15) << t | spread4(qh >> (4 * t + 16) & 15) << (t + 4);
-            }
-            st32(col + 144, h);
-            break;
-        }
-        default:
-            break;
+        case Q4_K: return pack_q45k<false>;
+        case Q5_K: return pack_q45k<true>;
+        case Q6_K: return pack_q6k;
+        case Q8_0: return pack_q80;
+        case Q5_0: return pack_q50;
+        case F16: return pack_plain<UnitF16>;
+        case F32: return pack_plain<UnitF32>;
+        default: return nullptr;
     }
 }
 
@@ -153,7 +224,7 @@ void repack(int qtype, const uint8_t* raw, int64_t raw_rows, int64_t N, int64_t 
     layout_of(qtype, &L);
     const int64_t groups = (N + GROUP - 1) / GROUP, units = K / L.unit_k;
     const int64_t row_bytes = K / L.blk * L.blk_bytes;
-    const bool plain = qtype == F16 || qtype == F32;
+    const PackFn pack = pack_fn(qtype);
 #pragma omp parallel for schedule(dynamic, chunk_of(groups, nthreads)) num_threads(nthreads)
     for (int64_t g = 0; g < groups; ++g) {
         for (int64_t u = 0; u < units; ++u) {
@@ -163,13 +234,7 @@ void repack(int qtype, const uint8_t* raw, int64_t raw_rows, int64_t N, int64_t 
                 const int64_t n = g * GROUP + c;
                 const int64_t src = n < N ? (rows ? rows[n] : n) : -1;
                 if (src < 0 || src >= raw_rows) continue;
-                const uint8_t* p = raw + src * row_bytes + u * (L.unit_k / L.blk) * L.blk_bytes;
-                if (plain) {  // 32 inputs of one column: w[k][c]
-                    const int es = L.blk_bytes;
-                    for (int k = 0; k < 32; ++k) std::memcpy(dst + es * (8 * k + c), p + es * k, es);
-                } else {
-                    pack_column(qtype, p, dst, c);
-                }
+                pack(raw + src * row_bytes + u * (L.unit_k / L.blk) * L.blk_bytes, dst, c);
             }
         }
     }
