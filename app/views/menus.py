@@ -1,97 +1,131 @@
 """The main window's commands: each action's text, key and tip, and where it sits in the menus and the
-toolbar. The window owns the slots; this only names and arranges them."""
+toolbar. The window hands over its slots in `Commands`; this only names and arranges them."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QAction, QActionGroup, QKeySequence
-from PySide6.QtWidgets import QToolBar
+from PySide6.QtWidgets import QMainWindow, QMenu, QToolBar
 
 from app.views.theme import THEMES
 
-if TYPE_CHECKING:
-    from app.views.window import MainWindow
+Slot = Callable[[], object]
 
 
-def build_menus(w: MainWindow) -> None:
-    """Create the window's actions (as `w.<name>_action`, the theme ones in `w.theme_actions`), its menu bar and
-    its toolbar. Every action is also added to the window, so its key works wherever the focus is."""
+@dataclass(frozen=True)
+class Commands:
+    """What the actions call, and the actions other panels own that the menus show."""
 
-    def act(text: str, slot, shortcut=None, tip: str = "", checkable: bool = False) -> QAction:
-        a = QAction(text, w)
-        if shortcut is not None:
-            a.setShortcut(QKeySequence(shortcut))
-        a.setStatusTip(tip or text)
-        a.setToolTip(tip or text)
-        a.setCheckable(checkable)
-        (a.toggled if checkable else a.triggered).connect(slot)
-        w.addAction(a)
-        return a
+    new_chat: Slot
+    open_model_folder: Slot
+    export_stats: Slot
+    save_trace: Slot
+    open_trace: Slot
+    quit: Slot
+    send: Slot
+    stop: Slot
+    compare: Slot
+    tune_k: Slot
+    show_rejected: Callable[[bool], object]
+    focus_input: Slot
+    about: Slot
+    set_theme: Callable[[str], object]
+    step_actions: Sequence[QAction]  # Step through, Next phase, Continue: the step panel's
+    inspector_action: QAction  # the inspector dock's show/hide toggle
 
-    w.new_action = act("&New chat", w.new_chat, "Ctrl+N",
-                       "Clear the conversation and the engine's cached prefix")
-    w.open_action = act("&Open model folder\u2026", w.open_model_folder, "Ctrl+O",
-                        "Load a model folder (config.json + safetensors) or a .gguf as the target")
-    w.export_action = act("&Export session stats\u2026", lambda: w.export_stats(), "Ctrl+E",
-                          "Write every round of this session to CSV (plus <name>_summary.csv)")
-    w.save_trace_action = act("&Save trace\u2026", lambda: w.save_trace(), "Ctrl+S",
-                              "Write the whole session (every round, p/q, verdicts, settings) to a JSON trace")
-    w.open_trace_action = act("Open &trace\u2026", lambda: w.open_trace(), "Ctrl+Shift+O",
-                              "Show a saved trace in its own window (no model needed)")
-    w.quit_action = act("&Quit", w.close, "Ctrl+Q")
-    w.send_action = act("&Send", w.send, "Ctrl+Return", "Send the message")
-    w.stop_action = act("S&top", w.stop, "Esc", "Stop after the current round")
-    w.compare_action = act("&Compare off vs on\u2026", w.compare, "Ctrl+R",
-                           "Replay the last prompt with speculation off, then on, with the same seed")
-    w.rejected_action = act("Show &rejected drafts", w.chat.set_show_rejected, "Ctrl+Shift+R",
-                            "Show the drafts the target turned down, struck through", checkable=True)
-    w.rejected_action.setChecked(True)
-    w.focus_action = act("Focus message box", lambda: w.input.setFocus(), "Ctrl+L")
-    w.about_action = act("&About SpecLens", w.about)
 
-    menus = w.menuBar()
-    m = menus.addMenu("&File")
-    m.addActions([w.new_action, w.open_action])
-    m.addSeparator()
-    m.addAction(w.export_action)
-    m.addActions([w.save_trace_action, w.open_trace_action])
-    m.addSeparator()
-    m.addAction(w.quit_action)
-    m = menus.addMenu("&Run")
-    m.addActions([w.send_action, w.stop_action])
-    m.addSeparator()
-    m.addAction(w.compare_action)
-    w.tune_action = act("Tune &K\u2026", w.tune_k, "Ctrl+K",
-                        "Replay the last prompt plain, then at K = 1..8 with each drafter; apply the best K")
-    m.addAction(w.tune_action)
-    m.addSeparator()
-    step_actions = [w.stepper.toggle_action, w.stepper.next_action, w.stepper.continue_action]
-    m.addActions(step_actions)
-    w.addActions(step_actions)  # their keys work wherever the focus is in the window
-    m = menus.addMenu("&View")
-    m.addAction(w.rejected_action)
-    m.addAction(w.inspector.toggleViewAction())
-    themes = m.addMenu("&Theme")
-    w.theme_group = QActionGroup(w)
-    w.theme_actions = {}
-    for key, label in zip(THEMES, ("Follow &system", "&Light", "&Dark")):
-        a = QAction(label, w, checkable=True)
-        a.triggered.connect(lambda _=False, k=key: w.set_theme(k))
-        w.theme_group.addAction(a)
-        themes.addAction(a)
-        w.theme_actions[key] = a
-    m.addSeparator()
-    m.addAction(w.focus_action)
-    m = menus.addMenu("&Help")
-    m.addAction(w.about_action)
+class MainMenus:
+    """Inherited by the main window, as a Qt Designer form is: `setup_menus` makes the actions attributes of the
+    window (`<name>_action`, the theme ones in `theme_actions`) and builds its menu bar and toolbar. Every action is
+    also added to the window, so its key works wherever the focus is."""
 
-    tb = QToolBar("Main")
-    tb.setObjectName("main-toolbar")
-    tb.setMovable(False)
-    tb.setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonTextOnly)
-    tb.addActions([w.new_action, w.stop_action, w.compare_action, w.tune_action, w.export_action])
-    tb.addAction(w.stepper.toggle_action)
-    tb.addSeparator()
-    tb.addAction(w.rejected_action)
-    w.addToolBar(tb)
+    def setup_menus(self, window: QMainWindow, c: Commands) -> None:
+        self._create_actions(window, c)
+        bar = window.menuBar()
+        self._file_menu(bar.addMenu("&File"))
+        self._run_menu(bar.addMenu("&Run"), window, c.step_actions)
+        self._view_menu(bar.addMenu("&View"), c.inspector_action)
+        bar.addMenu("&Help").addAction(self.about_action)
+        window.addToolBar(self._toolbar(c.step_actions[0]))
+
+    def _create_actions(self, window: QMainWindow, c: Commands) -> None:
+        def act(text: str, slot, shortcut: str | None = None, tip: str = "", checkable: bool = False) -> QAction:
+            a = QAction(text, window)
+            if shortcut is not None:
+                a.setShortcut(QKeySequence(shortcut))
+            a.setStatusTip(tip or text)
+            a.setToolTip(tip or text)
+            a.setCheckable(checkable)
+            (a.toggled if checkable else a.triggered).connect(slot)
+            window.addAction(a)
+            return a
+
+        self.new_action = act("&New chat", c.new_chat, "Ctrl+N",
+                              "Clear the conversation and the engine's cached prefix")
+        self.open_action = act("&Open model folder\u2026", c.open_model_folder, "Ctrl+O",
+                               "Load a model folder (config.json + safetensors) or a .gguf as the target")
+        self.export_action = act("&Export session stats\u2026", c.export_stats, "Ctrl+E",
+                                 "Write every round of this session to CSV (plus <name>_summary.csv)")
+        self.save_trace_action = act("&Save trace\u2026", c.save_trace, "Ctrl+S", "Write the whole session (every "
+                                     "round, p/q, verdicts, settings) to a JSON trace")
+        self.open_trace_action = act("Open &trace\u2026", c.open_trace, "Ctrl+Shift+O",
+                                     "Show a saved trace in its own window (no model needed)")
+        self.quit_action = act("&Quit", c.quit, "Ctrl+Q")
+        self.send_action = act("&Send", c.send, "Ctrl+Return", "Send the message")
+        self.stop_action = act("S&top", c.stop, "Esc", "Stop after the current round")
+        self.compare_action = act("&Compare off vs on\u2026", c.compare, "Ctrl+R",
+                                  "Replay the last prompt with speculation off, then on, with the same seed")
+        self.tune_action = act("Tune &K\u2026", c.tune_k, "Ctrl+K",
+                               "Replay the last prompt plain, then at K = 1..8 with each drafter; apply the best K")
+        self.rejected_action = act("Show &rejected drafts", c.show_rejected, "Ctrl+Shift+R",
+                                   "Show the drafts the target turned down, struck through", checkable=True)
+        self.rejected_action.setChecked(True)
+        self.focus_action = act("Focus message box", c.focus_input, "Ctrl+L")
+        self.about_action = act("&About SpecLens", c.about)
+        self._theme_actions(window, c.set_theme)
+
+    def _theme_actions(self, window: QMainWindow, set_theme: Callable[[str], object]) -> None:
+        self.theme_group = QActionGroup(window)
+        self.theme_actions: dict[str, QAction] = {}
+        for key, label in zip(THEMES, ("Follow &system", "&Light", "&Dark")):
+            a = QAction(label, window, checkable=True)
+            a.triggered.connect(lambda _=False, k=key: set_theme(k))
+            self.theme_group.addAction(a)
+            self.theme_actions[key] = a
+
+    def _file_menu(self, m: QMenu) -> None:
+        m.addActions([self.new_action, self.open_action])
+        m.addSeparator()
+        m.addAction(self.export_action)
+        m.addActions([self.save_trace_action, self.open_trace_action])
+        m.addSeparator()
+        m.addAction(self.quit_action)
+
+    def _run_menu(self, m: QMenu, window: QMainWindow, step_actions: Sequence[QAction]) -> None:
+        m.addActions([self.send_action, self.stop_action])
+        m.addSeparator()
+        m.addActions([self.compare_action, self.tune_action])
+        m.addSeparator()
+        m.addActions(list(step_actions))
+        window.addActions(list(step_actions))  # their keys work wherever the focus is in the window
+
+    def _view_menu(self, m: QMenu, inspector_action: QAction) -> None:
+        m.addAction(self.rejected_action)
+        m.addAction(inspector_action)
+        themes = m.addMenu("&Theme")
+        themes.addActions(list(self.theme_actions.values()))
+        m.addSeparator()
+        m.addAction(self.focus_action)
+
+    def _toolbar(self, step_through: QAction) -> QToolBar:
+        tb = QToolBar("Main")
+        tb.setObjectName("main-toolbar")
+        tb.setMovable(False)
+        tb.setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonTextOnly)
+        tb.addActions([self.new_action, self.stop_action, self.compare_action, self.tune_action, self.export_action])
+        tb.addAction(step_through)
+        tb.addSeparator()
+        tb.addAction(self.rejected_action)
+        return tb

@@ -41,7 +41,7 @@ from app.views.controls_panel import ControlsPanel
 from app.views.crash_banner import CrashBanner
 from app.views.inspector_dock import InspectorDock
 from app.views.legend import OriginLegend
-from app.views.menus import build_menus
+from app.views.menus import Commands, MainMenus
 from app.views.prompt_edit import PromptEdit
 from app.views.reply_footer import reply_footer
 from app.views.resources import app_icon
@@ -57,7 +57,7 @@ TEXT_FRAME_S = 0.09  # ... and the chat at most every other frame (about 10 Hz) 
 TEXT_ROUNDS_PER_FRAME = 24  # ... and at most this many rounds of text per frame: one frame's layout stays short
 
 
-class MainWindow(QMainWindow):
+class MainWindow(QMainWindow, MainMenus):
     def __init__(self, controller: ChatController, settings: QSettings | None = None, *,
                  unattended: bool = False) -> None:
         """unattended: errors go to stderr instead of a dialog (a scripted check of the app, e.g. --load-test)."""
@@ -82,7 +82,7 @@ class MainWindow(QMainWindow):
         self.setWindowIcon(app_icon())
         self.resize(1480, 900)
         self._build_ui()
-        build_menus(self)
+        self.setup_menus(self, self._commands())
         self._connect()
         self._restore()
         self._update_actions()
@@ -145,6 +145,18 @@ class MainWindow(QMainWindow):
         for w in (self.round_label, self.reuse_label, self.model_label):
             w.setContentsMargins(8, 0, 8, 0)
             bar.addPermanentWidget(w)
+
+    def _commands(self) -> Commands:
+        # The lambdas drop the `checked` argument of triggered(), which these slots would take for a path
+        return Commands(
+            new_chat=self.new_chat, open_model_folder=self.open_model_folder,
+            export_stats=lambda: self.export_stats(), save_trace=lambda: self.save_trace(),
+            open_trace=lambda: self.open_trace(), quit=self.close, send=self.send, stop=self.stop,
+            compare=self.compare, tune_k=self.tune_k, show_rejected=self.chat.set_show_rejected,
+            focus_input=lambda: self.input.setFocus(), about=self.about, set_theme=self.set_theme,
+            step_actions=(self.stepper.toggle_action, self.stepper.next_action, self.stepper.continue_action),
+            inspector_action=self.inspector.toggleViewAction(),
+        )
 
     def _connect(self) -> None:
         self.input.submitted.connect(self.send)
