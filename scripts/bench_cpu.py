@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from engine.analysis.theory import theoretical_speedup  # noqa: E402
 from engine.tools.bench import read_prompts  # noqa: E402
 from engine.api.config import STOP_BELOW, SamplingParams, SpecParams  # noqa: E402
-from engine.spec.drafters import forward_chunked  # noqa: E402
+from engine.model.forward import forward_chunked  # noqa: E402
 from engine.runtime.engine import Engine  # noqa: E402
 from engine.io.loading import load_engine  # noqa: E402
 from engine.api.events import RoundEvent, Summary  # noqa: E402

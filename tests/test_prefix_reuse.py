@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from engine.api.config import SamplingParams, SpecParams
-from engine.spec.drafters import common_prefix
+from engine.model.forward import common_prefix
 from engine.runtime.engine import Engine
 from engine.api.events import Summary
 from engine.model.kv_cache import BlockManager, KVPool

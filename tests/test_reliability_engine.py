@@ -10,8 +10,10 @@ import numpy as np
 import pytest
 import torch
 
-import engine.spec.drafters as drafters_mod
-import engine.runtime.engine as engine_mod
+import engine.model.forward as forward_mod
+import engine.runtime.clock as clock_mod
+import engine.spec.drafters.base as drafter_base
+import engine.spec.drafters.model as model_drafter_mod
 from engine.spec.adaptive import AdaptiveK
 from engine.api.config import CacheConfig, SamplingParams, SpecParams
 from engine.runtime.engine import Controls, Engine
@@ -95,7 +97,7 @@ def test_retry_after_a_failed_prefill_equals_a_fresh_engine(monkeypatch, fresh_p
 
 
 def test_failed_chunk_of_a_long_prefill_keeps_the_chunks_before_it(monkeypatch, fresh_plain):
-    monkeypatch.setattr(drafters_mod, "PREFILL_CHUNK", 8)
+    monkeypatch.setattr(forward_mod, "PREFILL_CHUNK", 8)
     eng = tiny_engine()
     prompt = follow_up(eng, "a reply")
     assert len(prompt) > 3 * 8
@@ -385,8 +387,8 @@ def test_draft_prefill_is_reported_apart_from_drafting(monkeypatch):
     eng = tiny_engine()
     clock = FakeClock()
     fake_time = SimpleNamespace(perf_counter=clock.perf_counter)
-    monkeypatch.setattr(engine_mod, "time", fake_time)
-    monkeypatch.setattr(drafters_mod, "time", fake_time)
+    monkeypatch.setattr(clock_mod, "time", fake_time)
+    monkeypatch.setattr(model_drafter_mod, "time", fake_time)
     timed(eng.draft, monkeypatch, clock, per_call=1.0, per_token=10.0)
     timed(eng.target, monkeypatch, clock, per_call=100.0, per_token=0.0)
     seen: list[tuple[int, int, float, float]] = []
@@ -440,7 +442,7 @@ def test_adaptive_k_never_exceeds_the_k_set(engine, monkeypatch, fresh_plain):
         def observe(self, *a) -> None:
             pass
 
-    monkeypatch.setattr(engine_mod, "AdaptiveK", Eager)
+    monkeypatch.setattr(drafter_base, "AdaptiveK", Eager)
     assert Eager().choose(SpecParams(k=3, k_max=16)) == 3
     prompt = engine.encode_chat(HELLO)
     engine.reset()

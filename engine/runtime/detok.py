@@ -35,3 +35,18 @@ class Detokenizer:
         after = self._decode(self.ids[self.prefix :])
         self.prefix = self.read = len(self.ids)
         return after[len(before) :] if len(after) > len(before) else ""
+
+
+class TokenTexts:
+    """Each token id's text alone, decoded once: the inspector and step-through name ~20 tokens a round."""
+
+    def __init__(self, tokenizer) -> None:
+        self.tok = tokenizer
+        self._texts: dict[int, str] = {}
+
+    def __call__(self, token: int) -> str:
+        text = self._texts.get(token)
+        if text is None:
+            text = self._texts[token] = self.tok.decode([token], skip_special_tokens=False,
+                                                        clean_up_tokenization_spaces=False)
+        return text

@@ -2,27 +2,27 @@
 from __future__ import annotations
 
 import secrets
-import time
 from collections.abc import Iterator
 from dataclasses import replace
-from functools import partial
 
 import torch
 
-from engine.spec.adaptive import AdaptiveK
 from engine.api.config import NEEDS_DRAFT_MODEL, CacheConfig, SamplingParams, SpecParams
+from engine.api.events import DraftToken, RoundEvent, Summary
 from engine.api.live import Controls
-from engine.runtime.detok import Detokenizer
-from engine.spec.drafters import Drafter, HybridDrafter, ModelDrafter, NGramDrafter, Proposal, common_prefix, forward_chunked
-from engine.api.events import CommittedToken, DraftToken, Origin, RoundEvent, Summary
-from engine.spec.inspection import inspect_round
+from engine.model.forward import common_prefix, forward_chunked
 from engine.model.kv_cache import BlockManager, KVPool
 from engine.model.transformer import Transformer
 from engine.quant import kernels_name
-from engine.spec.accept import Verdict, accept_reject
-from engine.runtime.stepping import RoundSteps, cache_marks
-from engine.spec.sampling import probs_for_positions, sample
-from engine.runtime.stops import StopChecker
+from engine.runtime.clock import Clock
+from engine.runtime.detok import TokenTexts
+from engine.runtime.stepping import NO_STEPS, Marks, NoSteps, RoundSteps
+from engine.runtime.tally import RoundTally
+from engine.runtime.transcript import Transcript
+from engine.runtime.verify import decide, inspector_rows, score
+from engine.spec.accept import Verdict
+from engine.spec.drafters import Drafter, HybridDrafter, ModelDrafter, NGramDrafter, Outcome, Proposal
+
 
 class Engine:
     def __init__(
@@ -59,13 +59,13 @@ class Engine:
         self.ngram_drafter = NGramDrafter(self.vocab, self.device)
         self.hybrid_drafter = HybridDrafter(self.ngram_drafter, self.model_drafter) if self.model_drafter else None
         self._active: object | None = None  # the running generate() call, if any (one at a time)
-        self.paused_s = 0.0  # time held by step-through (engine/stepping.py): `_clock` leaves it out
-        self._pieces: dict[int, str] = {}  # token id -> its text alone (the inspector names ~20 tokens a row)
+        self.clock = Clock()  # leaves out the time step-through held the engine
+        self.text_of = TokenTexts(tokenizer)
         self.inspect = True  # record the inspector's rows in each RoundEvent (~1-3 ms a round for 150k tokens on CPU)
 
-    def _clock(self) -> float:
-        """perf_counter without the time step-through held the engine: a stepped round times like any other."""
-        return time.perf_counter() - self.paused_s
+    @property
+    def drafters(self) -> list[Drafter]:
+        return [d for d in (self.model_drafter, self.ngram_drafter) if d is not None]
 
     def _pool(self, model: Transformer) -> KVPool:
         c = self.cache_cfg
@@ -98,15 +98,15 @@ class Engine:
             self.model_drafter.reset()
         self.ngram_drafter.reset()
 
-    def _drafter(self, spec: SpecParams) -> Drafter | None:
+    def _drafter(self, spec: SpecParams) -> Drafter:
+        """The drafter spec names, configured with it."""
         if spec.drafter in NEEDS_DRAFT_MODEL and self.model_drafter is None:
             raise ValueError(f"the {spec.drafter!r} drafter needs a draft model; load one or choose the n-gram drafter")
-        if spec.drafter == "model":
-            return self.model_drafter
-        self.ngram_drafter.configure(spec.ngram_min, spec.ngram_max)
-        return self.hybrid_drafter if spec.drafter == "hybrid" else self.ngram_drafter
+        drafter = {"model": self.model_drafter, "ngram": self.ngram_drafter, "hybrid": self.hybrid_drafter}[spec.drafter]
+        drafter.configure(spec)
+        return drafter
 
-    def _check_prompt(self, prompt: list[int], params: SamplingParams) -> None:
+    def _check_prompt(self, prompt: list[int]) -> None:
         if not prompt:
             raise ValueError("the prompt is empty")
         bad = [t for t in prompt if not 0 <= t < self.vocab]
@@ -166,177 +166,110 @@ class Engine:
     def _generate(
         self, prompt_ids: list[int], sampling: SamplingParams, spec: SpecParams, controls: Controls | None,
     ) -> Iterator[RoundEvent | Summary]:
-        self._check_prompt(prompt_ids, sampling)
+        self._check_prompt(prompt_ids)
         if spec.enabled:
             self._drafter(spec)  # fail fast on a drafter that cannot run
         controls = controls or Controls(sampling, spec)
         gen = torch.Generator(self.device)
         gen.manual_seed(sampling.seed if sampling.seed is not None else secrets.randbits(63))  # global RNG untouched
-        max_new = sampling.max_new_tokens
-
-        t0 = self._clock()
+        for drafter in self.drafters:
+            drafter.start()
+        t0 = self.clock.now()
         reused = self._prefill(prompt_ids)
-        prefill_s = self._clock() - t0
-        prompt_len = len(prompt_ids)
-        forwards = 1 if prompt_len - 1 > reused else 0
-        detok = Detokenizer(self.tokenizer)
-        stops = StopChecker(sampling.stop)
-        adaptive = AdaptiveK()
-        text: list[str] = []
-        pos_drafted: list[int] = []
-        pos_accepted: list[int] = []
-        drafted_total = accepted_total = rounds = 0
-        draft_ms_total = verify_ms_total = draft_prefill_ms_total = 0.0
-        ttft = None
-        stop_reason: str | None = None
-        tail = ""  # text released at a cancel, after the last RoundEvent
-
+        tally = RoundTally(len(prompt_ids), reused, self.clock.now() - t0, prefilled=len(prompt_ids) - 1 > reused)
+        transcript = Transcript(self.tokenizer, self.ids, sampling.stop, self.eos_ids, sampling.max_new_tokens,
+                                self.max_seq_len)
+        stop, tail = None, ""  # tail: text released at a cancel, after the last RoundEvent
         try:
-            while stop_reason is None:
+            while stop is None:
                 if controls.cancelled:
-                    stop_reason = "cancelled"
-                    tail = release_text(detok, stops)  # what was held back now belongs to the reply
+                    stop, tail = "cancelled", transcript.release()  # what was held back belongs to the reply
                     break
-                # Per-round controls; the seed and the length budget belong to the request.
-                params = replace(controls.sampling, seed=sampling.seed, max_new_tokens=max_new, stop=sampling.stop)
-                spec = controls.spec
-                generated = len(self.ids) - prompt_len
-                # Sequence-length guard: verify writes K+1 positions after ids[:-1].
-                k = adaptive.choose(spec) if spec.adaptive else spec.k
-                k = min(k, self.max_seq_len - len(self.ids), max_new - generated - 1)
-                drafter = self._drafter(spec) if spec.enabled and k >= 1 else None
-
-                t_round = self._clock()
-                proposal = drafter.propose(self.ids, k, params, gen, spec.stop_below) if drafter else None
-                t_drafted = self._clock()
-                source = (proposal.source or drafter.name) if drafter else None  # under the hybrid, the one that drafted
-                steps = RoundSteps(self, controls, rounds + 1, source, k, proposal) if controls.gate.stepping else None
-                if steps is not None:
-                    steps.drafted()
-                drafted = proposal.tokens if proposal is not None else torch.empty(0, dtype=torch.long)
-                verdict_tokens, committed_origin, verdict, inspect = self._verify(drafted, proposal, params, gen, steps)
-                forwards += 1
-                t_verified = self._clock()
-                positions = inspect() if self.inspect else ()  # after the clock: verify_ms stays the verify's own
-                rounds += 1
-
-                n_acc = verdict.accepted
-                new = verdict_tokens
-                # Stops: EOS, stop strings and the length budget; anything after a stop is discarded.
-                committed: list[CommittedToken] = []
-                delta_parts: list[str] = []
-                for i, tok in enumerate(new):
-                    piece = detok.push(tok)
-                    piece, hit = stops.feed(piece)
-                    self.ids.append(tok)
-                    origin = committed_origin[i]
-                    if tok in self.eos_ids:
-                        stop_reason = "eos"
-                    elif hit:
-                        stop_reason = "stop"
-                    elif len(self.ids) - prompt_len >= max_new or len(self.ids) >= self.max_seq_len:
-                        stop_reason = "length"
-                    if stop_reason and stop_reason != "stop":
-                        piece += release_text(detok, stops)  # held back as a possible stop-string start
-                    q = verdict.q_drafted[i] if i < n_acc else None
-                    p = verdict.p_drafted[i] if i < n_acc else verdict.p_next
-                    committed.append(CommittedToken(tok, piece, origin, i, p, q))
-                    delta_parts.append(piece)
-                    if stop_reason:
-                        break
-                # Rollback: both caches keep only committed ids (all but the last token).
-                marks = cache_marks(self, drafter) if steps is not None else []
-                self.target_pool.manager.truncate_to(0, len(self.ids) - 1)
-                if drafter is not None:
-                    drafter.rollback(self.ids)
-                if steps is not None:
-                    steps.decided(n_acc, verdict.p_drafted, committed, marks, cache_marks(self, drafter))
-                if ttft is None:
-                    ttft = t_verified - t0
-
-                draft_tokens = tuple(
-                    DraftToken(t, self._piece(t), verdict.q_drafted[i], verdict.p_drafted[i], i < n_acc)
-                    for i, t in enumerate(drafted.tolist())
-                )
-                for i, d in enumerate(draft_tokens):
-                    if i >= len(pos_drafted):
-                        pos_drafted.append(0)
-                        pos_accepted.append(0)
-                    pos_drafted[i] += 1
-                    pos_accepted[i] += d.accepted
-                drafted_total += len(draft_tokens)
-                accepted_total += n_acc
-                # The draft's prompt prefill is reported on its own: it is not a cost of drafting K tokens.
-                prefill_ms = proposal.prefill_s * 1e3 if proposal is not None else 0.0
-                d_ms, v_ms = max(0.0, (t_drafted - t_round) * 1e3 - prefill_ms), (t_verified - t_drafted) * 1e3
-                # adaptive K prices the model's draft steps: a hybrid's free n-gram rounds would make them look cheap
-                if spec.adaptive and draft_tokens and (drafter is not self.hybrid_drafter or source == "model"):
-                    adaptive.observe(len(draft_tokens), n_acc, d_ms / 1e3 / len(draft_tokens), v_ms / 1e3)
-                draft_ms_total += d_ms
-                verify_ms_total += v_ms
-                draft_prefill_ms_total += prefill_ms
-                delta = "".join(delta_parts)
-                text.append(delta)
-                yield RoundEvent(
-                    round=rounds, mode="speculative" if drafter else "plain",
-                    drafter=source, k=k if drafter else 0,
-                    temperature=params.temperature, drafted=draft_tokens, committed=tuple(committed),
-                    text_delta=delta, draft_ms=d_ms, verify_ms=v_ms, elapsed_s=self._clock() - t0,
-                    new_tokens=len(self.ids) - prompt_len, stop_reason=stop_reason, draft_prefill_ms=prefill_ms,
-                    positions=positions,
-                )
+                event = self._round(tally.rounds + 1, controls, sampling, transcript, gen, t0, tally)
+                stop = event.stop_reason
+                yield event
         finally:
-            # Whatever happened (cancel, an exception, the consumer closing us), leave the caches consistent.
-            self.target_pool.manager.truncate_to(0, max(0, min(self.target_pool.manager.length(0), len(self.ids) - 1)))
-            if self.model_drafter:
-                self.model_drafter.rollback(self.ids)
+            self._settle()  # whatever happened (cancel, an exception, the consumer closing us)
+        yield tally.summary(self.clock.now() - t0, stop or "cancelled", tail)
 
-        total = self._clock() - t0
-        new_ids = self.ids[prompt_len:]
-        yield Summary(
-            new_tokens=len(new_ids), rounds=rounds, target_forwards=forwards, drafted=drafted_total,
-            accepted=accepted_total, acceptance_rate=accepted_total / drafted_total if drafted_total else 0.0,
-            mean_tokens_per_round=len(new_ids) / rounds if rounds else 0.0,
-            per_position_acceptance=tuple(a / d for a, d in zip(pos_accepted, pos_drafted)),
-            tokens_per_s=len(new_ids) / (total - prefill_s) if total > prefill_s else 0.0, ttft_s=ttft if ttft is not None else total,
-            total_s=total, prompt_tokens=prompt_len, reused_prefix_tokens=reused,
-            draft_ms=draft_ms_total, verify_ms=verify_ms_total, stop_reason=stop_reason or "cancelled",
-            text="".join(text) + tail, token_ids=tuple(new_ids), prefill_s=prefill_s,
-            draft_prefill_ms=draft_prefill_ms_total, text_tail=tail,
+    def _round(self, round_no: int, controls: Controls, sampling: SamplingParams, transcript: Transcript,
+               gen: torch.Generator, t0: float, tally: RoundTally) -> RoundEvent:
+        """One round: draft, verify, accept/reject, commit, roll back, report."""
+        # Per-round controls; the seed, the length budget and the stop strings belong to the request.
+        params = replace(controls.sampling, seed=sampling.seed, max_new_tokens=sampling.max_new_tokens,
+                         stop=sampling.stop)
+        drafter, k = self._plan(controls.spec, transcript.room())
+        t_round = self.clock.now()
+        proposal = drafter.propose(self.ids, k, params, gen) if drafter else None
+        t_drafted = self.clock.now()
+        source = (proposal.source or drafter.name) if drafter else None  # under the hybrid, the one that drafted
+        steps = self._steps(controls, round_no, drafter, source, k, proposal)
+        steps.drafted()
+        drafted = proposal.tokens if proposal is not None else torch.empty(0, dtype=torch.long)
+        scores = score(self.target, self.target_pool, self.ids, drafted, params, self.vocab, self.device)
+        steps.verified(scores.p)
+        tokens, origins, verdict = decide(drafted, proposal, scores.p, gen)
+        t_verified = self.clock.now()
+        rows = inspector_rows(scores, drafted, proposal, verdict, self.text_of, params.greedy)
+        positions = rows() if self.inspect else ()  # after the clock: verify_ms stays the verify's own
+        committed, stop = transcript.commit(tokens, origins, verdict)
+        steps.before_rollback()
+        self._roll_back(drafter)
+        steps.decided(verdict.accepted, verdict.p_drafted, committed)
+        prefill_ms = proposal.prefill_s * 1e3 if proposal is not None else 0.0  # not a cost of drafting K tokens
+        event = RoundEvent(
+            round=round_no, mode="speculative" if drafter else "plain", drafter=source, k=k if drafter else 0,
+            temperature=params.temperature, drafted=self._draft_tokens(drafted, verdict),
+            committed=tuple(committed), text_delta="".join(c.text for c in committed),
+            draft_ms=max(0.0, (t_drafted - t_round) * 1e3 - prefill_ms), verify_ms=(t_verified - t_drafted) * 1e3,
+            elapsed_s=self.clock.now() - t0, new_tokens=transcript.generated, stop_reason=stop,
+            draft_prefill_ms=prefill_ms, positions=positions,
         )
+        tally.add(event, t_verified - t0)
+        if drafter is not None and source is not None:
+            drafter.observe(Outcome(source, len(event.drafted), verdict.accepted, event.draft_ms / 1e3,
+                                    event.verify_ms / 1e3, controls.spec.adaptive))
+        return event
 
-    def _verify(self, drafted: torch.Tensor, proposal: Proposal | None, params: SamplingParams, gen,
-                steps: RoundSteps | None = None):
-        """Feed [g, t1..tK] to the target in one pass and apply the accept/reject rule. Also returns a callable
-        that computes the round's inspector data (engine/inspector.py) from the same tensors."""
+    def _plan(self, spec: SpecParams, room: int) -> tuple[Drafter | None, int]:
+        """The round's drafter and K (None, 0 for a plain step): the drafter's choice, within the room left."""
+        if not spec.enabled or room < 1:
+            return None, 0
+        drafter = self._drafter(spec)
+        return drafter, min(drafter.choose_k(spec), room)
+
+    def _steps(self, controls: Controls, round_no: int, drafter: Drafter | None, source: str | None, k: int,
+               proposal: Proposal | None) -> NoSteps:
+        if not controls.gate.stepping:
+            return NO_STEPS
+        return RoundSteps(controls, self.clock, lambda: self._cache_marks(drafter), self.text_of, round_no, source,
+                          k, proposal)
+
+    def _cache_marks(self, drafter: Drafter | None) -> Marks:
+        """What the target's cache and the draft model's (when the round's drafter uses it) hold now."""
         m = self.target_pool.manager
-        g = self.ids[-1]
-        feed = torch.cat([torch.tensor([g], dtype=torch.long, device=self.device), drafted.to(self.device)])
-        start, end = m.append(0, len(feed))
-        logits = self.target(feed, start, self.target_pool.view(0, start, end))  # (K+1, V)
-        context = torch.tensor(self.ids, dtype=torch.long, device=self.device)
-        p = probs_for_positions(logits[:, : self.vocab], params, context, drafted)  # (K+1, V)
-        if steps is not None:  # step-through: p beside q, before anything is decided
-            steps.verified(p)
-        shown = logits[:, : self.vocab] if params.greedy else None  # point masses say little: show the logits
-        if len(drafted) == 0:  # a plain decode step
-            tok = sample(p[0], gen)
-            return [tok], [Origin.PLAIN], Verdict(0, tok, (), (), float(p[0, tok])), partial(
-                inspect_round, p, None, drafted, (), 0, tok, self._piece, logits=shown)
-        assert proposal is not None
-        v = accept_reject(drafted, proposal.q, p, gen)
-        tokens = drafted[: v.accepted].tolist() + [v.next_token]
-        origins = [Origin.ACCEPTED] * v.accepted + [Origin.BONUS if v.bonus else Origin.CORRECTED]
-        inspect = partial(inspect_round, p, proposal.q, drafted, v.u, v.accepted, v.next_token, self._piece,
-                          logits=shown, draft_logits=proposal.logits if shown is not None else None)
-        return tokens, origins, v, inspect
+        marks = [("target", m.length(0), len(m.block_table(0)))]
+        if drafter is not None and drafter is not self.ngram_drafter and self.model_drafter is not None:
+            d, seq = self.model_drafter.pool.manager, self.model_drafter.seq
+            marks.append(("draft", d.length(seq), len(d.block_table(seq))))
+        return marks
 
-    def _piece(self, token: int) -> str:
-        text = self._pieces.get(token)
-        if text is None:
-            text = self._pieces[token] = self.tokenizer.decode(
-                [token], skip_special_tokens=False, clean_up_tokenization_spaces=False)
-        return text
+    def _draft_tokens(self, drafted: torch.Tensor, v: Verdict) -> tuple[DraftToken, ...]:
+        return tuple(DraftToken(t, self.text_of(t), v.q_drafted[i], v.p_drafted[i], i < v.accepted)
+                     for i, t in enumerate(drafted.tolist()))
+
+    def _roll_back(self, drafter: Drafter | None) -> None:
+        """Both caches keep only committed ids (all but the last token, which the next round's verify feeds)."""
+        self.target_pool.manager.truncate_to(0, len(self.ids) - 1)
+        if drafter is not None:
+            drafter.rollback(self.ids)
+
+    def _settle(self) -> None:
+        """Leave the caches consistent with `ids` whatever ended the request."""
+        m = self.target_pool.manager
+        m.truncate_to(0, max(0, min(m.length(0), len(self.ids) - 1)))
+        if self.model_drafter:
+            self.model_drafter.rollback(self.ids)
 
 
 def check_context(role: str, model: Transformer, max_seq_len: int) -> None:
@@ -351,8 +284,3 @@ def check_context(role: str, model: Transformer, max_seq_len: int) -> None:
     if max_seq_len > table:
         raise ValueError(f"context length {max_seq_len} exceeds the {role} model's {table} RoPE positions")
 
-
-def release_text(detok: Detokenizer, stops: StopChecker) -> str:
-    """At a non-stop ending: the text still held back (an unfinished character, a possible stop-string start)."""
-    piece, hit = stops.feed(detok.flush())
-    return piece if hit else piece + stops.flush()

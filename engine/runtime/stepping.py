@@ -1,66 +1,65 @@
-"""Step-through on the engine's side: one round's PhaseEvents and the pause at the gate after each.
+"""Step-through as hooks the round loop calls: after drafting, after the verify pass, after the decision and the
+rollback. `NoSteps` does nothing (an unstepped round); `RoundSteps` sends a PhaseEvent and waits at the gate.
 
-Built only while a request steps (reading q and p back costs host syncs). Nothing here draws a random number or
-changes a cache, so a stepped request decodes exactly the tokens an unstepped one does; the time spent here (the
-events and the wait) goes to `Engine.paused_s`, which the engine's clock leaves out of every timing.
+Nothing here draws a random number or changes a cache, so a stepped request decodes exactly the tokens an unstepped
+one does; the time spent here (building the events and waiting) is paused on the round loop's clock.
 """
 from __future__ import annotations
 
-import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
-from engine.api.live import Controls
 from engine.api.events import CacheRollback, CommittedToken, Phase, PhaseEvent
+from engine.api.live import Controls
+from engine.runtime.clock import Clock
 
 Marks = list[tuple[str, int, int]]  # (cache, positions, blocks)
 
 
-def cache_marks(engine: Any, drafter: Any) -> Marks:
-    """What the target's cache and the draft model's (when it drafts this round) hold now."""
-    m = engine.target_pool.manager
-    marks = [("target", m.length(0), len(m.block_table(0)))]
-    pool = getattr(drafter, "pool", None)  # the n-gram drafter keeps no cache
-    if pool is not None:
-        marks.append(("draft", pool.manager.length(drafter.seq), len(pool.manager.block_table(drafter.seq))))
-    return marks
+class NoSteps:
+    """The hooks of a round that is not stepped."""
+
+    def drafted(self) -> None: ...
+
+    def verified(self, p: torch.Tensor) -> None: ...
+
+    def before_rollback(self) -> None: ...
+
+    def decided(self, accepted: int, p_drafted: Sequence[float], committed: Sequence[CommittedToken]) -> None: ...
 
 
-def rollbacks(before: Marks, after: Marks) -> tuple[CacheRollback, ...]:
-    return tuple(CacheRollback(name, pos0, pos1, blk0, blk1)
-                 for (name, pos0, blk0), (_, pos1, blk1) in zip(before, after))
+NO_STEPS = NoSteps()
 
 
-class RoundSteps:
-    """One round under step-through: `drafted()`, `verified(p)`, `decided(...)`, each pausing at the gate."""
+class RoundSteps(NoSteps):
+    """One round under step-through: each hook pauses at the gate after sending its PhaseEvent."""
 
-    def __init__(self, engine: Any, controls: Controls, round_no: int, drafter: str | None, k: int,
-                 proposal: Any) -> None:
-        """drafter: the name of the drafter that drafted this round, None in plain mode."""
-        t = time.perf_counter()
-        self.engine, self.controls, self.round = engine, controls, round_no
-        self.drafter = drafter
+    def __init__(self, controls: Controls, clock: Clock, marks: Callable[[], Marks], text_of: Callable[[int], str],
+                 round_no: int, drafter: str | None, k: int, proposal: Any) -> None:
+        """marks: what the caches hold now; drafter: the name of the drafter that drafted, None in plain mode."""
+        self.controls, self.clock, self.marks = controls, clock, marks
+        self.round, self.drafter = round_no, drafter
         self.k = k if drafter is not None else 0
-        tokens = proposal.tokens.tolist() if proposal is not None else []
-        self.tokens = tuple(tokens)
-        self.texts = tuple(engine._piece(tok) for tok in tokens)
-        self.q = tuple(_at(proposal.q, tokens)) if tokens else ()
-        engine.paused_s += time.perf_counter() - t
+        self._before: Marks = []
+        with clock.paused():
+            tokens = proposal.tokens.tolist() if proposal is not None else []
+            self.tokens = tuple(tokens)
+            self.texts = tuple(text_of(tok) for tok in tokens)
+            self.q = tuple(_at(proposal.q, tokens)) if tokens else ()
 
     def _event(self, phase: Phase, **kw: Any) -> PhaseEvent:
         return PhaseEvent(self.round, phase, self.drafter, self.k, self.tokens, self.texts, self.q, **kw)
 
-    def _pause(self, make: Any) -> None:
+    def _pause(self, make: Callable[[], PhaseEvent]) -> None:
         gate = self.controls.gate
         if not gate.stepping or self.controls.cancelled:
             return
-        t = time.perf_counter()
-        if self.controls.on_phase is not None:
-            self.controls.on_phase(make())
-        gate.wait()
-        self.engine.paused_s += time.perf_counter() - t
+        with self.clock.paused():
+            if self.controls.on_phase is not None:
+                self.controls.on_phase(make())
+            gate.wait()
 
     def drafted(self) -> None:
         if self.tokens:
@@ -71,10 +70,18 @@ class RoundSteps:
         if self.tokens:
             self._pause(lambda: self._event(Phase.VERIFIED, p=tuple(_at(p, list(self.tokens)))))
 
-    def decided(self, accepted: int, p_drafted: Sequence[float], committed: Sequence[CommittedToken],
-                before: Marks, after: Marks) -> None:
+    def before_rollback(self) -> None:
+        self._before = self.marks()
+
+    def decided(self, accepted: int, p_drafted: Sequence[float], committed: Sequence[CommittedToken]) -> None:
+        rollback = rollbacks(self._before, self.marks())
         self._pause(lambda: self._event(Phase.DECIDED, p=tuple(p_drafted), accepted=accepted,
-                                        committed=tuple(committed), rollback=rollbacks(before, after)))
+                                        committed=tuple(committed), rollback=rollback))
+
+
+def rollbacks(before: Marks, after: Marks) -> tuple[CacheRollback, ...]:
+    return tuple(CacheRollback(name, pos0, pos1, blk0, blk1)
+                 for (name, pos0, blk0), (_, pos1, blk1) in zip(before, after))
 
 
 def _at(dist: torch.Tensor, tokens: list[int]) -> list[float]:

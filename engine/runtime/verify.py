@@ -1,0 +1,56 @@
+"""The verify and accept/reject phases of a round: the target scores [g, t1..tK] in one pass, then the rule keeps a
+prefix of the drafts and draws the correction or the bonus token (a plain step draws from the first row)."""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+
+import torch
+
+from engine.api.config import SamplingParams
+from engine.api.dists import PositionDist
+from engine.api.events import Origin
+from engine.model.kv_cache import KVPool
+from engine.model.transformer import Transformer
+from engine.spec.accept import Verdict, accept_reject
+from engine.spec.drafters import Proposal
+from engine.spec.inspection import inspect_round
+from engine.spec.sampling import probs_for_positions, sample
+
+
+@dataclass(frozen=True)
+class Scores:
+    logits: torch.Tensor  # (K+1, V) the target's raw scores
+    p: torch.Tensor  # (K+1, V) after the sampling transforms
+
+
+def score(target: Transformer, pool: KVPool, ids: list[int], drafted: torch.Tensor, params: SamplingParams,
+          vocab: int, device: torch.device) -> Scores:
+    """One target pass over the last committed token and the drafts, appended to the target's cache (sequence 0)."""
+    feed = torch.cat([torch.tensor([ids[-1]], dtype=torch.long, device=device), drafted.to(device)])  # (K+1,)
+    start, end = pool.manager.append(0, len(feed))
+    logits = target(feed, start, pool.view(0, start, end))[:, :vocab]  # (K+1, V)
+    context = torch.tensor(ids, dtype=torch.long, device=device)
+    return Scores(logits, probs_for_positions(logits, params, context, drafted))
+
+
+def decide(drafted: torch.Tensor, proposal: Proposal | None, p: torch.Tensor,
+           gen: torch.Generator) -> tuple[list[int], list[Origin], Verdict]:
+    """The round's committed tokens (before any stop), their origins, and the verdict."""
+    if len(drafted) == 0:  # a plain decode step
+        tok = sample(p[0], gen)
+        return [tok], [Origin.PLAIN], Verdict(0, tok, (), (), float(p[0, tok]))
+    assert proposal is not None
+    v = accept_reject(drafted, proposal.q, p, gen)
+    tokens = drafted[: v.accepted].tolist() + [v.next_token]
+    return tokens, [Origin.ACCEPTED] * v.accepted + [Origin.BONUS if v.bonus else Origin.CORRECTED], v
+
+
+def inspector_rows(scores: Scores, drafted: torch.Tensor, proposal: Proposal | None, v: Verdict,
+                   text_of: Callable[[int], str], greedy: bool) -> Callable[[], tuple[PositionDist, ...]]:
+    """The round's inspector rows, computed when called (after the round's timing)."""
+    shown = scores.logits if greedy else None  # point masses say little: show the logits
+    spec = len(drafted) > 0 and proposal is not None
+    return partial(inspect_round, scores.p, proposal.q if spec else None, drafted, v.u, v.accepted, v.next_token,
+                   text_of, logits=shown, draft_logits=proposal.logits if spec and shown is not None else None)
