@@ -27,16 +27,15 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from engine.analysis.theory import theoretical_speedup  # noqa: E402
-from engine.tools.bench import read_prompts  # noqa: E402
-from engine.api.config import STOP_BELOW, SamplingParams, SpecParams  # noqa: E402
-from engine.model.forward import forward_chunked  # noqa: E402
-from engine.runtime.engine import Engine  # noqa: E402
-from engine.io.loading import load_engine  # noqa: E402
-from engine.api.events import RoundEvent, Summary  # noqa: E402
-from engine.io.provision import default_pair  # noqa: E402
+from engine.analysis.theory import theoretical_speedup
+from engine.tools.bench import read_prompts
+from engine.api.config import STOP_BELOW, SamplingParams, SpecParams
+from engine.model.forward import forward_chunked
+from engine.runtime.engine import Engine
+from engine.io.loading import load_engine
+from engine.api.events import RoundEvent, Summary
+from engine.io.provision import default_pair
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "bench"
 

@@ -10,15 +10,12 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench_cpu import our_mode  # noqa: E402
+from bench_cpu import our_mode
 
-from engine.api.config import STOP_BELOW, SpecParams  # noqa: E402
-
-from engine.io.loading import load_engine  # noqa: E402
-from engine.io.provision import default_pair  # noqa: E402
+from engine.api.config import STOP_BELOW, SpecParams
+from engine.io.loading import load_engine
+from engine.io.provision import default_pair
 
 CODE = '''def merge_sorted(left, right):
     result = []

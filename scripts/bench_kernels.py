@@ -32,8 +32,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from engine.quant import ext, formats  # noqa: E402
+from engine.quant import ext, formats
 
 NOMINAL_GBS = 21.6  # what a one-row matmul reaches on the 2-vCPU EPYC development machine (issue 9)
 SHAPES = {"ffn_up 1536->8960": (1536, 8960), "ffn_down 8960->1536": (8960, 1536), "lm_head 1536->151936": (1536, 151936)}

@@ -20,12 +20,11 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from engine.api.config import SamplingParams, SpecParams  # noqa: E402
-from engine.runtime.engine import Engine  # noqa: E402
-from engine.io.loading import load_engine  # noqa: E402
-from engine.api.events import Summary  # noqa: E402
-from engine.io.provision import default_pair  # noqa: E402
+from engine.api.config import SamplingParams, SpecParams
+from engine.runtime.engine import Engine
+from engine.io.loading import load_engine
+from engine.api.events import Summary
+from engine.io.provision import default_pair
 
 
 def ours(engine: Engine, n: int, reps: int) -> float:

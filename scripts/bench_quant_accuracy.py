@@ -15,16 +15,15 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from engine.tools.bench import read_prompts  # noqa: E402
-from engine.api.config import CacheConfig, SamplingParams, SpecParams  # noqa: E402
-from engine.runtime.engine import Engine  # noqa: E402
-from engine.io.gguf_file import GGUFFile  # noqa: E402
-from engine.io.gguf_model import build_model  # noqa: E402
-from engine.io.gguf_tokenizer import tokenizer_from_gguf  # noqa: E402
-from engine.model.kv_cache import BlockManager, KVPool  # noqa: E402
-from engine.io.provision import default_pair  # noqa: E402
+from engine.tools.bench import read_prompts
+from engine.api.config import CacheConfig, SamplingParams, SpecParams
+from engine.runtime.engine import Engine
+from engine.io.gguf_file import GGUFFile
+from engine.io.gguf_model import build_model
+from engine.io.gguf_tokenizer import tokenizer_from_gguf
+from engine.model.kv_cache import BlockManager, KVPool
+from engine.io.provision import default_pair
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "bench"
 MAX_LEN = 2048

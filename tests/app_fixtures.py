@@ -21,6 +21,7 @@ import pytest  # noqa: E402
 
 from engine.api.config import SamplingParams, SpecParams  # noqa: E402
 from engine.api.events import CommittedToken, DraftToken, Origin, RoundEvent, Summary  # noqa: E402
+from engine.runtime.tally import RoundTally  # noqa: E402
 from engine.service.process import Controls, Factory  # noqa: E402
 
 __all__ = [
@@ -137,14 +138,10 @@ class FakeEngine:
         while reused < min(len(self._cached), len(prompt_ids) - 1) and self._cached[reused] == prompt_ids[reused]:
             reused += 1
         t0 = time.perf_counter()
-        i = rounds = drafted_total = accepted_total = 0
-        pos_d: list[int] = []
-        pos_a: list[int] = []
-        draft_ms_total = verify_ms_total = 0.0
-        ttft = None
+        tally = RoundTally(len(prompt_ids), reused)
+        i = rounds = 0
         stop = None
         ids: list[int] = []
-        text: list[str] = []
         while stop is None:
             if controls.cancelled:
                 stop = "cancelled"
@@ -186,33 +183,13 @@ class FakeEngine:
             timed = bool(self.round_delay or self.work_ms)
             d_ms = (t_drafted - t_round) * 1e3 if timed else 0.4 * k  # untimed: fixed figures
             v_ms = (t_verified - t_drafted) * 1e3 if timed else 5.0
-            for j, d in enumerate(drafted):
-                if j >= len(pos_d):
-                    pos_d.append(0)
-                    pos_a.append(0)
-                pos_d[j] += 1
-                pos_a[j] += d.accepted
-            drafted_total += k
-            accepted_total += n_acc
-            draft_ms_total += d_ms
-            verify_ms_total += v_ms
-            ttft = ttft if ttft is not None else time.perf_counter() - t0
-            delta = "".join(c.text for c in committed)
-            text.append(delta)
-            yield RoundEvent(rounds, "speculative" if k else "plain", sp.drafter if k else None, k, s.temperature,
-                             tuple(drafted), tuple(committed), delta, d_ms, v_ms, time.perf_counter() - t0,
-                             len(ids), stop)
+            event = RoundEvent(rounds, "speculative" if k else "plain", sp.drafter if k else None, k, s.temperature,
+                               tuple(drafted), tuple(committed), "".join(c.text for c in committed), d_ms, v_ms,
+                               time.perf_counter() - t0, len(ids), stop)
+            tally.add(event, time.perf_counter() - t0)
+            yield event
         self._cached = list(prompt_ids) + ids
-        total = time.perf_counter() - t0
-        yield Summary(
-            new_tokens=len(ids), rounds=rounds, target_forwards=rounds + 1, drafted=drafted_total,
-            accepted=accepted_total, acceptance_rate=accepted_total / drafted_total if drafted_total else 0.0,
-            mean_tokens_per_round=len(ids) / rounds if rounds else 0.0,
-            per_position_acceptance=tuple(a / d for a, d in zip(pos_a, pos_d)),
-            tokens_per_s=len(ids) / total if total > 0 else 0.0, ttft_s=ttft or total, total_s=total,
-            prompt_tokens=len(prompt_ids), reused_prefix_tokens=reused, draft_ms=draft_ms_total,
-            verify_ms=verify_ms_total, stop_reason=stop, text="".join(text), token_ids=tuple(ids),
-        )
+        yield tally.summary(time.perf_counter() - t0, stop)
 
 
 class ModelLoadError(Exception):

@@ -76,19 +76,6 @@ def test_end_to_end_provision_assembles_once_and_loads(tmp_path, parts, tiny_ggu
     assert provision.provision(ps, root=root, locate=nowhere) == path
 
 
-def test_an_earlier_versions_fp32_conversion_is_removed(tmp_path, parts):
-    ps, locate = parts
-    root = tmp_path / "cache"
-    old = root / "tiny-model"
-    old.mkdir(parents=True)
-    (old / "model.safetensors").write_bytes(b"gigabytes")
-    (old / "speclens.json").write_text("{}")
-    mine = root / "tiny-model-notes"  # not ours: left alone
-    mine.mkdir()
-    provision.provision(ps, root=root, locate=locate)
-    assert leftovers(root) == ["tiny-model-notes", "tiny-model.gguf"]
-
-
 def test_corrupted_part_is_detected_and_nothing_is_trusted(tmp_path, parts):
     ps, locate = parts
     victim = locate("fake-part2")
@@ -218,16 +205,20 @@ def test_cache_root_environment(monkeypatch, tmp_path):
     assert provision.cache_root() == tmp_path / "home" / ".cache" / "speclens"
 
 
+def provisioned() -> bool:
+    return all(provision.is_trusted(provision.model_file(ps), ps) for ps in (provision.TARGET, provision.DRAFT))
+
+
 def test_default_pair_uses_the_default_cache(tmp_path, monkeypatch, parts):
     ps, locate = parts
     monkeypatch.setenv("SPECLENS_CACHE", str(tmp_path / "c"))
     monkeypatch.setattr(provision, "TARGET", ps)
     monkeypatch.setattr(provision, "DRAFT", PartSet("tiny-draft", ps.packages, ps.size, ps.sha256))
     monkeypatch.setattr(provision, "locate_part", locate)
-    assert not provision.is_provisioned()
+    assert not provisioned()
     target, draft = provision.default_pair()
     assert (target, draft) == (tmp_path / "c" / "tiny-model.gguf", tmp_path / "c" / "tiny-draft.gguf")
-    assert provision.is_provisioned()
+    assert provisioned()
 
 
 def test_embedded_partsets_match_pyproject():

@@ -135,6 +135,14 @@ def write_gguf(path: Path, model, tok: PreTrainedTokenizerFast | None, qtype: st
 
 # --- safetensors folders ----------------------------------------------------------------------------------
 
+def iter_hf(gf: GGUFFile):
+    """Every tensor of the file that the model uses, by Hugging Face name, float32 in HF layout."""
+    for name in gf.tensors:
+        hf = gf.hf_name(name)
+        if hf is not None:
+            yield hf, gf.read(name)
+
+
 def test_folder_loads_config_tensors_tokenizer_and_reports_progress(tmp_path):
     folder, model = save_hf_folder(tmp_path / "tiny-llama")
     seen = []
@@ -294,7 +302,7 @@ def test_gguf_llama_f32_undoes_the_qk_permutation_exactly(tmp_path):
     gf = GGUFFile(path)
     c = gf.config()
     assert (c.arch, c.num_heads, c.num_kv_heads, c.head_dim, c.tie_word_embeddings, c.attention_bias) == ("llama", 4, 2, 8, False, False)
-    got = dict(gf.iter_hf())
+    got = dict(iter_hf(gf))
     sd = model.state_dict()
     assert set(got) == set(sd)
     for k, v in sd.items():
@@ -322,7 +330,7 @@ def test_gguf_llama_quantized_types_dequantize_close(tmp_path, qtype):
     kinds = {t.qtype.name for t in gf.tensors.values()}
     assert kinds == ({"F32", "F16", "Q8_0"} if qtype == "mixed" else {"F32", qtype})
     sd = model.state_dict()
-    for k, v in gf.iter_hf():
+    for k, v in iter_hf(gf):
         ref = sd[k].numpy()
         assert v.dtype == np.float32 and v.shape == ref.shape
         assert np.abs(v - ref).max() <= 0.01 * np.abs(ref).max() + 1e-6, k  # both formats keep ~1% per block
@@ -380,7 +388,7 @@ def test_llama3_rope_freqs_become_rope_scaling(tmp_path):
     c = gf.config()
     assert c.rope_scaling == {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                               "original_max_position_embeddings": 8192}
-    assert "rope_freqs.weight" not in dict(gf.iter_hf())
+    assert "rope_freqs.weight" not in dict(iter_hf(gf))
     bad = GGUFFile(write_gguf(tmp_path / "odd.gguf", model, None, "F32", rope_freqs=np.linspace(1, 3, dim // 2)))
     with pytest.raises(ModelLoadError, match="rope_freqs does not match"):
         bad.config()

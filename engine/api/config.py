@@ -1,11 +1,9 @@
 """Configs, each checked when it is made."""
 from __future__ import annotations
 
-import json
 import math
 import numbers
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any, Literal, get_args
 
 
@@ -69,33 +67,6 @@ class ModelConfig:
             eos_token_ids=eos_ids,
             arch=arch,
         )
-
-    @classmethod
-    def from_json(cls, path: str | Path) -> ModelConfig:
-        return cls.from_hf(json.loads(Path(path).read_text()))
-
-    def to_hf(self) -> dict[str, Any]:
-        """A config.json dict that `from_hf` reads back (and transformers understands)."""
-        out: dict[str, Any] = {
-            "model_type": self.arch,
-            "architectures": ["Qwen2ForCausalLM" if self.arch == "qwen2" else "LlamaForCausalLM"],
-            "vocab_size": self.vocab_size,
-            "hidden_size": self.hidden_size,
-            "intermediate_size": self.intermediate_size,
-            "num_hidden_layers": self.num_layers,
-            "num_attention_heads": self.num_heads,
-            "num_key_value_heads": self.num_kv_heads,
-            "head_dim": self.head_dim,
-            "rms_norm_eps": self.rms_norm_eps,
-            "rope_theta": self.rope_theta,
-            "rope_scaling": self.rope_scaling,
-            "max_position_embeddings": self.max_position_embeddings,
-            "tie_word_embeddings": self.tie_word_embeddings,
-            "attention_bias": self.attention_bias,
-            "bos_token_id": self.bos_token_id,
-            "eos_token_id": list(self.eos_token_ids),
-        }
-        return out
 
 
 def _rope_scaling(cfg: dict[str, Any]) -> dict[str, Any] | None:

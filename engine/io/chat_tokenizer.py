@@ -50,9 +50,6 @@ class ChatTokenizer:
     def token_to_id(self, token: str) -> int | None:
         return self.tk.token_to_id(token)
 
-    def convert_ids_to_tokens(self, ids: list[int]) -> list[str | None]:
-        return [self.tk.id_to_token(i) for i in ids]
-
     @cached_property
     def _template(self) -> Any:
         import jinja2

@@ -311,15 +311,6 @@ class GGUFFile:
             return f"model.layers.{parts[1]}.{_LAYER_NAMES[parts[2]]}"
         raise ModelLoadError(f"{self.path}: unexpected tensor {name!r} for a {self.arch} model")
 
-    def hf_shapes(self) -> dict[str, tuple[int, ...]]:
-        """HF name -> shape, in file order, without reading any data."""
-        out = {}
-        for name, t in self.tensors.items():
-            hf = self.hf_name(name)
-            if hf is not None:
-                out[hf] = t.shape
-        return out
-
     def read(self, name: str) -> np.ndarray:
         """A tensor by GGUF name, float32, in Hugging Face layout."""
         arr = self.read_raw(name)
@@ -373,12 +364,6 @@ class GGUFFile:
             return 0
         n = self._meta("attention.head_count")
         return (self._meta("attention.head_count_kv", None) or n) if kind == "attn_k" else n
-
-    def iter_hf(self) -> Iterator[tuple[str, np.ndarray]]:
-        for name in self.tensors:
-            hf = self.hf_name(name)
-            if hf is not None:
-                yield hf, self.read(name)
 
     @property
     def file_type(self) -> str:

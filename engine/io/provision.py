@@ -26,7 +26,6 @@ Cancel = Callable[[], bool]
 
 PIP_HINT = 'pip install "speclens[default-models]"'
 _CHUNK = 8 << 20
-_OLD_MANIFEST = "speclens.json"  # marks the fp32 folders that earlier versions converted the GGUFs into
 
 
 class ProvisionError(Exception):
@@ -77,10 +76,6 @@ def is_trusted(path: Path, ps: PartSet) -> bool:
         return False
 
 
-def is_provisioned() -> bool:
-    return all(is_trusted(model_file(ps), ps) for ps in (TARGET, DRAFT))
-
-
 def default_pair(progress: Progress | None = None, cancel: Cancel | None = None) -> tuple[Path, Path]:
     """(target, draft) GGUF files of the embedded pair, assembled on first use."""
     target = provision(TARGET, progress=progress, cancel=cancel, label="target")
@@ -108,9 +103,6 @@ def provision(ps: PartSet, *, root: Path | None = None, locate: Callable[[str], 
             return final
         for stale in root.glob(f".{ps.name}.*"):  # temp files of a run that died; we hold the lock
             _remove(stale)
-        old = root / ps.name
-        if (old / _OLD_MANIFEST).is_file():  # an earlier version's fp32 conversion: gigabytes we no longer use
-            _remove(old)
         _remove(final)  # untrusted: wrong size
         try:
             _assemble(ps, final, locate, who, report, cancel)
