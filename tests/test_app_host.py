@@ -1,4 +1,4 @@
-"""EngineHost and the engine process (engine/service.py): message order, cancel, errors, loading, death."""
+"""EngineHost and the engine process (engine/service/): message order, cancel, errors, loading, death."""
 import os
 import signal
 import threading
@@ -343,7 +343,7 @@ def test_describe_error(exc, text):
 
 
 def test_service_shares_the_engines_controls_without_importing_torch():
-    """The command reader holds the engine's own Controls class (engine/controls.py), and importing the service
+    """The command reader holds the engine's own Controls class (engine/api/live.py), and importing the service
     (as a spawned engine process does before it loads anything) pulls in no torch."""
     import subprocess
     import sys

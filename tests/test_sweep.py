@@ -1,4 +1,4 @@
-"""The K tuner's arithmetic (engine/sweep.py) and its CSV (engine/stats.py)."""
+"""The K tuner's arithmetic (engine/analysis/sweep.py) and its CSV (engine/analysis/stats.py)."""
 import csv
 
 import pytest

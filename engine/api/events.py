@@ -61,7 +61,7 @@ class RoundEvent:
     new_tokens: int  # committed so far in this request, this round included
     stop_reason: str | None = None  # set on the last round: "eos", "stop", "length", "cancelled"
     draft_prefill_ms: float = 0.0  # the draft model catching up with the prompt; not part of draft_ms
-    # The inspector's view of each verify row (engine/dists.py): row i is drafted[i] and committed[i]; the last
+    # The inspector's view of each verify row (engine/api/dists.py): row i is drafted[i] and committed[i]; the last
     # row is the bonus (or plain) token's. Empty when the engine did not record it.
     positions: tuple[PositionDist, ...] = ()
 
@@ -140,7 +140,7 @@ class CacheRollback:
 
 @dataclass(frozen=True)
 class PhaseEvent:
-    """One phase of a round while step-through holds the engine at `Controls.gate` (see engine/controls.py).
+    """One phase of a round while step-through holds the engine at `Controls.gate` (see engine/api/live.py).
 
     It goes to `Controls.on_phase`, not through generate()'s yields: the RoundEvent stays the one record of a
     round, and a request that does not step never builds one. A round that drafts nothing (plain decoding, or an

@@ -1,5 +1,5 @@
 """What may change while a request runs, read by the engine at the start of every round. No torch here, so the
-engine process's command reader (engine/service.py) can hold one without importing the engine."""
+engine process's command reader (engine/service/) can hold one without importing the engine."""
 from __future__ import annotations
 
 import threading
