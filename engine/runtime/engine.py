@@ -198,7 +198,9 @@ class Engine:
         # Per-round controls; the seed, the length budget and the stop strings belong to the request.
         params = replace(controls.sampling, seed=sampling.seed, max_new_tokens=sampling.max_new_tokens,
                          stop=sampling.stop)
-        drafter, k = self._plan(controls.spec, transcript.room())
+        spec = controls.spec
+        drafter, k = self._plan(spec, transcript.room())
+        # Draft.
         t_round = self.clock.now()
         proposal = drafter.propose(self.ids, k, params, gen) if drafter else None
         t_drafted = self.clock.now()
@@ -206,16 +208,19 @@ class Engine:
         steps = self._steps(controls, round_no, drafter, source, k, proposal)
         steps.drafted()
         drafted = proposal.tokens if proposal is not None else torch.empty(0, dtype=torch.long)
+        # Verify, then accept/reject.
         scores = score(self.target, self.target_pool, self.ids, drafted, params, self.vocab, self.device)
         steps.verified(scores.p)
         tokens, origins, verdict = decide(drafted, proposal, scores.p, gen)
         t_verified = self.clock.now()
         rows = inspector_rows(scores, drafted, proposal, verdict, self.text_of, params.greedy)
         positions = rows() if self.inspect else ()  # after the clock: verify_ms stays the verify's own
+        # Commit, then roll back what was not committed.
         committed, stop = transcript.commit(tokens, origins, verdict)
         steps.before_rollback()
         self._roll_back(drafter)
         steps.decided(verdict.accepted, verdict.p_drafted, committed)
+        # Report.
         prefill_ms = proposal.prefill_s * 1e3 if proposal is not None else 0.0  # not a cost of drafting K tokens
         event = RoundEvent(
             round=round_no, mode="speculative" if drafter else "plain", drafter=source, k=k if drafter else 0,
@@ -228,7 +233,7 @@ class Engine:
         tally.add(event, t_verified - t0)
         if drafter is not None and source is not None:
             drafter.observe(Outcome(source, len(event.drafted), verdict.accepted, event.draft_ms / 1e3,
-                                    event.verify_ms / 1e3, controls.spec.adaptive))
+                                    event.verify_ms / 1e3, spec.adaptive))
         return event
 
     def _plan(self, spec: SpecParams, room: int) -> tuple[Drafter | None, int]:
