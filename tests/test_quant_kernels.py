@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 import torch
 
-from engine.quant import ext, formats
+from engine.quant import ext, formats, kernels_name
 from engine.quant.formats import FORMATS, T
 from engine.quant.linear import FileEmbedding, QuantEmbedding, QuantLinear, packed_slices
 
@@ -174,6 +174,14 @@ def test_parts_repacked_into_one_buffer_concat_without_a_copy(kernels, cases):
                                                          QuantLinear(raw[16:], T.Q6_K, K)]).packed)
     with pytest.raises(ValueError, match="out:"):
         QuantLinear(raw[:16], T.Q6_K, K, out=slices[1])
+
+
+def test_one_isa_table_names_the_instruction_sets(kernels):
+    """The C++ table (csrc/isa.cpp) is where the names live: what runs, what this CPU runs, what the user reads."""
+    table = dict(kernels.isa_table())
+    assert list(table)[0] == "scalar" and set(kernels.supported_isas()) <= set(table)
+    assert kernels.isa() == kernels.supported_isas()[-1]  # the best one, unless SPECLENS_QUANT_ISA pins another
+    assert kernels_name() == f"{table[kernels.isa()]} kernels"
 
 
 def test_bad_shapes_are_refused(kernels, cases):

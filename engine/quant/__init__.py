@@ -7,9 +7,6 @@ from engine.quant.formats import FORMATS, UnsupportedType, dequantize, fmt
 from engine.quant.linear import QuantEmbedding, QuantLinear
 
 
-ISA_NAMES = {"scalar": "scalar", "avx2": "AVX2", "avxvnni": "AVX-VNNI", "avx512vnni": "AVX-512 VNNI"}
-
-
 def kernels_available() -> bool:
     """True when the compiled kernels load (else the modules run the slow pure-torch fallback)."""
     from engine.quant import ext
@@ -22,7 +19,7 @@ def kernels_name() -> str:
     from engine.quant import ext
 
     mod = ext.load()
-    return f"{ISA_NAMES.get(mod.isa(), mod.isa())} kernels" if mod is not None else "pure-torch fallback"
+    return f"{dict(mod.isa_table())[mod.isa()]} kernels" if mod is not None else "pure-torch fallback"
 
 
 __all__ = ["FORMATS", "QuantEmbedding", "QuantLinear", "UnsupportedType", "dequantize", "fmt", "kernels_available",

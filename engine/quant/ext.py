@@ -4,9 +4,10 @@ The extension is compiled by `torch.utils.cpp_extension.load` with ninja and the
 first use, into `<cache>/ext/<hash of sources, flags, torch and python>`; later processes import the built
 module straight from there (~1 ms, where asking cpp_extension and ninja again takes ~0.15 s).
 A fresh build removes the builds beside it that no process has loaded for two weeks (`prune`).
-No -march flag: the instruction set is picked at run time (AVX-512 VNNI, AVX-VNNI, AVX2 or scalar), so a build
-made on one machine runs on any x86-64. `SPECLENS_QUANT_EXT=0` disables the extension (the pure-torch
-fallback runs instead); `SPECLENS_QUANT_ISA=scalar|avx2|avxvnni|avx512vnni` pins the instruction set.
+No -march flag: the instruction set is picked at run time, the best this CPU runs of csrc/isa.cpp's table (the
+module's `isa_table()`), so a build made on one machine runs on any x86-64. `SPECLENS_QUANT_EXT=0` disables the
+extension (the pure-torch fallback runs instead); `SPECLENS_QUANT_ISA=<name from that table>` pins the
+instruction set.
 """
 from __future__ import annotations
 
@@ -28,8 +29,8 @@ from engine.paths import cache_root
 log = logging.getLogger(__name__)
 
 CSRC = Path(__file__).with_name("csrc")
-SOURCES = ("bindings.cpp", "decoder.cpp", "repack.cpp", "kernels_scalar.cpp", "kernels_avx2.cpp", "kernels_avxvnni.cpp",
-           "kernels_avx512.cpp")
+SOURCES = ("bindings.cpp", "decoder.cpp", "isa.cpp", "repack.cpp", "kernels_scalar.cpp", "kernels_avx2.cpp",
+           "kernels_avxvnni.cpp", "kernels_avx512.cpp")
 # -ffp-contract=off: every float operation rounds where the source says (no silent FMA fusion), which the
 # bit-exact dequantization and the cross-ISA identical results rely on. No unroll-and-jam: jamming two
 # scale blocks into the row loop doubles the live weight registers and spills them (measured 3x slower).

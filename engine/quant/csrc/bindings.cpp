@@ -8,9 +8,11 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "decoder.h"
+#include "isa.h"
 #include "quant.h"
 
 namespace {
@@ -27,48 +29,32 @@ void require(bool ok, const A&... parts) {
     throw std::invalid_argument(msg.str());
 }
 
-enum Isa { SCALAR = 0, AVX2 = 1, AVXVNNI = 2, AVX512 = 3 };  // in order of preference, last best
-const char* const ISA_NAMES[] = {"scalar", "avx2", "avxvnni", "avx512vnni"};
+int g_isa = best_isa();  // index into ISAS
 
-bool isa_supported(int isa) {
-    switch (isa) {
-        case SCALAR: return true;
-        case AVX2:
-            return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
-        case AVXVNNI:
-            return isa_supported(AVX2) && __builtin_cpu_supports("avxvnni");
-        case AVX512:
-            return isa_supported(AVX2) && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                   __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
-        default: return false;
-    }
+std::vector<std::pair<std::string, std::string>> isa_table() {
+    std::vector<std::pair<std::string, std::string>> out;
+    for (const Isa& i : ISAS) out.emplace_back(i.name, i.display);
+    return out;
 }
-
-int best_isa() {
-    for (int i = AVX512; i > SCALAR; --i)
-        if (isa_supported(i)) return i;
-    return SCALAR;
-}
-
-int g_isa = best_isa();
-
-std::string get_isa() { return ISA_NAMES[g_isa]; }
 
 std::vector<std::string> supported_isas() {
     std::vector<std::string> out;
-    for (int i = SCALAR; i <= AVX512; ++i)
-        if (isa_supported(i)) out.emplace_back(ISA_NAMES[i]);
+    for (const Isa& i : ISAS)
+        if (i.supported()) out.emplace_back(i.name);
     return out;
 }
 
 void set_isa(const std::string& name) {
-    for (int i = SCALAR; i <= AVX512; ++i)
-        if (name == ISA_NAMES[i]) {
-            require(isa_supported(i), "this CPU does not support ", name);
+    std::string names;
+    for (int i = 0; i < N_ISAS; ++i) {
+        if (name == ISAS[i].name) {
+            require(ISAS[i].supported(), "this CPU does not support ", name);
             g_isa = i;
             return;
         }
-    require(false, "unknown instruction set ", name, " (scalar, avx2, avxvnni, avx512vnni)");
+        names += (i ? ", " : "") + std::string(ISAS[i].name);
+    }
+    require(false, "unknown instruction set ", name, " (", names, ")");
 }
 
 Layout checked_layout(int64_t qtype, int64_t K) {
@@ -133,7 +119,7 @@ at::Tensor matmul(const at::Tensor& packed, int64_t qtype, int64_t N, int64_t K,
         bp = bc.data_ptr<float>();
     }
     if (R == 0) return out;
-    const IsaFns& f = isa_fns(g_isa);
+    const IsaFns& f = ISAS[g_isa].fns;
     const Lin w{static_cast<int>(qtype), packed.data_ptr<uint8_t>(), N, K, bp, exact};
     pybind11::gil_scoped_release nogil;
     // Rows are independent, so chunks of MAX_ROWS give every row the same result as any other batching.
@@ -201,7 +187,7 @@ class PyStack {
         if (nthreads <= 0) nthreads = at::get_num_threads();
         const Cache c{k.data_ptr<float>(), v.data_ptr<float>(), slots, wp, rp, base, S};
         pybind11::gil_scoped_release nogil;
-        decode(st_, c, out.data_ptr<float>(), static_cast<int>(T), start, g_isa, static_cast<int>(nthreads));
+        decode(st_, c, out.data_ptr<float>(), static_cast<int>(T), start, ISAS[g_isa].fns, static_cast<int>(nthreads));
         return out;
     }
 
@@ -238,8 +224,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         .def(pybind11::init<int64_t, int64_t, int64_t, int64_t, int64_t, double, const at::Tensor&, const at::Tensor&,
                             const at::Tensor&, const std::vector<LayerT>&>())
         .def("forward", &PyStack::forward, "decoder layers + final norm for a pass of up to 16 tokens");
-    m.def("isa", &get_isa);
+    m.def("isa", [] { return std::string(ISAS[g_isa].name); }, "the instruction set the kernels run");
     m.def("set_isa", &set_isa);
-    m.def("supported_isas", &supported_isas);
+    m.def("supported_isas", &supported_isas, "names of the instruction sets this CPU runs, worst to best");
+    m.def("isa_table", &isa_table, "(name, display name) of every instruction set built, worst to best");
     m.def("packed_bytes", [](int64_t qtype, int64_t N, int64_t K) { return packed_bytes(qtype, N, K); });
 }

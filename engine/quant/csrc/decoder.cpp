@@ -12,16 +12,6 @@
 
 namespace sq {
 
-const IsaFns& isa_fns(int isa) {
-    static const IsaFns table[] = {
-        {scalar::quantize_acts, scalar::matmul_q8, scalar::matmul_f32, scalar::attend, scalar::silu_mul},
-        {avx2::quantize_acts, avx2::matmul_q8, avx2::matmul_f32, avx2::attend, avx2::silu_mul},
-        {avxvnni::quantize_acts, avxvnni::matmul_q8, avxvnni::matmul_f32, avxvnni::attend, avxvnni::silu_mul},
-        {avx512::quantize_acts, avx512::matmul_q8, avx512::matmul_f32, avx512::attend, avx512::silu_mul},
-    };
-    return table[isa < 0 || isa > 3 ? 0 : isa];
-}
-
 void linear(const Lin& w, const float* x, int R, float* y, const IsaFns& f, int nthreads) {
     const MatArgs a{w.qtype, w.packed, w.N, w.K, w.bias, y, nthreads};
     if (w.exact) {
@@ -83,8 +73,7 @@ void linear_parts(const std::vector<Lin>& parts, const float* x, int R, float* y
 
 }  // namespace
 
-void decode(const Stack& st, const Cache& c, float* x, int T, int64_t start, int isa, int nthreads) {
-    const IsaFns& f = isa_fns(isa);
+void decode(const Stack& st, const Cache& c, float* x, int T, int64_t start, const IsaFns& f, int nthreads) {
     const int C = st.C, H = st.H, Hkv = st.Hkv, D = st.D, I = st.I;
     const int64_t nq = static_cast<int64_t>(H) * D, nkv = static_cast<int64_t>(Hkv) * D, nqkv = nq + 2 * nkv;
     std::vector<float> h(T * C), qkv(T * nqkv), att(T * nq), y(T * C), gu(T * 2 * I), act(T * I), tmp;

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "isa.h"
 #include "quant.h"
 
 namespace sq {
@@ -46,20 +47,10 @@ struct Cache {  // one sequence's view of the pool (L, slots, Hkv, D) for this p
     int64_t base, S;       // S = positions after this pass
 };
 
-// The dispatched kernels of one instruction set (0 scalar, 1 AVX2, 2 AVX-VNNI, 3 AVX-512 VNNI).
-struct IsaFns {
-    void (*quantize_acts)(const float*, int, int64_t, int8_t*, float*, float*, int32_t*, int32_t*);
-    void (*matmul_q8)(const MatArgs&, const ActQ&);
-    void (*matmul_f32)(const MatArgs&, const float*, int);
-    void (*attend)(const AttnArgs&);
-    void (*silu_mul)(const float*, int, int64_t, float*, int);
-};
-const IsaFns& isa_fns(int isa);
-
 // y (R, N) = x (R, K) W^T for R <= MAX_ROWS rows.
 void linear(const Lin& w, const float* x, int R, float* y, const IsaFns& f, int nthreads);
 
 // x (T, C): embeddings in, final-normed hidden states out. Writes the T new positions' K/V into the cache.
-void decode(const Stack& st, const Cache& c, float* x, int T, int64_t start, int isa, int nthreads);
+void decode(const Stack& st, const Cache& c, float* x, int T, int64_t start, const IsaFns& f, int nthreads);
 
 }  // namespace sq

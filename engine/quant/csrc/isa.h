@@ -1,0 +1,27 @@
+// The instruction sets the kernels are built for, in one table: the name Python and SPECLENS_QUANT_ISA use, the
+// name shown to the user, the CPU check and the kernels. Python reads it through the module's isa_table().
+#pragma once
+#include "quant.h"
+
+namespace sq {
+
+struct IsaFns {  // the dispatched kernels of one instruction set
+    void (*quantize_acts)(const float*, int, int64_t, int8_t*, float*, float*, int32_t*, int32_t*);
+    void (*matmul_q8)(const MatArgs&, const ActQ&);
+    void (*matmul_f32)(const MatArgs&, const float*, int);
+    void (*attend)(const AttnArgs&);
+    void (*silu_mul)(const float*, int, int64_t, float*, int);
+};
+
+struct Isa {
+    const char* name;     // e.g. "avx512vnni"
+    const char* display;  // e.g. "AVX-512 VNNI"
+    bool (*supported)();  // this CPU runs it
+    IsaFns fns;
+};
+
+constexpr int N_ISAS = 4;
+extern const Isa ISAS[N_ISAS];  // in order of preference, last best
+int best_isa();                 // index of the best one this CPU runs
+
+}  // namespace sq
