@@ -1,0 +1,287 @@
+"""Every message between the window's process and the engine's, as a frozen dataclass. No torch, no Qt: both
+processes import this.
+
+Commands (window -> engine). Load, Scan, Generate and Reset run one at a time in the order sent; the others act
+at once, so they reach a running request between two of its rounds.
+
+    Load(target, draft, device)        target None: the embedded default pair
+    CancelLoad()                       the running load stops at its next progress check
+    Scan()                             list the local models for the picker
+    Generate(rid, messages, sampling, spec, stepping)   stepping: pause after each phase of a round
+    UpdateControls(rid, sampling, spec)   live settings, read by the engine at the start of its next round
+    Cancel(rid)                        rid None: every request, running or queued
+    Reset()                            forget the cached conversation
+    QueryStatus()                      answered at once with EngineStatus, even mid-request
+    Step(rid)                          step-through: the paused request runs to its next phase
+    Continue(rid)                      step-through off for this request: it runs on without pausing
+    SetStepping(rid, on)               step-through on or off mid-request (on: it pauses at its next phase)
+    Shutdown()                         cancel everything, then exit
+
+Events (engine -> window):
+
+    Started(pid, protocol)             first, once the loop runs
+    LoadProgress(stage, fraction)      zero or more (at most ~20/s), then exactly one of:
+    Loaded(EngineInfo) | LoadFailed(message) | LoadCancelled()
+    ModelsListed(models)               answers Scan
+    Rounds(rid, events)                in order; batched to at most ~60 messages/s
+    PhaseReached(rid, event)           step-through only: the request now waits for a command; every round
+                                       before it was sent first
+    RequestSummary(rid, summary)       once per request that reached a stop or a cancel ...
+    Errored(rid, message)              ... or once per request that failed
+    Finished(rid)                      always, last for every request (also one cancelled in the queue, which
+                                       sends nothing else)
+    EngineStatus(...)                  answers QueryStatus
+    Fatal(message)                     the loop itself failed; the process exits with status 1
+    CommandError(problem)              a command was malformed or refused; the engine serves on
+
+Pickling skips __init__, so a receiver checks what arrives with `problem()`; a sender's mistakes fail at once,
+in __post_init__.
+"""
+from __future__ import annotations
+
+import functools
+import types
+import typing
+from dataclasses import dataclass, fields
+from typing import Any
+
+from engine.api.config import SamplingParams, SpecParams
+from engine.api.events import PhaseEvent, RoundEvent, Summary
+
+# A change either side would misread bumps this; the window checks the engine's in Started.
+PROTOCOL_VERSION = 1
+
+Messages = list[dict[str, str]]
+
+
+class _Checked:
+    """A message whose fields hold what their type hints say (checked when it is built)."""
+
+    def __post_init__(self) -> None:
+        wrong = field_problem(self)
+        if wrong is not None:
+            raise TypeError(wrong)
+
+
+# ---- commands ------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Load(_Checked):
+    target: str | None
+    draft: str | None
+    device: str | None
+
+
+@dataclass(frozen=True)
+class CancelLoad(_Checked):
+    pass
+
+
+@dataclass(frozen=True)
+class Scan(_Checked):
+    pass
+
+
+@dataclass(frozen=True)
+class Generate(_Checked):
+    rid: int
+    messages: Messages
+    sampling: SamplingParams
+    spec: SpecParams
+    stepping: bool = False
+
+
+@dataclass(frozen=True)
+class UpdateControls(_Checked):
+    rid: int
+    sampling: SamplingParams
+    spec: SpecParams
+
+
+@dataclass(frozen=True)
+class Cancel(_Checked):
+    rid: int | None
+
+
+@dataclass(frozen=True)
+class Reset(_Checked):
+    pass
+
+
+@dataclass(frozen=True)
+class QueryStatus(_Checked):
+    pass
+
+
+@dataclass(frozen=True)
+class Step(_Checked):
+    rid: int
+
+
+@dataclass(frozen=True)
+class Continue(_Checked):
+    rid: int
+
+
+@dataclass(frozen=True)
+class SetStepping(_Checked):
+    rid: int
+    on: bool
+
+
+@dataclass(frozen=True)
+class Shutdown(_Checked):
+    pass
+
+
+COMMANDS: tuple[type, ...] = (Load, CancelLoad, Scan, Generate, UpdateControls, Cancel, Reset, QueryStatus, Step,
+                              Continue, SetStepping, Shutdown)
+
+
+# ---- events --------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class EngineInfo:
+    """The engine now in use, as the window names it."""
+
+    target_name: str
+    draft_name: str | None
+    device: str
+    dtype_name: str
+
+
+@dataclass(frozen=True)
+class Started(_Checked):
+    pid: int
+    protocol: int = PROTOCOL_VERSION
+
+
+@dataclass(frozen=True)
+class LoadProgress(_Checked):
+    stage: str
+    fraction: float  # in [0, 1]; < 0: a stage of unknown length
+
+
+@dataclass(frozen=True)
+class Loaded(_Checked):
+    info: EngineInfo
+
+
+@dataclass(frozen=True)
+class LoadFailed(_Checked):
+    message: str  # one readable line; the previous engine (if any) stays in use
+
+
+@dataclass(frozen=True)
+class LoadCancelled(_Checked):
+    pass
+
+
+@dataclass(frozen=True)
+class ModelsListed(_Checked):
+    models: list[Any]  # engine.io.hub.LocalModel (a layer above this one)
+
+
+@dataclass(frozen=True)
+class Rounds(_Checked):
+    rid: int
+    events: list[RoundEvent]
+
+
+@dataclass(frozen=True)
+class PhaseReached(_Checked):
+    rid: int
+    event: PhaseEvent
+
+
+@dataclass(frozen=True)
+class RequestSummary(_Checked):
+    rid: int
+    summary: Summary
+
+
+@dataclass(frozen=True)
+class Errored(_Checked):
+    rid: int
+    message: str
+
+
+@dataclass(frozen=True)
+class Finished(_Checked):
+    rid: int
+
+
+@dataclass(frozen=True)
+class EngineStatus(_Checked):
+    pid: int
+    rss_bytes: int
+    busy: bool  # a job runs or waits (load, generate, reset, scan)
+    target_free_blocks: int | None  # None where the engine has no KV pool
+    target_total_blocks: int | None
+    draft_free_blocks: int | None
+    draft_total_blocks: int | None
+
+
+@dataclass(frozen=True)
+class Fatal(_Checked):
+    message: str
+
+
+@dataclass(frozen=True)
+class CommandError(_Checked):
+    problem: str  # names the command and what was wrong with it
+
+
+EVENTS: tuple[type, ...] = (Started, LoadProgress, Loaded, LoadFailed, LoadCancelled, ModelsListed, Rounds,
+                            PhaseReached, RequestSummary, Errored, Finished, EngineStatus, Fatal, CommandError)
+
+
+# ---- checking ------------------------------------------------------------------------------------------------
+def problem(message: object, accepted: typing.Collection[type]) -> str | None:
+    """What is wrong with a received message (None: nothing): not one of the `accepted` types, or a field whose
+    value does not match its type hint."""
+    if type(message) not in accepted:
+        return f"not a message this side reads: {_short(message)}"
+    return field_problem(message)
+
+
+def field_problem(message: object) -> str | None:
+    hints = _hints(type(message))
+    for f in fields(message):  # type: ignore[arg-type] - every message is a dataclass
+        value = getattr(message, f.name, _MISSING)
+        if value is _MISSING:
+            return f"{type(message).__name__}.{f.name} is missing"
+        if not _fits(value, hints[f.name]):
+            return f"{type(message).__name__}.{f.name} must be {_name(hints[f.name])}, got {_short(value)}"
+    return None
+
+
+_MISSING = object()
+
+
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _fits(value: object, hint: Any) -> bool:
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if hint is Any:
+        return True
+    if origin in (typing.Union, types.UnionType):
+        return any(_fits(value, a) for a in args)
+    if hint in (int, float):  # bool is an int to isinstance, never to a message; an int is a fine float
+        return isinstance(value, (int, float) if hint is float else int) and not isinstance(value, bool)
+    if origin is list:
+        return isinstance(value, list) and all(_fits(v, args[0]) for v in value)
+    if origin is dict:
+        return isinstance(value, dict) and all(_fits(k, args[0]) and _fits(v, args[1]) for k, v in value.items())
+    return isinstance(value, hint)
+
+
+def _name(hint: Any) -> str:
+    plain = typing.get_origin(hint) is None and hasattr(hint, "__name__")
+    return hint.__name__ if plain else str(hint).replace("typing.", "")
+
+
+def _short(value: object, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 1] + "\u2026"
