@@ -1,7 +1,9 @@
 """The app's state apart from its views: the conversation, the requests, the session stats and the engine host.
 
-`ChatController` turns the host's per-request signals into what the views need. The window subscribes to the
-chat signals, `CompareDialog` to the request signals of the requests it submitted; neither talks to the host.
+`ChatController` turns the host's signals and those of each request's handle into what the views need. The
+window subscribes to the chat signals; `CompareDialog` and the K tuner to the handles of the requests they
+submitted (`submit()` returns them, in `Request.handle`, with the controller's own slots connected first, so a
+request's record is up to date when theirs run). Neither talks to the host.
 
 Chat reply (the main window's conversation), in order for one reply:
 
@@ -17,8 +19,7 @@ Step-through (`stepping` on when the reply starts, or set_stepping() mid-reply):
 engine waits, and phaseArrived(object) brings its PhaseEvent (`paused` holds it); step() runs the next phase,
 resume() the rest of the reply, stop() cancels it (the paused round finishes first).
 
-Any request (chat and Compare): requestRounds(int, list), requestSummary(int, object), requestFailed(int, str),
-requestFinished(int) (always last; also when the engine process died).
+When the engine process dies, every request's handle ends with errored(the death's sentence), then finished().
 
 Models and the process: loadProgress(str, float), loaded(object) (EngineInfo), loadFailed(str),
 loadCancelled(), modelsListed(list), engineDied(str) (one sentence; the chat, the charts and the stats stay),
@@ -28,11 +29,12 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
+from functools import partial
 
 from PySide6.QtCore import QObject, Signal
 
 from app.host import EngineHost, LoadRequest
-from app.host import Request as HostRequest
+from app.request_handle import RequestHandle
 from engine.analysis.stats import MessageRecord, SessionStats
 from engine.api.config import SamplingParams, SpecParams
 from engine.api.events import PhaseEvent, RoundEvent, Summary
@@ -50,7 +52,7 @@ class Request:
     sampling: SamplingParams
     spec: SpecParams
     record: MessageRecord
-    handle: HostRequest = field(repr=False)
+    handle: RequestHandle = field(repr=False)
     failed: bool = False  # ended with an error or the engine's death
 
     def cancel(self) -> None:
@@ -65,10 +67,6 @@ class ChatController(QObject):
     replyFailed = Signal(str)
     replyInterrupted = Signal(str)
     replyFinished = Signal()
-    requestRounds = Signal(int, list)
-    requestSummary = Signal(int, object)
-    requestFailed = Signal(int, str)
-    requestFinished = Signal(int)
     loadProgress = Signal(str, float)
     loaded = Signal(object)
     loadFailed = Signal(str)
@@ -90,11 +88,6 @@ class ChatController(QObject):
         self.death: str | None = None  # why the engine process ended, until it is reloaded
         self.stepping = False  # step-through for the chat replies sent from now on
         self.paused: PhaseEvent | None = None  # the phase the active reply waits after, while stepping
-        host.roundsReady.connect(self._on_rounds)
-        host.phaseReady.connect(self._on_phase)
-        host.summaryReady.connect(self._on_summary)
-        host.errored.connect(self._on_error)
-        host.finished.connect(self._on_finished)
         host.died.connect(self._on_died)
         host.loadProgress.connect(self.loadProgress)
         host.loaded.connect(self._on_loaded)
@@ -151,6 +144,12 @@ class ChatController(QObject):
         record.target, record.draft = (self.info.target_name, self.info.draft_name) if self.info else (None, None)
         req = Request(handle.id, kind, messages, sampling, spec, record, handle)
         self.requests[req.id] = req
+        # Slots that name the request by id: the handle holds them, and must not hold the request in a circle
+        handle.rounds.connect(partial(self._on_rounds, req.id))
+        handle.phase.connect(partial(self._on_phase, req.id))
+        handle.summary.connect(partial(self._on_summary, req.id))
+        handle.errored.connect(partial(self._on_error, req.id))
+        handle.finished.connect(partial(self._on_finished, req.id))
         self.stateChanged.emit()
         return req
 
@@ -253,56 +252,44 @@ class ChatController(QObject):
     def shutdown(self) -> bool:
         return self.host.shutdown()
 
-    # ---- host signals --------------------------------------------------------------------------------------
+    # ---- request and host signals --------------------------------------------------------------------------
     def _on_rounds(self, rid: int, events: list[RoundEvent]) -> None:
-        req = self.requests.get(rid)
-        if req is None:
-            return
+        req = self.requests[rid]
         req.record.rounds.extend(events)
-        self.requestRounds.emit(rid, events)
         if req is self.active:
             self.roundsArrived.emit(events)
 
     def _on_phase(self, rid: int, event: PhaseEvent) -> None:
-        req = self.requests.get(rid)
-        if req is not None and req is self.active:
+        if self.requests[rid] is self.active:
             self.paused = event
             self.phaseArrived.emit(event)
             self.stateChanged.emit()
 
     def _on_summary(self, rid: int, s: Summary) -> None:
-        req = self.requests.get(rid)
-        if req is None:
-            return
+        req = self.requests[rid]
         req.record.summary = s
-        self.requestSummary.emit(rid, s)
         if req is self.active:
             self.conversation.append({"role": "assistant", "content": s.text})
             self.replyDone.emit(s)
 
     def _on_error(self, rid: int, message: str) -> None:
-        req = self.requests.get(rid)
-        if req is None:
-            return
+        req = self.requests[rid]
         req.failed = True
-        self.requestFailed.emit(rid, message)
         if req is self.active:
             self._keep_partial(req)
-            self.replyFailed.emit(message)
+            # `death` is set only while the process is gone, when no engine error can arrive: this is the death
+            (self.replyInterrupted if self.death is not None else self.replyFailed).emit(message)
 
     def _keep_partial(self, req: Request) -> None:
         """A reply that ended without a Summary: what did arrive stays in the context."""
-        partial = "".join(ev.text_delta for ev in req.record.rounds)
-        if partial:
-            self.conversation.append({"role": "assistant", "content": partial})
+        text = "".join(ev.text_delta for ev in req.record.rounds)
+        if text:
+            self.conversation.append({"role": "assistant", "content": text})
         elif self.conversation and self.conversation[-1]["role"] == "user":
             self.conversation.pop()  # nothing came back: drop the turn from the context, keep it on screen
 
     def _on_finished(self, rid: int) -> None:
-        req = self.requests.pop(rid, None)
-        if req is None:
-            return
-        self.requestFinished.emit(rid)
+        req = self.requests.pop(rid)
         if req is self.active:
             if req.record.summary is None and not req.failed:  # cancelled before its first round
                 self._keep_partial(req)
@@ -313,14 +300,8 @@ class ChatController(QObject):
     def _on_died(self, sentence: str) -> None:
         self.death = sentence
         self.engineDied.emit(sentence)
-        for rid, req in list(self.requests.items()):
-            req.failed = True
-            if req is self.active:
-                self._keep_partial(req)
-                self.replyInterrupted.emit(sentence)
-            else:
-                self.requestFailed.emit(rid, sentence)
-            self._on_finished(rid)
+        for req in list(self.requests.values()):
+            req.handle.abandon(sentence)
         self.stateChanged.emit()
 
     def _on_loaded(self, info) -> None:

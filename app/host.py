@@ -1,66 +1,70 @@
-"""The GUI's handle on the engine process (engine/service.py documents the protocol it speaks).
+"""The GUI's handle on the engine process (engine/service/process.py starts it; engine/api/protocol.py is what
+they say to each other).
 
 `EngineHost` starts the child with the "spawn" context (never fork a process that runs Qt), sends commands, and
 turns the child's messages into Qt signals. A plain reader thread blocks on the pipe and posts every message to
-the host through one queued signal, so the public signals below are all emitted in the GUI thread and nothing
-touches a widget from another thread.
+the host through one queued signal, so every signal is emitted in the GUI thread and nothing touches a widget
+from another thread. Each message goes through one table, `_handlers`: one of another type, or with fields that
+do not match the protocol, is logged and dropped.
 
-Signals (GUI thread):
+`generate()` returns a RequestHandle (app/request_handle.py): that request's own signals. The host's signals
+(GUI thread) are the process's:
 
     loadProgress(str, float)    stage text, fraction done in [0, 1] (-1: unknown)
     loaded(object)              EngineInfo of the engine now in use
     loadFailed(str)             a readable reason; the previous engine (if any) stays in use
     loadCancelled()             the user cancelled; the previous engine stays in use
     modelsListed(list)          engine.io.hub.LocalModel entries for the model picker
-    roundsReady(int, list)      request id, RoundEvents in order (batched: at most ~60 signals a second)
-    phaseReady(int, object)     request id, PhaseEvent: a stepping request now waits for step() or resume()
-    summaryReady(int, object)   request id, Summary (once per request that ran to a stop or a cancel)
-    errored(int, str)           request id, readable message (the request produced no Summary)
-    finished(int)               request id; always last for a request, after summaryReady or errored
-    statusReady(dict)           the answer to status(): RSS and free KV blocks (see engine/service.py)
+    statusReady(object)         EngineStatus, the answer to query_status(): RSS and free KV blocks
     died(str)                   the process ended unexpectedly: one sentence saying how. Requests that were
                                 running get no further signal; the host is then stopped (start() or
                                 reload() begins a new process)
 """
 from __future__ import annotations
 
+import logging
 import signal
 import threading
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from itertools import count
 from typing import Any
 
 from PySide6.QtCore import QObject, Qt, Signal
 
+from app.request_handle import RequestHandle
 from engine.api.config import SamplingParams, SpecParams
-from engine.service.process import DEFAULT_LISTER, DEFAULT_LOADER, EngineInfo, Factory, spawn
+from engine.api.protocol import (
+    PROTOCOL_VERSION,
+    Cancel,
+    CancelLoad,
+    CommandError,
+    EngineInfo,
+    EngineStatus,
+    Errored,
+    Fatal,
+    Finished,
+    Generate,
+    Load,
+    LoadCancelled,
+    Loaded,
+    LoadFailed,
+    LoadProgress,
+    ModelsListed,
+    PhaseReached,
+    QueryStatus,
+    RequestSummary,
+    Reset,
+    Rounds,
+    Scan,
+    Shutdown,
+    Started,
+    problem,
+)
+from engine.service.loaders import DEFAULT_LISTER, DEFAULT_LOADER, Factory
+from engine.service.process import spawn
 
-_LOST = "__lost__"  # posted by the reader thread when the pipe closes: (_LOST, fatal message or None)
-
-
-@dataclass
-class Request:
-    """A generate request in flight. `cancel()` and `update()` reach the engine between two rounds."""
-
-    id: int
-    host: EngineHost = field(repr=False)
-
-    def cancel(self) -> None:
-        self.host.cancel(self.id)
-
-    def update(self, sampling: SamplingParams, spec: SpecParams) -> None:
-        self.host.send("controls", self.id, sampling, spec)
-
-    def step(self) -> None:
-        """Step-through: run to the next phase."""
-        self.host.send("step", self.id)
-
-    def resume(self) -> None:
-        """Step-through off for this request: it runs on without pausing."""
-        self.host.send("continue", self.id)
-
-    def set_stepping(self, on: bool) -> None:
-        self.host.send("stepping", self.id, on)
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -95,14 +99,10 @@ class EngineHost(QObject):
     loadFailed = Signal(str)
     loadCancelled = Signal()
     modelsListed = Signal(list)
-    roundsReady = Signal(int, list)
-    phaseReady = Signal(int, object)
-    summaryReady = Signal(int, object)
-    errored = Signal(int, str)
-    finished = Signal(int)
-    statusReady = Signal(dict)
+    statusReady = Signal(object)
     died = Signal(str)
-    _message = Signal(object)  # reader thread -> GUI thread
+    _message = Signal(object)  # reader thread -> GUI thread: (process, message)
+    _lost = Signal(object)  # reader thread -> GUI thread: the process whose pipe closed
 
     def __init__(self, loader: Factory = DEFAULT_LOADER, lister: Factory = DEFAULT_LISTER,
                  parent: QObject | None = None, spawned: tuple[Any, Any] | None = None) -> None:
@@ -113,7 +113,8 @@ class EngineHost(QObject):
         self._spawned = spawned
         self._ids = count(1)
         self._message.connect(self._dispatch, Qt.ConnectionType.QueuedConnection)
-        self.pending: dict[int, Request] = {}
+        self._lost.connect(self._on_lost, Qt.ConnectionType.QueuedConnection)
+        self.pending: dict[int, RequestHandle] = {}
         self.loading: LoadRequest | None = None
         self.last_load: LoadRequest | None = None  # what reload() loads again
         self.info: EngineInfo | None = None
@@ -121,6 +122,23 @@ class EngineHost(QObject):
         self.process: Any = None
         self._conn: Any = None
         self._reader: threading.Thread | None = None
+        self._fatal: str | None = None  # the loop's last words, for the death sentence
+        self._handlers: dict[type, Callable[[Any], None]] = {
+            Started: self._on_started,
+            LoadProgress: lambda m: self.loadProgress.emit(m.stage, m.fraction),
+            Loaded: self._on_loaded,
+            LoadFailed: self._on_load_failed,
+            LoadCancelled: self._on_load_cancelled,
+            ModelsListed: lambda m: self.modelsListed.emit(m.models),
+            EngineStatus: self.statusReady.emit,
+            Rounds: lambda m: self._for_request(m.rid, lambda h: h.rounds.emit(m.events)),
+            PhaseReached: lambda m: self._for_request(m.rid, lambda h: h.phase.emit(m.event)),
+            RequestSummary: lambda m: self._for_request(m.rid, lambda h: h.summary.emit(m.summary)),
+            Errored: lambda m: self._for_request(m.rid, lambda h: h.errored.emit(m.message)),
+            Finished: self._on_finished,
+            Fatal: self._on_fatal,
+            CommandError: lambda m: log.warning("the engine process refused a command: %s", m.problem),
+        }
 
     # ---- process -------------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -144,7 +162,7 @@ class EngineHost(QObject):
         proc = self.process
         if proc is None:
             return True
-        self.send("shutdown")
+        self.send(Shutdown())
         proc.join(wait_s)
         clean = proc.exitcode is not None
         if not clean:
@@ -166,35 +184,35 @@ class EngineHost(QObject):
         if self._conn is not None:
             self._conn.close()
         self.process = self._conn = self._reader = None
-        self.pid = None
+        self.pid = self._fatal = None
         self.pending.clear()
         self.loading = None
         self.info = None
 
     def _read(self, proc: Any, conn: Any) -> None:
-        """Reader thread: every message goes to the GUI thread as it is. It touches no Qt object but the signal,
+        """Reader thread: every message goes to the GUI thread as it is. It touches no Qt object but the signals,
         and never reaps the process: two threads waiting on one child can each miss its exit status."""
-        fatal = None
         try:
             while True:
                 try:
                     msg = conn.recv()
                 except (EOFError, OSError):
                     break
-                if msg[0] == "fatal":
-                    fatal = msg[1]
+                except Exception as e:  # noqa: BLE001 - bytes that do not unpickle: the next message may
+                    log.warning("unreadable message from the engine process: %r", e)
+                    continue
                 self._message.emit((proc, msg))
-            self._message.emit((proc, (_LOST, fatal)))
+            self._lost.emit(proc)
         except RuntimeError:  # the host itself was deleted (its owner is gone): nobody is left to tell
             pass
 
     # ---- commands ------------------------------------------------------------------------------------------
-    def send(self, *cmd: Any) -> bool:
+    def send(self, command: object) -> bool:
         """Send a command; False when there is no process (its death is reported through `died`)."""
         if self._conn is None:
             return False
         try:
-            self._conn.send(cmd)
+            self._conn.send(command)
             return True
         except (OSError, ValueError):  # the process is gone: the reader thread reports it
             return False
@@ -208,16 +226,16 @@ class EngineHost(QObject):
         return self.info is not None
 
     def generate(self, messages: list[dict[str, str]], sampling: SamplingParams, spec: SpecParams,
-                 stepping: bool = False) -> Request:
-        """stepping: the engine pauses after each phase of a round (phaseReady) until step() or resume()."""
-        req = Request(next(self._ids), self)
-        self.pending[req.id] = req
-        self.send("generate", req.id, list(messages), sampling, spec, stepping)
-        return req
+                 stepping: bool = False) -> RequestHandle:
+        """stepping: the engine pauses after each phase of a round (phase signal) until step() or resume()."""
+        handle = RequestHandle(next(self._ids), self.send)
+        self.pending[handle.id] = handle
+        self.send(Generate(handle.id, [dict(m) for m in messages], sampling, spec, stepping))
+        return handle
 
     def cancel(self, rid: int | None = None) -> None:
         """Cancel one request (None: all of them); it stops between two rounds."""
-        self.send("cancel", rid)
+        self.send(Cancel(rid))
 
     def cancel_all(self) -> None:
         if self.pending:
@@ -228,67 +246,75 @@ class EngineHost(QObject):
         one is loaded."""
         req = LoadRequest(target, draft, device)
         self.loading = req
-        self.send("load", target, draft, device)
+        self.send(Load(target, draft, device))
         return req
 
     def cancel_load(self) -> None:
         if self.loading is not None:
-            self.send("cancel_load")
+            self.send(CancelLoad())
 
     def reset(self) -> None:
-        self.send("reset")
+        self.send(Reset())
 
     def scan_models(self) -> None:
-        self.send("scan")
+        self.send(Scan())
 
     def query_status(self) -> None:
         """Ask for RSS and free KV blocks; answered through statusReady, even while a request runs."""
-        self.send("status")
+        self.send(QueryStatus())
 
     # ---- messages (GUI thread) -----------------------------------------------------------------------------
-    def _dispatch(self, posted: tuple) -> None:
+    def _dispatch(self, posted: tuple[Any, object]) -> None:
         proc, msg = posted
         if proc is not self.process:  # from an earlier process, already shut down or replaced
             return
-        kind = msg[0]
-        if kind == "rounds":
-            if msg[1] in self.pending:
-                self.roundsReady.emit(msg[1], msg[2])
-        elif kind == "summary":
-            if msg[1] in self.pending:
-                self.summaryReady.emit(msg[1], msg[2])
-        elif kind == "phase":
-            if msg[1] in self.pending:
-                self.phaseReady.emit(msg[1], msg[2])
-        elif kind == "errored":
-            if msg[1] in self.pending:
-                self.errored.emit(msg[1], msg[2])
-        elif kind == "finished":
-            if self.pending.pop(msg[1], None) is not None:
-                self.finished.emit(msg[1])
-        elif kind == "load_progress":
-            self.loadProgress.emit(msg[1], msg[2])
-        elif kind == "loaded":
-            self.info, self.last_load, self.loading = msg[1], self.loading or self.last_load, None
-            self.loaded.emit(msg[1])
-        elif kind == "load_failed":
-            self.loading = None
-            self.loadFailed.emit(msg[1])
-        elif kind == "load_cancelled":
-            self.loading = None
-            self.loadCancelled.emit()
-        elif kind == "models":
-            self.modelsListed.emit(msg[1])
-        elif kind == "status":
-            self.statusReady.emit(msg[1])
-        elif kind == "started":
-            self.pid = msg[1]
-        elif kind == _LOST:  # the pipe closed: the process has ended, or is about to
+        wrong = problem(msg, self._handlers)
+        if wrong is not None:
+            log.warning("ignored a message from the engine process: %s", wrong)
+            return
+        self._handlers[type(msg)](msg)
+
+    def _on_started(self, m: Started) -> None:
+        self.pid = m.pid
+        if m.protocol != PROTOCOL_VERSION:  # a build mixed from two versions: say so before anything misreads
+            log.error("the engine process speaks protocol version %s, this window %s", m.protocol,
+                      PROTOCOL_VERSION)
+
+    def _on_loaded(self, m: Loaded) -> None:
+        self.info, self.last_load, self.loading = m.info, self.loading or self.last_load, None
+        self.loaded.emit(m.info)
+
+    def _on_load_failed(self, m: LoadFailed) -> None:
+        self.loading = None
+        self.loadFailed.emit(m.message)
+
+    def _on_load_cancelled(self, _m: LoadCancelled) -> None:
+        self.loading = None
+        self.loadCancelled.emit()
+
+    def _for_request(self, rid: int, emit: Callable[[RequestHandle], None]) -> None:
+        handle = self.pending.get(rid)
+        if handle is not None:  # else an id this host never sent, or one whose process it already forgot
+            emit(handle)
+
+    def _on_finished(self, m: Finished) -> None:
+        handle = self.pending.pop(m.rid, None)
+        if handle is not None:
+            handle.finished.emit()
+
+    def _on_fatal(self, m: Fatal) -> None:
+        self._fatal = m.message  # the pipe closes next: _on_lost words the death with it
+
+    def _on_lost(self, proc: Any) -> None:
+        """The pipe closed: the process has ended, or is about to."""
+        if proc is not self.process:
+            return
+        proc.join(2)
+        if proc.exitcode is None:  # closed its end yet still runs: it cannot be trusted any more
+            proc.kill()
             proc.join(2)
-            if proc.exitcode is None:  # closed its end yet still runs: it cannot be trusted any more
-                proc.kill()
-                proc.join(2)
-            if self.loading is not None:  # it died loading: a reload tries that pair again
-                self.last_load = self.loading
-            self._forget_process()
-            self.died.emit(death_sentence(proc.exitcode, msg[1]))
+        if self.loading is not None:  # it died loading: a reload tries that pair again
+            self.last_load = self.loading
+        fatal = self._fatal
+        self._forget_process()
+        self.died.emit(death_sentence(proc.exitcode, fatal))

@@ -55,7 +55,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def make_loader(args: argparse.Namespace):
     """(engine-process loader, description)."""
-    from engine.service.process import DEFAULT_LOADER, Factory
+    from engine.service.loaders import DEFAULT_LOADER, Factory
 
     if args.fake:
         from tests.app_fixtures import CODE_REPLY
@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     from app.controller import ChatController
     from app.host import EngineHost
     from app.views.window import MainWindow
-    from engine.service.process import Factory
+    from engine.service.loaders import Factory
 
     qapp = QApplication.instance() or QApplication([])
     qapp.setStyle("Fusion")
@@ -111,9 +111,6 @@ def main(argv: list[str] | None = None) -> int:
     sampling, spec = window.controls.sampling_params(), window.controls.spec_params()
     assert sampling.temperature == 0.0 and spec.k == args.k and spec.drafter == drafter
 
-    summaries: dict[int, object] = {}
-    host.summaryReady.connect(lambda rid, s: summaries.__setitem__(rid, s))
-
     def wait_idle() -> None:
         while host.busy or controller.busy or window.frame_timer.isActive():
             loop = QEventLoop()
@@ -122,9 +119,10 @@ def main(argv: list[str] | None = None) -> int:
 
     def headless() -> object:
         host.reset()
-        req = host.generate(messages, sampling, spec)
+        summaries: list[object] = []
+        host.generate(messages, sampling, spec).summary.connect(summaries.append)
         wait_idle()
-        return summaries[req.id]
+        return summaries[0]
 
     def gui() -> object:
         window.new_chat()

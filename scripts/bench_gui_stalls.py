@@ -156,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     from app.controller import ChatController
     from app.host import EngineHost
     from app.views.window import MainWindow
-    from engine.service.process import Factory
+    from engine.service.loaders import Factory
 
     qapp = QApplication.instance() or QApplication([])
     qapp.setStyle("Fusion")
@@ -176,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
                                                               dict(script_kw, round_delay=0.003)), 8192),
     ]
     if args.embedded:
-        cases.append(("embedded pair (1.5B + 0.5B, K 4, greedy)", Factory("engine.service.process:default_loader"),
+        cases.append(("embedded pair (1.5B + 0.5B, K 4, greedy)", Factory("engine.service.loaders:default_loader"),
                       args.embedded_tokens))
 
     results = {}

@@ -18,7 +18,7 @@ def open_window(tiny_loader_kw: dict | None = None):
     from app.host import EngineHost
     from app.views.resources import app_icon
     from app.views.window import MainWindow
-    from engine.service.process import DEFAULT_LISTER, DEFAULT_LOADER, Factory
+    from engine.service.loaders import DEFAULT_LISTER, DEFAULT_LOADER, Factory
 
     qa = QApplication([])
     qa.setStyle("Fusion")

@@ -3,7 +3,7 @@ events, hosts and windows, an isolated QSettings.
 
 Import with `from tests.app_fixtures import *` (pytest finds the fixtures in the importing module).
 Qt runs headless: QT_QPA_PLATFORM is set to offscreen before anything imports Qt. The engine process imports this
-module to build its engine (engine.service.process.Factory paths "tests.app_fixtures:..."), so nothing at module level
+module to build its engine (engine.service.loaders.Factory paths "tests.app_fixtures:..."), so nothing at module level
 imports Qt or torch: the scripted engine's process starts in a fraction of a second.
 """
 from __future__ import annotations
@@ -22,7 +22,8 @@ import pytest  # noqa: E402
 from engine.api.config import SamplingParams, SpecParams  # noqa: E402
 from engine.api.events import CommittedToken, DraftToken, Origin, RoundEvent, Summary  # noqa: E402
 from engine.runtime.tally import RoundTally  # noqa: E402
-from engine.service.process import Controls, Factory  # noqa: E402
+from engine.api.live import Controls  # noqa: E402
+from engine.service.loaders import Factory  # noqa: E402
 
 __all__ = [
     "FakeEngine", "SeenRound", "EngineLog", "make_round", "make_summary", "CODE_REPLY", "fake", "tiny", "spy", "spied",

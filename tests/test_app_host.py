@@ -8,7 +8,11 @@ import pytest
 from app.host import death_sentence
 from engine.api.config import SamplingParams, SpecParams
 from engine.api.events import RoundEvent, Summary
-from engine.service.process import Controls, EngineInfo, Factory, describe_error, spawn
+from engine.api.protocol import EngineInfo
+from engine.service.command_loop import Controls
+from engine.service.describe import describe_error
+from engine.service.loaders import Factory
+from engine.service.process import spawn
 from tests.app_fixtures import *  # noqa: F401,F403
 from tests.app_fixtures import LOAD_TIMEOUT_MS, fake, fake_loader
 
@@ -16,16 +20,22 @@ MESSAGES = [{"role": "user", "content": "hello"}]
 
 
 class Recorder:
-    def __init__(self, host):
+    """What the handles of the requests it tracks say, in order."""
+
+    def __init__(self):
         self.events = []
         self.batches = []
         self.threads = set()
-        host.roundsReady.connect(lambda rid, evs: self.events.extend(("round", rid, ev) for ev in evs))
-        host.roundsReady.connect(lambda rid, evs: self.batches.append(len(evs)))
-        host.roundsReady.connect(lambda *_: self.threads.add(threading.current_thread() is threading.main_thread()))
-        host.summaryReady.connect(lambda rid, s: self.events.append(("summary", rid, s)))
-        host.errored.connect(lambda rid, msg: self.events.append(("error", rid, msg)))
-        host.finished.connect(lambda rid: self.events.append(("finished", rid)))
+
+    def track(self, req):
+        rid = req.id
+        req.rounds.connect(lambda evs: self.events.extend(("round", rid, ev) for ev in evs))
+        req.rounds.connect(lambda evs: self.batches.append(len(evs)))
+        req.rounds.connect(lambda *_: self.threads.add(threading.current_thread() is threading.main_thread()))
+        req.summary.connect(lambda s: self.events.append(("summary", rid, s)))
+        req.errored.connect(lambda msg: self.events.append(("error", rid, msg)))
+        req.finished.connect(lambda: self.events.append(("finished", rid)))
+        return req
 
     def kinds(self, rid):
         return [e[0] for e in self.events if e[1] == rid]
@@ -33,8 +43,8 @@ class Recorder:
 
 def test_message_order_and_payloads(qtbot, make_host, engine_log):
     host = make_host(fake(log=str(engine_log.path)))
-    rec = Recorder(host)
-    req = host.generate(MESSAGES, SamplingParams(), SpecParams(k=4))
+    rec = Recorder()
+    req = rec.track(host.generate(MESSAGES, SamplingParams(), SpecParams(k=4)))
     assert host.busy and host.pending[req.id] is req
     qtbot.waitUntil(lambda: not host.busy, timeout=5000)
     kinds = rec.kinds(req.id)
@@ -50,16 +60,16 @@ def test_message_order_and_payloads(qtbot, make_host, engine_log):
 
 def test_fast_rounds_are_batched_slow_ones_are_not(qtbot, make_host):
     fast = make_host()  # rounds in microseconds: batched
-    rec = Recorder(fast)
-    req = fast.generate(MESSAGES, SamplingParams(), SpecParams())
+    rec = Recorder()
+    req = rec.track(fast.generate(MESSAGES, SamplingParams(), SpecParams()))
     qtbot.waitUntil(lambda: not fast.busy, timeout=5000)
     summary = next(e[2] for e in rec.events if e[0] == "summary")
     assert sum(rec.batches) == summary.rounds and max(rec.batches) > 1
     assert [e[2].round for e in rec.events if e[0] == "round"] == list(range(1, summary.rounds + 1))
     assert rec.kinds(req.id)[-2:] == ["summary", "finished"]
     slow = make_host(fake(round_delay=0.03))  # slower than the batching window: one message per round
-    rec = Recorder(slow)
-    slow.generate(MESSAGES, SamplingParams(max_new_tokens=12), SpecParams())
+    rec = Recorder()
+    rec.track(slow.generate(MESSAGES, SamplingParams(max_new_tokens=12), SpecParams()))
     qtbot.waitUntil(lambda: not slow.busy, timeout=5000)
     assert rec.batches and set(rec.batches) == {1}
 
@@ -72,14 +82,14 @@ def test_engine_runs_in_its_own_process(qtbot, make_host):
     host.query_status()
     qtbot.waitUntil(lambda: bool(status), timeout=5000)
     s = status[0]
-    assert s["pid"] == host.pid and s["rss_bytes"] > 1_000_000
-    assert s["target_free_blocks"] is None  # the scripted engine has no KV pools
+    assert s.pid == host.pid and s.rss_bytes > 1_000_000
+    assert s.target_free_blocks is None  # the scripted engine has no KV pools
 
 
 def test_cancel_stops_between_rounds(qtbot, make_host, engine_log):
     host = make_host(fake(round_delay=0.05, log=str(engine_log.path)))
-    rec = Recorder(host)
-    req = host.generate(MESSAGES, SamplingParams(), SpecParams())
+    rec = Recorder()
+    req = rec.track(host.generate(MESSAGES, SamplingParams(), SpecParams()))
     qtbot.waitUntil(lambda: len(engine_log.seen) >= 2, timeout=5000)
     n = len(engine_log.seen)
     req.cancel()
@@ -102,9 +112,9 @@ def test_controls_reach_the_running_request(qtbot, make_host, engine_log):
 
 def test_cancelled_while_queued_never_runs(qtbot, make_host):
     host = make_host(fake(round_delay=0.02))
-    rec = Recorder(host)
-    first = host.generate(MESSAGES, SamplingParams(max_new_tokens=6), SpecParams())
-    second = host.generate(MESSAGES, SamplingParams(), SpecParams())
+    rec = Recorder()
+    first = rec.track(host.generate(MESSAGES, SamplingParams(max_new_tokens=6), SpecParams()))
+    second = rec.track(host.generate(MESSAGES, SamplingParams(), SpecParams()))
     second.cancel()
     qtbot.waitUntil(lambda: not host.busy, timeout=5000)
     assert rec.kinds(second.id) == ["finished"]
@@ -113,8 +123,8 @@ def test_cancelled_while_queued_never_runs(qtbot, make_host):
 
 def test_engine_exception_becomes_errored(qtbot, make_host):
     host = make_host(fake(fail_at_round=3))
-    rec = Recorder(host)
-    req = host.generate(MESSAGES, SamplingParams(), SpecParams())
+    rec = Recorder()
+    req = rec.track(host.generate(MESSAGES, SamplingParams(), SpecParams()))
     qtbot.waitUntil(lambda: not host.busy, timeout=5000)
     assert rec.kinds(req.id) == ["round", "round", "error", "finished"]
     assert "scripted engine failure" in rec.events[2][2]
@@ -124,8 +134,8 @@ def test_engine_exception_becomes_errored(qtbot, make_host):
 def test_generate_without_engine_errors(qtbot, make_host):
     host = make_host(load=False)
     assert not host.ready
-    rec = Recorder(host)
-    req = host.generate(MESSAGES, SamplingParams(), SpecParams())
+    rec = Recorder()
+    req = rec.track(host.generate(MESSAGES, SamplingParams(), SpecParams()))
     qtbot.waitUntil(lambda: not host.busy, timeout=LOAD_TIMEOUT_MS)
     assert rec.kinds(req.id) == ["error", "finished"] and "no model" in rec.events[0][2]
 
@@ -153,8 +163,8 @@ def test_failed_load_keeps_previous_engine(qtbot, make_host):
     qtbot.waitUntil(lambda: bool(failed), timeout=5000)
     assert failed[0] == "/nope: no config.json, *.safetensors or .gguf found"
     assert host.info.target_name == "fake-target" and host.pid == pid and host.last_load.target is None
-    rec = Recorder(host)
-    req = host.generate(MESSAGES, SamplingParams(), SpecParams())
+    rec = Recorder()
+    req = rec.track(host.generate(MESSAGES, SamplingParams(), SpecParams()))
     qtbot.waitUntil(lambda: not host.busy, timeout=5000)
     assert "summary" in rec.kinds(req.id)
 
@@ -191,10 +201,10 @@ def test_reset_runs_in_the_engine(qtbot, make_host, engine_log):
 
 def test_killed_process_is_reported_once_in_one_sentence(qtbot, make_host):
     host = make_host(fake(round_delay=0.05))
-    rec = Recorder(host)
+    rec = Recorder()
     died = []
     host.died.connect(died.append)
-    req = host.generate(MESSAGES, SamplingParams(), SpecParams())
+    req = rec.track(host.generate(MESSAGES, SamplingParams(), SpecParams()))
     qtbot.waitUntil(lambda: bool(rec.events), timeout=5000)
     os.kill(host.pid, signal.SIGKILL)
     qtbot.waitUntil(lambda: bool(died), timeout=5000)
@@ -205,7 +215,7 @@ def test_killed_process_is_reported_once_in_one_sentence(qtbot, make_host):
     assert host.last_load is not None  # what reload() loads again
     host.reload()
     qtbot.waitUntil(lambda: host.ready, timeout=LOAD_TIMEOUT_MS)
-    req = host.generate(MESSAGES, SamplingParams(), SpecParams())
+    req = rec.track(host.generate(MESSAGES, SamplingParams(), SpecParams()))
     qtbot.waitUntil(lambda: not host.busy, timeout=5000)
     assert rec.kinds(req.id)[-2:] == ["summary", "finished"]
 
@@ -290,19 +300,20 @@ def test_a_status_that_says_idle_was_counted_after_the_last_job(monkeypatch):
     """status() runs in the command thread while a job may be ending in the main thread. If the job ends while
     the KV blocks are being counted, the answer must say busy: "idle" promises counts taken after every job sent
     before the query (the soak test relies on it after its last reset)."""
-    import engine.service.process as service
+    import engine.service.status as status
+    from engine.service.command_loop import Service
 
-    svc = service.Service(None, fake(), Factory("tests.app_fixtures:listed_models"))
+    svc = Service(None, fake(), Factory("tests.app_fixtures:listed_models"))
     svc._unfinished = 1  # a reset runs in the main thread
-    counted = service._blocks
+    counted = status._blocks
 
     def job_ends_meanwhile(pool):
         svc._unfinished = 0
         return counted(pool)
 
-    monkeypatch.setattr(service, "_blocks", job_ends_meanwhile)
-    assert svc.status()["busy"]
-    assert not svc.status()["busy"]
+    monkeypatch.setattr(status, "_blocks", job_ends_meanwhile)
+    assert svc.status().busy
+    assert not svc.status().busy
 
 
 class EngineLoopBug(BaseException):

@@ -12,7 +12,7 @@ import pytest
 
 from app.views.window import MainWindow
 from engine.api.events import RoundEvent, Summary
-from engine.service.process import DEFAULT_LOADER
+from engine.service.loaders import DEFAULT_LOADER
 from tests.app_fixtures import *  # noqa: F401,F403
 from tests.app_fixtures import spied, spy, tiny, wait_idle
 

@@ -74,7 +74,7 @@ def test_gui_process_never_imports_torch():
 def test_app_modules_never_import_the_engine_core():
     """No app module imports torch or the engine's torch modules, even lazily: only engine/service/, in the
     engine process, does."""
-    for path in (ROOT / "app").glob("*.py"):
+    for path in (ROOT / "app").rglob("*.py"):
         tree = ast.parse(path.read_text())
         for node in ast.walk(tree):
             names = ([a.name for a in node.names] if isinstance(node, ast.Import)

@@ -4,6 +4,7 @@ every block free again, and the engine process's resident memory stays flat."""
 import time
 
 from engine.api.config import SamplingParams, SpecParams
+from engine.api.protocol import EngineStatus
 from tests.app_fixtures import *  # noqa: F401,F403
 from tests.app_fixtures import LOAD_TIMEOUT_MS, tiny
 
@@ -11,13 +12,13 @@ TURNS = 200
 MB = 1 << 20
 
 
-def status(qtbot, controller) -> dict:
+def status(qtbot, controller) -> EngineStatus:
     """The engine process's status once it has nothing left to do (a reset may still wait in its queue)."""
     got = []
     controller.host.statusReady.connect(got.append)
 
     def idle() -> bool:
-        if got and not got[-1]["busy"]:
+        if got and not got[-1].busy:
             return True
         if len(got) == len(asked):  # one query in flight at a time: none may answer a later call with stale counts
             asked.append(1)
@@ -54,14 +55,14 @@ def test_soak_200_turns(qtbot, make_host):
         if record.summary is not None:
             outcomes[record.summary.stop_reason] += 1
         if turn in (1, TURNS // 2, TURNS):
-            rss[turn] = status(qtbot, c)["rss_bytes"]
+            rss[turn] = status(qtbot, c).rss_bytes
     elapsed = time.perf_counter() - start
     c.new_chat()
     final = status(qtbot, c)
     print(f"\nsoak: {TURNS} turns in {elapsed:.1f} s; {outcomes}; engine RSS "
           + ", ".join(f"turn {t}: {v / MB:.1f} MB" for t, v in rss.items()))
-    assert final["target_free_blocks"] == final["target_total_blocks"]
-    assert final["draft_free_blocks"] == final["draft_total_blocks"]
+    assert final.target_free_blocks == final.target_total_blocks
+    assert final.draft_free_blocks == final.draft_total_blocks
     assert outcomes["cancelled"] >= 10 and outcomes["length"] > 100
     modes_seen = {(r.mode, r.drafter) for rec in c.stats.records for r in rec.rounds}
     assert {("plain", None), ("speculative", "model"), ("speculative", "ngram")} <= modes_seen

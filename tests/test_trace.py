@@ -12,11 +12,11 @@ import pytest
 from tests.app_fixtures import *  # noqa: F403
 
 from app.session.trace import FORMAT, VERSION, Settings, Trace, TraceError, from_json, read_trace, to_json, write_trace
+from engine.analysis.stats import MessageRecord
 from engine.api.config import SamplingParams, SpecParams
 from engine.api.dists import PositionDist
 from engine.api.events import Origin
-from engine.service.process import EngineInfo
-from engine.analysis.stats import MessageRecord
+from engine.api.protocol import EngineInfo
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -7,6 +7,7 @@ ChatController, which records them in the session stats; the dialog only shows t
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtWidgets import (
@@ -131,10 +132,6 @@ class CompareDialog(QDialog):
         lay.addWidget(self.verdict_label)
         lay.addWidget(buttons)
 
-        controller.requestRounds.connect(self._on_rounds)
-        controller.requestSummary.connect(self._on_summary)
-        controller.requestFailed.connect(self._on_error)
-        controller.requestFinished.connect(self._on_finished)
         self._timer = QTimer(self)
         self._timer.setInterval(50)
         self._timer.timeout.connect(self._flush)
@@ -144,6 +141,11 @@ class CompareDialog(QDialog):
             side.view.begin_assistant(title=None)
             req = self.controller.submit(self.messages, self.sampling, side.spec, side.kind, self.prompt)
             side.request_id, side.record = req.id, req.record
+            # The handle holds these slots: they name the side, which does not hold the handle
+            req.handle.rounds.connect(partial(self._on_rounds, side))
+            req.handle.summary.connect(partial(self._on_summary, side))
+            req.handle.errored.connect(partial(self._on_error, side))
+            req.handle.finished.connect(partial(self._on_finished, side))
         self._timer.start()
 
     def stop(self) -> None:
@@ -159,36 +161,24 @@ class CompareDialog(QDialog):
     def running(self) -> bool:
         return any(not s.done for s in self.sides)
 
-    def _side(self, rid: int) -> Side | None:
-        return next((s for s in self.sides if s.request_id == rid), None)
+    def _on_rounds(self, side: Side, events: list[RoundEvent]) -> None:
+        for ev in events:
+            side.view.feed(ev)
+        if side is self.sides[1] and len(side.record.rounds) == len(events):  # its first rounds
+            self.verdict_label.setText("Now with speculation\u2026")
 
-    def _on_rounds(self, rid: int, events: list[RoundEvent]) -> None:
-        side = self._side(rid)
-        if side is not None:
-            for ev in events:
-                side.view.feed(ev)
-            if side is self.sides[1] and len(side.record.rounds) == len(events):  # its first rounds
-                self.verdict_label.setText("Now with speculation\u2026")
+    def _on_summary(self, side: Side, s: Summary) -> None:
+        side.summary = s
+        side.view.finish(f"{s.new_tokens} tokens, {s.rounds} rounds, stop: {s.stop_reason}")
+        acc = f" \u00b7 acceptance {s.acceptance_rate:.0%}" if s.drafted else ""
+        side.stats_label.setText(f"{s.tokens_per_s:.1f} tok/s \u00b7 {s.new_tokens} tokens \u00b7 "
+                                 f"{s.mean_tokens_per_round:.2f} tokens/round{acc}")
 
-    def _on_summary(self, rid: int, s: Summary) -> None:
-        side = self._side(rid)
-        if side is not None:
-            side.summary = s
-            side.view.finish(f"{s.new_tokens} tokens, {s.rounds} rounds, stop: {s.stop_reason}")
-            acc = f" \u00b7 acceptance {s.acceptance_rate:.0%}" if s.drafted else ""
-            side.stats_label.setText(f"{s.tokens_per_s:.1f} tok/s \u00b7 {s.new_tokens} tokens \u00b7 "
-                                     f"{s.mean_tokens_per_round:.2f} tokens/round{acc}")
+    def _on_error(self, side: Side, message: str) -> None:
+        side.error = message
+        side.stats_label.setText(f"Failed: {message}")
 
-    def _on_error(self, rid: int, message: str) -> None:
-        side = self._side(rid)
-        if side is not None:
-            side.error = message
-            side.stats_label.setText(f"Failed: {message}")
-
-    def _on_finished(self, rid: int) -> None:
-        side = self._side(rid)
-        if side is None:
-            return
+    def _on_finished(self, side: Side) -> None:
         side.done = True
         if self.running:
             return

@@ -24,7 +24,7 @@ from typing import Any
 from app.session.jsonable import FormatError, dump, load
 from engine.analysis.stats import MessageRecord
 from engine.api.config import SamplingParams, SpecParams
-from engine.service.process import EngineInfo
+from engine.api.protocol import EngineInfo
 
 FORMAT = "speclens-trace"
 VERSION = 1

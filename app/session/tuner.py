@@ -46,10 +46,6 @@ class KTuner(QObject):
         self._summary: Summary | None = None
         self._rounds: list[RoundEvent] = []
         self._message = 0
-        controller.requestRounds.connect(self._on_rounds)
-        controller.requestSummary.connect(self._on_summary)
-        controller.requestFailed.connect(self._on_failed)
-        controller.requestFinished.connect(self._on_finished)
 
     @property
     def running(self) -> bool:
@@ -87,9 +83,13 @@ class KTuner(QObject):
         self.controller.forget_cache()  # an empty cache, as a separate benchmark run starts with
         req = self.controller.submit(self.messages, self.sampling, self.spec_for(drafter, k), KIND)
         self._rid, self._message = req.id, req.record.message
+        req.handle.rounds.connect(self._on_rounds)
+        req.handle.summary.connect(self._on_summary)
+        req.handle.errored.connect(self._on_failed)
+        req.handle.finished.connect(self._on_finished)
 
-    def _on_rounds(self, rid: int, events: list[RoundEvent]) -> None:
-        if rid != self._rid or not events:
+    def _on_rounds(self, events: list[RoundEvent]) -> None:
+        if not events:
             return
         self._rounds.extend(events)
         share = min(1.0, events[-1].new_tokens / self.sampling.max_new_tokens)
@@ -97,17 +97,13 @@ class KTuner(QObject):
         label = "plain decoding" if drafter is None else f"{drafter_name(drafter)} K={k}"
         self.progressed.emit(len(self.runs) + share, len(self.plan), label)
 
-    def _on_summary(self, rid: int, s: Summary) -> None:
-        if rid == self._rid:
-            self._summary = s
+    def _on_summary(self, s: Summary) -> None:
+        self._summary = s
 
-    def _on_failed(self, rid: int, message: str) -> None:
-        if rid == self._rid:
-            self.error = message
+    def _on_failed(self, message: str) -> None:
+        self.error = message
 
-    def _on_finished(self, rid: int) -> None:
-        if rid != self._rid:
-            return
+    def _on_finished(self) -> None:
         self._rid = None
         s = self._summary
         if s is not None and s.stop_reason != "cancelled" and not self.cancelled:
@@ -123,11 +119,6 @@ class KTuner(QObject):
         if self.done:
             return
         self.done = True
-        for signal, slot in ((self.controller.requestRounds, self._on_rounds),
-                             (self.controller.requestSummary, self._on_summary),
-                             (self.controller.requestFailed, self._on_failed),
-                             (self.controller.requestFinished, self._on_finished)):
-            signal.disconnect(slot)
         sweep = Sweep(tuple(self.runs))
         complete = len(self.runs) == len(self.plan)
         if complete:

@@ -49,7 +49,7 @@ from app.views.stepper import StepPanel
 from app.views.theme import THEMES, apply_theme
 from engine.analysis.stats import tuner_path
 from engine.api.events import RoundEvent, Summary
-from engine.service.process import EngineInfo
+from engine.api.protocol import EngineInfo
 
 
 FRAME_MS = 50  # repaint timer, 20 Hz: one chart per frame within the charts' time budget ...
