@@ -43,12 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    unattended = args.smoke_test or args.load_test
-    if unattended and not os.environ.get("DISPLAY") and not os.environ.get("WAYLAND_DISPLAY"):
-        os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
-    from app.platform_check import check_xcb, needs_xcb
-
-    problem = check_xcb() if needs_xcb() else None
+    problem = display_problem(unattended=args.smoke_test or args.load_test)
     if problem:  # Qt would abort without saying which system package is missing
         print(problem, file=sys.stderr)
         return 1
@@ -59,15 +54,29 @@ def main(argv: list[str] | None = None) -> int:
         # First, before Qt: the engine process imports torch and loads the kernels (~1.3 s) while this one
         # imports Qt and builds the window (~0.6 s)
         spawned = spawn()
+    app = application()
+    if args.trace:  # a saved session alone: no engine process, no model
+        from app.dialogs.trace_window import open_trace_cli
 
-    from PySide6.QtCore import QSettings, QTimer
+        return open_trace_cli(app, args.trace, smoke_test=args.smoke_test)
+    return run_window(app, args, spawned, started)
+
+
+def display_problem(unattended: bool) -> str | None:
+    """Why Qt could not open a window here (None: it can). A scripted run with no display goes offscreen."""
+    if unattended and not os.environ.get("DISPLAY") and not os.environ.get("WAYLAND_DISPLAY"):
+        os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+    from app.platform_check import check_xcb, needs_xcb
+
+    return check_xcb() if needs_xcb() else None
+
+
+def application():
+    """The QApplication, named and styled. Qt is imported here, after the engine process was spawned."""
     from PySide6.QtWidgets import QApplication
 
     from app import __version__
     from app.views.resources import app_icon
-    from app.controller import ChatController
-    from app.host import EngineHost
-    from app.views.window import MainWindow
 
     app = QApplication.instance() or QApplication(sys.argv[:1])
     app.setApplicationName("SpecLens")
@@ -76,10 +85,16 @@ def main(argv: list[str] | None = None) -> int:
     app.setDesktopFileName("speclens")
     app.setStyle("Fusion")
     app.setWindowIcon(app_icon())
-    if args.trace:  # a saved session alone: no engine process, no model
-        from app.dialogs.trace_window import open_trace_cli
+    return app
 
-        return open_trace_cli(app, args.trace, smoke_test=args.smoke_test)
+
+def run_window(app, args: argparse.Namespace, spawned, started: float) -> int:
+    """The main window over an engine process (`spawned`, or one started now), until it closes."""
+    from PySide6.QtCore import QSettings, QTimer
+
+    from app.controller import ChatController
+    from app.host import EngineHost
+    from app.views.window import MainWindow
 
     settings = QSettings(args.settings, QSettings.Format.IniFormat) if args.settings else QSettings()
     controller = ChatController(EngineHost(spawned=spawned))
@@ -92,28 +107,10 @@ def main(argv: list[str] | None = None) -> int:
 
     result = {"code": 0}
     if args.smoke_test:
-        def check() -> None:
-            ok = window.isVisible() and window.chat.isVisible() and window.charts.isVisible()
-            print(f"smoke-test {'ok' if ok else 'FAILED'}: window {window.width()}x{window.height()}, "
-                  f"platform {app.platformName()}", flush=True)
-            result["code"] = 0 if ok else 1
-            window.close()
-            app.quit()
-
-        QTimer.singleShot(0, check)
+        QTimer.singleShot(0, lambda: smoke_check(app, window, result))
     else:
         if args.load_test:
-            def done(code: int, line: str) -> None:
-                print(line, flush=True)
-                result["code"] = code
-                window.close()
-                app.quit()
-
-            controller.loaded.connect(lambda info: done(0, (
-                f"load-test ok: {info.target_name} + {info.draft_name or 'no draft'} on {info.device} "
-                f"({info.dtype_name}), loaded {time.perf_counter() - started:.1f} s after start")))
-            controller.loadFailed.connect(lambda message: done(1, f"load-test failed: {message}"))
-            controller.engineDied.connect(lambda sentence: done(1, f"load-test failed: {sentence}"))
+            report_load(app, window, controller, started, result)
         # the engine runs jobs in order: the load first, the model picker's list after it
         QTimer.singleShot(0, lambda: window.load_models(args.target, args.draft, args.device))
         QTimer.singleShot(0, controller.scan_models)
@@ -122,6 +119,31 @@ def main(argv: list[str] | None = None) -> int:
     if not controller.shutdown():  # e.g. a load that cannot be interrupted: the process was killed
         logging.getLogger("speclens").warning("the engine process did not stop in time and was killed")
     return code
+
+
+def smoke_check(app, window, result: dict[str, int]) -> None:
+    """--smoke-test: the window and its panels are on screen; say so and quit."""
+    ok = window.isVisible() and window.chat.isVisible() and window.charts.isVisible()
+    print(f"smoke-test {'ok' if ok else 'FAILED'}: window {window.width()}x{window.height()}, "
+          f"platform {app.platformName()}", flush=True)
+    result["code"] = 0 if ok else 1
+    window.close()
+    app.quit()
+
+
+def report_load(app, window, controller, started: float, result: dict[str, int]) -> None:
+    """--load-test: once the load ends, one line saying how, then quit (status 1 if it failed)."""
+    def done(code: int, line: str) -> None:
+        print(line, flush=True)
+        result["code"] = code
+        window.close()
+        app.quit()
+
+    controller.loaded.connect(lambda info: done(0, (
+        f"load-test ok: {info.target_name} + {info.draft_name or 'no draft'} on {info.device} "
+        f"({info.dtype_name}), loaded {time.perf_counter() - started:.1f} s after start")))
+    controller.loadFailed.connect(lambda message: done(1, f"load-test failed: {message}"))
+    controller.engineDied.connect(lambda sentence: done(1, f"load-test failed: {sentence}"))
 
 
 if __name__ == "__main__":

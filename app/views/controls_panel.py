@@ -73,8 +73,16 @@ class ControlsPanel(QWidget):
         outer = QVBoxLayout(self)
         outer.setContentsMargins(6, 6, 6, 6)
         outer.setSpacing(8)
+        outer.addWidget(self._model_box())
+        outer.addWidget(self._speculation_box())
+        outer.addWidget(self._sampling_box())
+        outer.addWidget(self._system_box())
+        outer.addStretch(1)
+        self._connect()
+        self.set_local_models([])
+        self._update_labels()
 
-        # Model
+    def _model_box(self) -> QGroupBox:
         box = QGroupBox("Model")
         form = QFormLayout(box)
         self.target_combo = QComboBox()
@@ -99,9 +107,9 @@ class ControlsPanel(QWidget):
         form.addRow("Draft", self.draft_combo)
         form.addRow(buttons)
         form.addRow(self.loaded_label)
-        outer.addWidget(box)
+        return box
 
-        # Speculation
+    def _speculation_box(self) -> QGroupBox:
         box = QGroupBox("Speculation")
         form = QFormLayout(box)
         self.spec_toggle = QCheckBox("Speculative decoding")
@@ -130,9 +138,9 @@ class ControlsPanel(QWidget):
             "unchanged either way")
         form.addRow(self.adaptive_check)
         form.addRow(self.stop_check)
-        outer.addWidget(box)
+        return box
 
-        # Sampling
+    def _sampling_box(self) -> QGroupBox:
         box = QGroupBox("Sampling")
         form = QFormLayout(box)
         self.temp_slider = _slider(0, 200, 0, 10)
@@ -158,9 +166,9 @@ class ControlsPanel(QWidget):
         form.addRow("Top-k", self.top_k_spin)
         form.addRow("Max new tokens", self.max_tokens_spin)
         form.addRow("Seed", self.seed_spin)
-        outer.addWidget(box)
+        return box
 
-        # System prompt
+    def _system_box(self) -> QGroupBox:
         box = QGroupBox("System prompt")
         lay = QVBoxLayout(box)
         self.system_edit = QPlainTextEdit()
@@ -168,9 +176,9 @@ class ControlsPanel(QWidget):
         self.system_edit.setMaximumHeight(72)
         self.system_edit.setTabChangesFocus(True)
         lay.addWidget(self.system_edit)
-        outer.addWidget(box)
-        outer.addStretch(1)
+        return box
 
+    def _connect(self) -> None:
         for sig in (self.k_slider.valueChanged, self.temp_slider.valueChanged, self.top_p_slider.valueChanged,
                     self.top_k_spin.valueChanged, self.spec_toggle.toggled, self.adaptive_check.toggled,
                     self.stop_check.toggled,
@@ -179,8 +187,6 @@ class ControlsPanel(QWidget):
         self.target_combo.currentIndexChanged.connect(self._refill_drafts)
         self.load_button.clicked.connect(self._request_load)
         self.rescan_button.clicked.connect(self.rescanRequested)
-        self.set_local_models([])
-        self._update_labels()
 
     # ---- values --------------------------------------------------------------------------------------------
     def sampling_params(self) -> SamplingParams:
