@@ -1,7 +1,7 @@
 """Run > Compare: the last prompt with speculation off, then on, same seed and settings."""
 import pytest
 
-from app.dialogs.compare import compare
+from app.session.verdict import compare
 from tests.app_fixtures import *  # noqa: F401,F403
 from tests.app_fixtures import CODE_REPLY, fake, make_round, make_summary, wait_idle
 
