@@ -42,6 +42,7 @@ from __future__ import annotations
 import functools
 import types
 import typing
+from collections.abc import Collection
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -235,7 +236,7 @@ EVENTS: tuple[type, ...] = (Started, LoadProgress, Loaded, LoadFailed, LoadCance
 
 
 # ---- checking ------------------------------------------------------------------------------------------------
-def problem(message: object, accepted: typing.Collection[type]) -> str | None:
+def problem(message: object, accepted: Collection[type]) -> str | None:
     """What is wrong with a received message (None: nothing): not one of the `accepted` types, or a field whose
     value does not match its type hint."""
     if type(message) not in accepted:

@@ -91,9 +91,9 @@ class Service:
         with self._send_lock:  # both threads send: one message at a time on the pipe
             self.conn.send(message)
 
-    def refuse(self, problem_: str) -> None:
-        log.warning("refused a command: %s", problem_)
-        self.send(CommandError(problem_))
+    def refuse(self, why: str) -> None:
+        log.warning("refused a command: %s", why)
+        self.send(CommandError(why))
 
     # ---- reader thread ---------------------------------------------------------------------------------------
     def read_commands(self) -> None:
