@@ -122,7 +122,7 @@ def main() -> None:
             raw = formats.random_rows(qt, n, k, rng)
             nbytes = formats.packed_bytes(qt, n, k)
             copies = max(1, -(-COLD_BYTES // nbytes))
-            packed = [mod.repack(raw.ctypes.data, n, int(qt), n, k, None, args.threads) for _ in range(copies)]
+            packed = [mod.repack(raw, int(qt), n, k, None, args.threads) for _ in range(copies)]
             floor = nbytes / bw / 1e6
             print(f"{tname} ({formats.fmt(qt).packed_bits_per_weight:.3f} bpw, {nbytes / 1e6:.1f} MB): "
                   f"memory floor {floor:.3f} ms ({nbytes / NOMINAL_GBS / 1e6:.3f} ms at {NOMINAL_GBS} GB/s), "

@@ -197,6 +197,10 @@ def test_bad_shapes_are_refused(kernels, cases):
         kernels.set_isa("sse9")
     with pytest.raises(formats.UnsupportedType, match="Q2_K"):
         QuantLinear(raw, T.Q2_K, K)
+    with pytest.raises(ValueError, match="rows of 420 bytes"):  # repack reads a buffer, checked against its size
+        kernels.repack(raw.reshape(-1)[:-10], T.Q6_K, N, K, None, 1)
+    with pytest.raises(ValueError, match="C-contiguous"):
+        kernels.repack(raw[:, ::2], T.Q6_K, N, K // 2, None, 1)
 
 
 # --- without the extension ---------------------------------------------------------------------------------

@@ -101,8 +101,7 @@ class QuantLinear(nn.Module):
         self._raw, self._rows, self._dense = None, None, None
         if self._mod is not None:
             rt = None if rows is None else torch.from_numpy(rows)
-            packed = self._mod.repack(raw.ctypes.data, raw.shape[0], self.qtype, self.out_features, in_features, rt,
-                                      _threads(), out)
+            packed = self._mod.repack(raw, self.qtype, self.out_features, in_features, rt, _threads(), out)
             self.register_buffer("packed", packed, persistent=False)  # (bytes,) uint8
         else:
             self._raw, self._rows = raw, rows  # keeps the memory map alive; dequantized on first use

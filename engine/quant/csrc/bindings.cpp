@@ -64,10 +64,24 @@ Layout checked_layout(int64_t qtype, int64_t K) {
     return L;
 }
 
-// out: where to write (a contiguous uint8 slice of the right size, e.g. a fused layer's part), else a new tensor.
-at::Tensor py_repack(int64_t raw_addr, int64_t raw_rows, int64_t qtype, int64_t N, int64_t K,
-                     std::optional<at::Tensor> rows, int64_t nthreads, std::optional<at::Tensor> out) {
-    checked_layout(qtype, K);
+// Bytes of a buffer (a numpy array, a memory map) in C order: read in place.
+const uint8_t* c_bytes(const pybind11::buffer_info& b, const char* what) {
+    require(b.itemsize == 1, what, ": bytes expected, got items of ", b.itemsize);
+    int64_t stride = 1;
+    for (int64_t i = b.ndim - 1; i >= 0; stride *= b.shape[i--])
+        require(b.shape[i] == 1 || b.strides[i] == stride, what, ": C-contiguous bytes expected");
+    return static_cast<const uint8_t*>(b.ptr);
+}
+
+// raw: the GGUF rows, (rows, row_bytes) bytes. out: where to write (a contiguous uint8 slice of the right size,
+// e.g. a fused layer's part), else a new tensor.
+at::Tensor py_repack(const pybind11::buffer& raw, int64_t qtype, int64_t N, int64_t K, std::optional<at::Tensor> rows,
+                     int64_t nthreads, std::optional<at::Tensor> out) {
+    const Layout L = checked_layout(qtype, K);
+    const int64_t row_bytes = K / L.blk * L.blk_bytes;
+    const pybind11::buffer_info b = raw.request();
+    const uint8_t* rb = c_bytes(b, "raw");
+    require(b.size % row_bytes == 0, "raw: rows of ", row_bytes, " bytes, got ", b.size, " bytes");
     const int64_t* rp = nullptr;
     if (rows) {
         require(rows->dtype() == at::kLong && rows->is_contiguous() && rows->numel() == N, "rows: (N,) int64");
@@ -78,8 +92,8 @@ at::Tensor py_repack(int64_t raw_addr, int64_t raw_rows, int64_t qtype, int64_t 
             "out: (", packed_bytes(qtype, N, K), ",) contiguous uint8");
     {
         pybind11::gil_scoped_release nogil;
-        sq::repack(static_cast<int>(qtype), reinterpret_cast<const uint8_t*>(raw_addr), raw_rows, N, K, rp,
-                   packed.data_ptr<uint8_t>(), static_cast<int>(nthreads));
+        sq::repack(static_cast<int>(qtype), rb, b.size / row_bytes, N, K, rp, packed.data_ptr<uint8_t>(),
+                   static_cast<int>(nthreads));
     }
     return packed;
 }
@@ -215,9 +229,9 @@ class PyStack {
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.doc() = "SpecLens quantized linear kernels (GGML block types, batch-invariant)";
-    m.def("repack", &py_repack, "GGUF blocks at raw_addr -> packed units", pybind11::arg("raw_addr"),
-          pybind11::arg("raw_rows"), pybind11::arg("qtype"), pybind11::arg("N"), pybind11::arg("K"),
-          pybind11::arg("rows"), pybind11::arg("nthreads"), pybind11::arg("out") = pybind11::none());
+    m.def("repack", &py_repack, "GGUF rows (a buffer: numpy array, memory map) -> packed units", pybind11::arg("raw"),
+          pybind11::arg("qtype"), pybind11::arg("N"), pybind11::arg("K"), pybind11::arg("rows"),
+          pybind11::arg("nthreads"), pybind11::arg("out") = pybind11::none());
     m.def("dequant_cols", &py_dequant_cols, "exact fp32 weights of the given output features");
     m.def("matmul", &matmul, "y = x W^T (+ bias)");
     pybind11::class_<PyStack>(m, "Stack")
