@@ -30,8 +30,10 @@ except ImportError:  # tests/ imported as a package
     from tests.isa import outputs_per_isa_and_threads
 
 try:
+    from quant_helpers import offsets
     from test_quant_formats import gguf_ref
 except ImportError:  # tests/ imported as a package
+    from tests.quant_helpers import offsets
     from tests.test_quant_formats import gguf_ref
 
 U = 2.0 ** -24
@@ -60,7 +62,7 @@ def cases():
         rng = np.random.default_rng(7 + int(qt))
         raw = formats.random_rows(qt, N, K, rng)
         out[qt] = (raw, torch.from_numpy(gguf_ref(raw, qt)).double(),
-                   torch.from_numpy(formats.offsets(raw, qt)).double(), torch.randn(N, generator=torch.Generator().manual_seed(int(qt))))
+                   torch.from_numpy(offsets(raw, qt)).double(), torch.randn(N, generator=torch.Generator().manual_seed(int(qt))))
     return out
 
 

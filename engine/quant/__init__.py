@@ -1,9 +1,9 @@
 """Quantized linear layers over GGUF blocks (Q4_K, Q5_K, Q6_K, Q8_0, Q5_0, F16, F32) for the CPU.
 
-formats: block layouts and a numpy reference dequantizer; ext: the C++/OpenMP kernels (built on first
-use, with a pure-torch fallback); linear: QuantLinear and QuantEmbedding. No Qt; of the engine it imports only the cache location (engine.io.provision).
+formats: block types and layouts; ext: the C++/OpenMP kernels (built on first use, with a pure-torch
+fallback); linear: QuantLinear and QuantEmbedding. No Qt; of the engine it imports only the cache location (engine.io.provision).
 """
-from engine.quant.formats import FORMATS, UnsupportedType, dequantize, fmt
+from engine.quant.formats import FORMATS, UnsupportedType, fmt
 from engine.quant.linear import QuantEmbedding, QuantLinear
 
 
@@ -22,5 +22,4 @@ def kernels_name() -> str:
     return f"{dict(mod.isa_table())[mod.isa()]} kernels" if mod is not None else "pure-torch fallback"
 
 
-__all__ = ["FORMATS", "QuantEmbedding", "QuantLinear", "UnsupportedType", "dequantize", "fmt", "kernels_available",
-           "kernels_name"]
+__all__ = ["FORMATS", "QuantEmbedding", "QuantLinear", "UnsupportedType", "fmt", "kernels_available", "kernels_name"]

@@ -22,10 +22,11 @@ from typing import Literal
 
 import numpy as np
 import torch
+from gguf.quants import dequantize as gguf_dequantize
 from torch import nn
 
 from engine.quant import ext
-from engine.quant.formats import GROUP, T, dequantize, fmt, row_bytes
+from engine.quant.formats import GROUP, T, fmt, row_bytes
 
 Act = Literal["int8", "fp32"]
 
@@ -39,6 +40,12 @@ def _as_rows(raw: np.ndarray, qtype: int, k: int) -> np.ndarray:
     if not arr.flags.c_contiguous:
         raise ValueError("GGUF tensor data must be C-contiguous")
     return arr
+
+
+def _dequantize(raw: np.ndarray, qtype: int) -> torch.Tensor:
+    """GGUF rows (N, row_bytes) uint8 -> (N, K) float32 weights, gguf.quants.dequantize's."""
+    w = gguf_dequantize(raw, T(qtype))
+    return torch.from_numpy(w.copy() if qtype == T.F32 else w)  # gguf's F32 "dequantization" is a view of raw
 
 
 def _threads() -> int:
@@ -108,13 +115,6 @@ class QuantLinear(nn.Module):
             self.register_buffer("packed", None, persistent=False)
 
     @classmethod
-    def from_gguf(cls, tensor, bias: torch.Tensor | None = None, *, rows: np.ndarray | None = None,
-                  act: Act = "int8") -> QuantLinear:
-        """From a `gguf.ReaderTensor` (its shape is GGUF's: (in_features, out_features))."""
-        k, n = int(tensor.shape[0]), int(np.prod(tensor.shape[1:]))
-        return cls(tensor.data, int(tensor.tensor_type), k, n if rows is None else len(rows), bias, rows=rows, act=act)
-
-    @classmethod
     def concat(cls, parts: Sequence[QuantLinear]) -> QuantLinear:
         """One layer whose outputs are the parts' outputs side by side (fused q/k/v, gate/up). Needs one type
         and, for the packed layout, every part but the last a multiple of 8 outputs."""
@@ -153,7 +153,7 @@ class QuantLinear(nn.Module):
             return self._mod.dequant_cols(self.packed, self.qtype, self.out_features, self.in_features, idx)
         if self._dense is None:
             src = self._raw if self._rows is None else self._raw[self._rows]
-            self._dense = torch.from_numpy(dequantize(src, self.qtype))
+            self._dense = _dequantize(src, self.qtype)
             self._raw = None
         return self._dense
 
@@ -187,10 +187,6 @@ class QuantEmbedding(nn.Module):
         self.table = QuantLinear(raw, qtype, dim, act=act)
 
     @classmethod
-    def from_gguf(cls, tensor) -> QuantEmbedding:
-        return cls(tensor.data, int(tensor.tensor_type), int(tensor.shape[0]))
-
-    @classmethod
     def tied(cls, head: QuantLinear) -> QuantEmbedding:
         out = cls.__new__(cls)
         nn.Module.__init__(out)
@@ -218,8 +214,8 @@ class QuantEmbedding(nn.Module):
 
 
 class FileEmbedding(nn.Module):
-    """ids -> rows of a GGML matrix read from the file as stored (a memory map) and dequantized by the numpy
-    reference, bit for bit what QuantEmbedding gives. An untied embedding is only ever read a few rows at a
+    """ids -> rows of a GGML matrix read from the file as stored (a memory map) and dequantized by gguf, bit for
+    bit what QuantEmbedding gives. An untied embedding is only ever read a few rows at a
     time: repacking it would hold its whole size in RAM (225 MB for the embedded pair) for nothing."""
 
     def __init__(self, raw: np.ndarray, qtype: int, dim: int) -> None:
@@ -232,6 +228,6 @@ class FileEmbedding(nn.Module):
         flat = ids.reshape(-1).long().numpy()
         if len(flat) and (flat.min() < 0 or flat.max() >= self.num_embeddings):
             raise IndexError(f"token id out of range [0, {self.num_embeddings})")
-        rows = torch.from_numpy(dequantize(self.raw[flat], self.qtype))  # (T, C)
+        rows = _dequantize(self.raw[flat], self.qtype)  # (T, C)
         return rows.reshape(*ids.shape, self.embedding_dim)
 

@@ -8,6 +8,7 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -57,9 +58,14 @@ void set_isa(const std::string& name) {
     require(false, "unknown instruction set ", name, " (", names, ")");
 }
 
-Layout checked_layout(int64_t qtype, int64_t K) {
+Layout checked_layout(int64_t qtype) {
     Layout L;
     require(layout_of(static_cast<int>(qtype), &L), "unsupported ggml type ", qtype);
+    return L;
+}
+
+Layout checked_layout(int64_t qtype, int64_t K) {
+    const Layout L = checked_layout(qtype);
     require(K > 0 && K % L.unit_k == 0, "input features ", K, " must be a multiple of ", L.unit_k);
     return L;
 }
@@ -243,4 +249,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.def("supported_isas", &supported_isas, "names of the instruction sets this CPU runs, worst to best");
     m.def("isa_table", &isa_table, "(name, display name) of every instruction set built, worst to best");
     m.def("packed_bytes", [](int64_t qtype, int64_t N, int64_t K) { return packed_bytes(qtype, N, K); });
+    m.def(
+        "layout",
+        [](int64_t qtype) {
+            const Layout L = checked_layout(qtype);
+            return std::make_tuple(L.unit_k, L.unit_bytes, L.blk, L.blk_bytes);
+        },
+        "(inputs per packed unit, bytes per packed unit, inputs per GGUF block, bytes per GGUF block)");
 }
