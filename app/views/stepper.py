@@ -81,7 +81,8 @@ def phase_html(ev: PhaseEvent) -> str:
         if c.origin == Origin.ACCEPTED:
             continue
         label = {Origin.CORRECTED: "correction", Origin.BONUS: "bonus", Origin.PLAIN: "plain decode"}[c.origin]
-        rows.append(f"<tr><td align='right'>{c.index + 1}</td><td>&nbsp;<tt>{html.escape(visible(c.text))}</tt>&nbsp;</td>"
+        rows.append(f"<tr><td align='right'>{c.index + 1}</td>"
+                    f"<td>&nbsp;<tt>{html.escape(visible(c.text))}</tt>&nbsp;</td>"
                     f"<td></td><td align='right'><tt>{_num(c.p)}</tt></td><td></td>"
                     f"<td>&nbsp;<span style='color:{ORIGIN_HUE[c.origin]}'><b>{label}</b></span></td></tr>")
     table = f"<table cellspacing='0' cellpadding='2'><tr>{head}</tr>{''.join(rows)}</table>" if rows else ""
