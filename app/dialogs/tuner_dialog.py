@@ -1,6 +1,6 @@
 """The K tuner's window: progress and Cancel while the replays run, then measured speedup against K beside
 Leviathan's curve, the best K marked, and one button that applies it to the K slider (app/session/tuner.py runs the
-sweep, engine/sweep.py does the arithmetic)."""
+sweep, engine/analysis/sweep.py does the arithmetic)."""
 from __future__ import annotations
 
 import numpy as np

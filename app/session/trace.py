@@ -1,6 +1,6 @@
 """Session traces: the whole session in one versioned JSON file, readable with no model loaded.
 
-A trace holds every reply of the session (engine/stats.py MessageRecord: the messages sent, the settings and
+A trace holds every reply of the session (engine/analysis/stats.py MessageRecord: the messages sent, the settings and
 models, every RoundEvent with its tokens, p/q, verdicts, timings and inspector rows, and the Summary), the
 conversation, the settings in the controls and the models loaded when it was saved. The header names the format
 and its version:

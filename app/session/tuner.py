@@ -4,7 +4,7 @@ n-gram drafter, one request after another in the engine process, with the same s
 Every replay starts from an empty cache (as speclens-bench does), so each is the run a separate benchmark would
 make, whatever ran before it. The replays go into the session stats as kind "tune", and a completed sweep into
 `SessionStats.sweeps` (the CSV export writes it to NAME_tuner.csv). `KTuner` only orchestrates; the arithmetic
-is engine/sweep.py, the dialog app/dialogs/tuner_dialog.py.
+is engine/analysis/sweep.py, the dialog app/dialogs/tuner_dialog.py.
 """
 from __future__ import annotations
 

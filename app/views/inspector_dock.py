@@ -1,6 +1,6 @@
 """The distribution inspector: what the target (p) and the draft (q) thought at one token's position.
 
-Click a token in the chat and `InspectorDock` shows its row of the verify pass (engine/dists.py): paired bars of p
+Click a token in the chat and `InspectorDock` shows its row of the verify pass (engine/api/dists.py): paired bars of p
 and q over the top tokens, the residual norm(max(0, p - q)) a correction was drawn from, the uniform draw u of a
 drafted token beside p and q (kept when u * q < p), and the total-variation distance, whose complement
 sum(min(p, q)) is the chance a draft passes there. Plain data in, painted widgets out: no torch here.

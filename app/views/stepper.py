@@ -1,6 +1,6 @@
 """Step-through: the paused round, phase by phase, and the keys that drive it.
 
-With Run › Step through on, the engine waits after each phase of a round (engine/stepping.py): the draft has
+With Run › Step through on, the engine waits after each phase of a round (engine/runtime/stepping.py): the draft has
 proposed, the target has verified, the round is decided. `StepPanel` shows that phase's numbers (q, p and
 min(1, p/q) per drafted position; the verdicts, the correction or bonus, and the rollback of both KV caches) and
 shows the round's tokens provisionally at the end of the chat. Next runs one phase, Continue the rest of the
