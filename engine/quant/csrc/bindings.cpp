@@ -30,7 +30,7 @@ void require(bool ok, const A&... parts) {
     throw std::invalid_argument(msg.str());
 }
 
-int g_isa = best_isa();  // index into ISAS
+int g_isa = best_isa();  // the instruction set the kernels run: an index into ISAS
 
 std::vector<std::pair<std::string, std::string>> isa_table() {
     std::vector<std::pair<std::string, std::string>> out;
@@ -207,7 +207,8 @@ class PyStack {
         if (nthreads <= 0) nthreads = at::get_num_threads();
         const Cache c{k.data_ptr<float>(), v.data_ptr<float>(), slots, wp, rp, base, S};
         pybind11::gil_scoped_release nogil;
-        decode(st_, c, out.data_ptr<float>(), static_cast<int>(T), start, ISAS[g_isa].fns, static_cast<int>(nthreads));
+        decode(st_, c, out.data_ptr<float>(), static_cast<int>(T), start, ISAS[g_isa].fns,
+               static_cast<int>(nthreads));
         return out;
     }
 

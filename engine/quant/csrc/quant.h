@@ -29,7 +29,7 @@ constexpr int STEP = 4 * GROUP;  // bytes of a step: 4 consecutive k of the 8 co
 
 // ---- packed units (f16 fields hold the file's bits; [sub][c] arrays hold one byte per column) --------------
 
-struct UnitQ4K {                     // 256 k
+struct UnitQ4K {
     static constexpr int K = 256;
     uint16_t d[GROUP], dmin[GROUP];  // f16
     uint8_t sc[8][GROUP];            // [sub-block of 32 k][c]: 6-bit scale
