@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 import engine.io.provision
+import engine.tools.bench as bench_mod
 from engine.tools.bench import main
-from engine.runtime.engine import Engine
 
 GOOD_LINE = json.dumps({"id": "a", "messages": [{"role": "user", "content": "hi"}]})
 
@@ -22,7 +22,7 @@ def no_loading(monkeypatch):
     def reached(*args, **kwargs):
         pytest.fail("a model load was attempted before the arguments were checked")
 
-    monkeypatch.setattr(Engine, "load", reached)
+    monkeypatch.setattr(bench_mod, "load_engine", reached)
     monkeypatch.setattr(engine.io.provision, "default_pair", reached)
 
 
@@ -110,7 +110,7 @@ def test_good_arguments_reach_loading_and_run(tmp_path, prompts, monkeypatch):
 
     eng = tiny_engine()
     monkeypatch.setattr(engine.io.provision, "default_pair", lambda **kw: (tmp_path / "t", tmp_path / "d"))
-    monkeypatch.setattr(Engine, "load", lambda target, draft, device=None: eng)
+    monkeypatch.setattr(bench_mod, "load_engine", lambda target, draft, device=None: eng)
     out = tmp_path / "out.json"
     rc = main(["--prompts", str(prompts), "--k", "1,16", "--temperature", "0.5", "--top-p", "0.9",
                "--max-new-tokens", "4", "--modes", "plain,draft", "--json", str(out), "--device", "cpu"])
