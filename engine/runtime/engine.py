@@ -213,8 +213,8 @@ class Engine:
         steps.verified(scores.p)
         tokens, origins, verdict = decide(drafted, proposal, scores.p, gen)
         t_verified = self.clock.now()
-        rows = inspector_rows(scores, drafted, proposal, verdict, self.text_of, params.greedy)
-        positions = rows() if self.inspect else ()  # after the clock: verify_ms stays the verify's own
+        positions = (inspector_rows(scores, drafted, proposal, verdict, self.text_of, params.greedy)
+                     if self.inspect else ())  # after the clock: verify_ms stays the verify's own
         # Commit, then roll back what was not committed.
         committed, stop = transcript.commit(tokens, origins, verdict)
         steps.before_rollback()
@@ -231,7 +231,7 @@ class Engine:
             draft_prefill_ms=prefill_ms, positions=positions,
         )
         tally.add(event, t_verified - t0)
-        if drafter is not None and source is not None:
+        if drafter is not None:
             drafter.observe(Outcome(source, len(event.drafted), verdict.accepted, event.draft_ms / 1e3,
                                     event.verify_ms / 1e3, spec.adaptive))
         return event

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
 
 import torch
 
@@ -48,9 +47,9 @@ def decide(drafted: torch.Tensor, proposal: Proposal | None, p: torch.Tensor,
 
 
 def inspector_rows(scores: Scores, drafted: torch.Tensor, proposal: Proposal | None, v: Verdict,
-                   text_of: Callable[[int], str], greedy: bool) -> Callable[[], tuple[PositionDist, ...]]:
-    """The round's inspector rows, computed when called (after the round's timing)."""
+                   text_of: Callable[[int], str], greedy: bool) -> tuple[PositionDist, ...]:
+    """The round's rows for the inspector, one per verify position."""
     shown = scores.logits if greedy else None  # point masses say little: show the logits
     spec = len(drafted) > 0 and proposal is not None
-    return partial(inspect_round, scores.p, proposal.q if spec else None, drafted, v.u, v.accepted, v.next_token,
-                   text_of, logits=shown, draft_logits=proposal.logits if spec and shown is not None else None)
+    return inspect_round(scores.p, proposal.q if spec else None, drafted, v.u, v.accepted, v.next_token, text_of,
+                         logits=shown, draft_logits=proposal.logits if spec and shown is not None else None)

@@ -1,8 +1,8 @@
 """What every drafter is: it proposes up to K tokens (and their q) after the committed ids, forgets what a round
-rejected, and keeps its own record of its rounds, from which adaptive K learns its K."""
+rejected, and fits adaptive K to its own rounds."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
@@ -32,26 +32,6 @@ class Outcome:
     learn_k: bool  # adaptive K is on: fit its model to this round
 
 
-@dataclass
-class DraftRecord:
-    """One drafter's rounds in the running request (as llama.cpp's drafters count theirs), and adaptive K's fit."""
-
-    rounds: int = 0
-    drafted: int = 0
-    accepted: int = 0
-    adaptive: AdaptiveK = field(default_factory=lambda: AdaptiveK())  # looked up at each request's start
-
-    def observe(self, o: Outcome) -> None:
-        self.rounds += 1
-        self.drafted += o.drafted
-        self.accepted += o.accepted
-        if o.learn_k and o.drafted:
-            self.adaptive.observe(o.drafted, o.accepted, o.draft_s / o.drafted, o.verify_s)
-
-    def choose_k(self, spec: SpecParams) -> int:
-        return self.adaptive.choose(spec) if spec.adaptive else spec.k
-
-
 class Drafter(Protocol):
     name: str
 
@@ -76,16 +56,18 @@ class Drafter(Protocol):
     def reset(self) -> None: ...
 
 
-class Recorded:
-    """A drafter's record, its adaptive K and the plain ways to use them."""
+class OwnK:
+    """Adaptive K fitted to this drafter's own rounds of the running request, so a drafter's K is never learnt
+    from another's rounds (the hybrid's free n-gram rounds would make the model's draft steps look cheap)."""
 
-    record: DraftRecord
+    adaptive: AdaptiveK
 
     def start(self) -> None:
-        self.record = DraftRecord()
+        self.adaptive = AdaptiveK()
 
     def choose_k(self, spec: SpecParams) -> int:
-        return self.record.choose_k(spec)
+        return self.adaptive.choose(spec) if spec.adaptive else spec.k
 
-    def observe(self, outcome: Outcome) -> None:
-        self.record.observe(outcome)
+    def observe(self, o: Outcome) -> None:
+        if o.learn_k and o.drafted:
+            self.adaptive.observe(o.drafted, o.accepted, o.draft_s / o.drafted, o.verify_s)

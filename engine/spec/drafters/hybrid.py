@@ -38,8 +38,7 @@ class HybridDrafter:
         self.model.start()
 
     def choose_k(self, spec: SpecParams) -> int:
-        # adaptive K prices the model's draft steps: the free n-gram rounds would make them look cheap
-        return self.model.choose_k(spec)
+        return self.model.choose_k(spec)  # adaptive K prices the model's draft steps
 
     def propose(self, ids: list[int], k: int, params: SamplingParams, gen: torch.Generator | None) -> Proposal:
         p = self.ngram.propose(ids, k, params, gen)

@@ -10,7 +10,7 @@ from engine.api.config import SamplingParams, SpecParams
 from engine.model.forward import common_prefix, forward_chunked
 from engine.model.kv_cache import KVPool
 from engine.model.transformer import Transformer
-from engine.spec.drafters.base import DraftRecord, Proposal, Recorded
+from engine.spec.drafters.base import OwnK, Proposal
 from engine.spec.sampling import probs_from_logits, sample
 
 # A regular round leaves the draft cache at most one token behind the committed ids (the last drafted
@@ -26,7 +26,7 @@ def confidence(logits: torch.Tensor, q: torch.Tensor, token: int, greedy: bool) 
     return float(q[token])
 
 
-class ModelDrafter(Recorded):
+class ModelDrafter(OwnK):
     name = "model"
 
     def __init__(self, model: Transformer, pool: KVPool, vocab: int, device: torch.device) -> None:
@@ -35,7 +35,7 @@ class ModelDrafter(Recorded):
         pool.manager.allocate(self.seq)
         self.cached: list[int] = []  # ids whose KV is in the draft cache
         self.stop_below = 0.0  # SpecParams.stop_below: see propose
-        self.record = DraftRecord()
+        self.start()
 
     def configure(self, spec: SpecParams) -> None:
         self.stop_below = spec.stop_below

@@ -7,10 +7,10 @@ import torch
 from engine.api.config import SamplingParams, SpecParams
 from engine.model.forward import common_prefix
 from engine.spec.accept import point_mass
-from engine.spec.drafters.base import DraftRecord, Proposal, Recorded
+from engine.spec.drafters.base import OwnK, Proposal
 
 
-class NGramDrafter(Recorded):
+class NGramDrafter(OwnK):
     """Prompt lookup over prompt + generated ids, longest context first (n_max down to n_min).
 
     It proposes only what is likely to pass. Each match length n keeps an estimate of how often its
@@ -34,7 +34,7 @@ class NGramDrafter(Recorded):
         self.hits: dict[int, float] = {}  # match length -> decayed count of right continuation tokens
         self.trials: dict[int, float] = {}
         self._pending: tuple[int, int, list[int]] | None = None  # (len(ids), n, continuation) of the last lookup
-        self.record = DraftRecord()
+        self.start()
 
     def configure(self, spec: SpecParams) -> None:
         if (spec.ngram_min, spec.ngram_max) != (self.n_min, self.n_max):
