@@ -108,6 +108,54 @@ def test_unwritable_path_raises(tmp_path):
         stats.write_csv(tmp_path / "missing-dir" / "x.csv")
 
 
+def _session(prompt: str) -> SessionStats:
+    stats = SessionStats()
+    rounds = [make_round(1, ("a",), ("x",), "b", stop_reason="eos")]
+    rec = stats.begin(prompt)
+    rec.rounds.extend(rounds)
+    rec.summary = make_summary(rounds, reused=0)
+    return stats
+
+
+def test_a_failed_export_leaves_the_earlier_export_whole(tmp_path, monkeypatch):
+    """Issue 22 item 3: the disk fills while the second file is written; the first export stays, both files."""
+    path = tmp_path / "session.csv"
+    _session("first").write_csv(path)
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    later = _session("first")
+    later.begin("second").rounds.append(make_round(1))
+    real, calls = csv.DictWriter.writerows, []
+
+    def writerows(self, rows):
+        calls.append(1)
+        if len(calls) == 2:
+            raise OSError(28, "No space left on device")
+        return real(self, rows)
+
+    monkeypatch.setattr(csv.DictWriter, "writerows", writerows)
+    with pytest.raises(OSError, match="No space"):
+        later.write_csv(path)
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before  # no temporaries left either
+    monkeypatch.undo()
+    later.write_csv(path)
+    assert "second" in summary_path(path).read_text(encoding="utf-8")
+
+
+def test_an_export_keeps_the_permissions_of_the_file_it_replaces(tmp_path):
+    path = tmp_path / "session.csv"
+    path.write_text("old", encoding="utf-8")
+    path.chmod(0o640)
+    _session("x").write_csv(path)
+    assert path.stat().st_mode & 0o777 == 0o640
+
+
+def test_an_export_never_fails_on_a_lone_surrogate(tmp_path):
+    """Issue 22 item 4: text that reached the session (a trace, a paste) cannot break saving."""
+    main, side = _session("a\ud800b").write_csv(tmp_path / "s.csv")
+    with side.open(newline="", encoding="utf-8") as f:
+        assert next(csv.DictReader(f))["prompt"] == "a?b"
+
+
 def test_summary_path_names():
     assert summary_path("/a/b/stats.csv").name == "stats_summary.csv"
     assert summary_path("/a/b/stats").name == "stats_summary.csv"

@@ -6,6 +6,8 @@ Pure Python: no Qt, no torch. The GUI records every round of every reply here an
 from __future__ import annotations
 
 import csv
+import os
+import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -273,18 +275,49 @@ class SessionStats:
 
     def write_csv(self, path: str | Path) -> tuple[Path, Path]:
         """Rounds to `path`, per-message summaries to `<name>_summary.csv`, and the K tuner's sweeps (when there
-        are any) to `<name>_tuner.csv`. Raises OSError."""
+        are any) to `<name>_tuner.csv`. All or nothing: every file is written to a temporary beside it and renamed
+        into place only once all are written, so a failure (a full disk) leaves an earlier export whole. Raises
+        OSError."""
         main, side = Path(path), summary_path(path)
-        _write(main, ROUND_COLUMNS, self.round_rows())
-        _write(side, SUMMARY_COLUMNS, self.summary_rows())
+        files = [(main, ROUND_COLUMNS, self.round_rows()), (side, SUMMARY_COLUMNS, self.summary_rows())]
         if self.sweeps:
             rows = [row for i, sweep in enumerate(self.sweeps, 1) for row in sweep.rows(i)]
-            _write(tuner_path(path), SWEEP_COLUMNS, rows)
+            files.append((tuner_path(path), SWEEP_COLUMNS, rows))
+        written: list[tuple[Path, Path]] = []
+        try:
+            for dest, columns, rows in files:
+                written.append((_write_temporary(dest, columns, rows), dest))
+            for tmp, dest in written:
+                os.replace(tmp, dest)
+        finally:
+            for tmp, _ in written:
+                tmp.unlink(missing_ok=True)
         return main, side
 
 
-def _write(path: Path, columns: tuple[str, ...], rows: list[dict[str, object]]) -> None:
-    with path.open("w", newline="", encoding="utf-8") as f:
-        w = csv.DictWriter(f, fieldnames=columns)
-        w.writeheader()
-        w.writerows(rows)
+def _write_temporary(dest: Path, columns: tuple[str, ...], rows: list[dict[str, object]]) -> Path:
+    """The rows as CSV in a new file beside `dest`, with the permissions a plain open() would have given."""
+    fd, name = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent)
+    tmp = Path(name)
+    try:
+        # errors="replace": text the app accepted may still hold a lone surrogate (from a trace, a paste); one
+        # "?" in a cell beats an export that cannot be written.
+        with os.fdopen(fd, "w", newline="", encoding="utf-8", errors="replace") as f:
+            w = csv.DictWriter(f, fieldnames=columns)
+            w.writeheader()
+            w.writerows(rows)
+        os.chmod(tmp, _file_mode(dest))  # mkstemp makes it private; an export is made to be shared
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return tmp
+
+
+def _file_mode(path: Path) -> int:
+    """An existing file's permissions, else what a plain open() would give (0o666 less the umask)."""
+    try:
+        return path.stat().st_mode & 0o777
+    except OSError:
+        mask = os.umask(0)
+        os.umask(mask)
+        return 0o666 & ~mask
