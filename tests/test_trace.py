@@ -101,6 +101,30 @@ def test_unreadable_and_binary_files(tmp_path):
         read_trace(tmp_path / "bin.json")
 
 
+@pytest.mark.parametrize("content, message", [
+    ("[" * 100_000 + "]" * 100_000, r"nested deeper than any trace"),
+    ('{"format": "speclens-trace", "version": ' + "7" * 5000 + "}", r"holds a value that cannot be read"),
+    ('{"format": "speclens-trace", "version": 1, "replies": ' + "[" * 100_000 + "]" * 100_000 + "}",
+     r"nested deeper than any trace"),
+])
+def test_hostile_json_is_a_trace_error(tmp_path, content, message):
+    """Issue 22 item 5: deep nesting and huge integers were a RecursionError and a ValueError."""
+    path = tmp_path / "hostile.json"
+    path.write_text(content, encoding="utf-8")
+    with pytest.raises(TraceError, match=message):
+        read_trace(path)
+
+
+def test_a_lone_surrogate_saves_and_reopens_exactly(tmp_path):
+    """Issue 22 item 4: text the app accepted never makes saving fail; JSON escapes keep it as it was."""
+    from dataclasses import replace
+
+    trace = hand_made_trace()
+    trace = replace(trace, conversation=({"role": "user", "content": "a\ud800b"},))
+    path = write_trace(trace, tmp_path / "s.json")
+    assert read_trace(path) == trace
+
+
 def test_a_failed_save_leaves_the_old_file(tmp_path, monkeypatch):
     path = write_trace(hand_made_trace(), tmp_path / "t.json")
     before = path.read_bytes()

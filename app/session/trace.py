@@ -24,6 +24,7 @@ from typing import Any
 from app.session.jsonable import FormatError, dump, load
 from engine.analysis.stats import MessageRecord
 from engine.api.config import SamplingParams, SpecParams
+from engine.api.messages import first_surrogate
 from engine.api.protocol import EngineInfo
 
 FORMAT = "speclens-trace"
@@ -112,10 +113,18 @@ def read_trace(path: str | Path) -> Trace:
         raise TraceError(f"{path.name} is not a SpecLens trace: it is not UTF-8 text.") from None
     try:
         data = json.loads(text)
+        return from_json(data, path.name)
     except json.JSONDecodeError as e:
         raise TraceError(f"{path.name} is not valid JSON (line {e.lineno}, column {e.colno}: {e.msg}); the file "
                          "may be truncated or corrupt.") from None
-    return from_json(data, path.name)
+    except RecursionError:
+        raise TraceError(f"{path.name} is not a SpecLens trace: its JSON is nested deeper than any trace "
+                         "(lists or objects inside each other thousands of levels deep).") from None
+    except MemoryError:
+        raise TraceError(f"{path.name} is too large to open in the memory this computer has free.") from None
+    except ValueError as e:  # what json.loads refuses beyond syntax, e.g. an integer of thousands of digits
+        raise TraceError(f"{path.name} is not a SpecLens trace: it holds a value that cannot be read "
+                         f"({e}).") from None
 
 
 def _file_mode(path: Path) -> int:
@@ -132,6 +141,8 @@ def write_trace(trace: Trace, path: str | Path) -> Path:
     """Write atomically (a temporary file beside it, then a rename): a failed save never leaves half a file."""
     path = Path(path)
     text = json.dumps(to_json(trace), ensure_ascii=False, separators=(",", ":"))
+    if first_surrogate(text) is not None:  # not UTF-8-encodable: JSON's \uXXXX escapes keep it exactly instead
+        text = json.dumps(to_json(trace), ensure_ascii=True, separators=(",", ":"))
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
         try:
