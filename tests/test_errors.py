@@ -193,3 +193,77 @@ def test_kv_cache_exhausted_mid_request_is_clear_and_recoverable():
     eng.reset()  # and the engine can be used again
     *_, s = eng.generate(prompt, SamplingParams(max_new_tokens=5), SpecParams(k=4))
     assert s.new_tokens == 5
+
+
+# ---- issue 22 item 7: messages, prompt ids and SpecParams fields are checked where they enter -------------------
+@pytest.mark.parametrize("messages, field", [
+    ([{"role": "user", "content": 5}], r"messages\[0\]\['content'\] must be a string, got 5"),
+    ([{"role": "user", "content": None}], r"messages\[0\]\['content'\] must be a string, got None"),
+    ([{"role": "user"}], r"messages\[0\]\['content'\] is missing"),
+    ([{"role": 3, "content": "hi"}], r"messages\[0\]\['role'\] must be a string"),
+    ([{"role": "user", "content": "hi"}, "hello"], r"messages\[1\] must be a dict"),
+    ([], r"messages is empty"),
+    ("hello", r"messages must be a list"),
+])
+def test_bad_messages_name_the_field(engine, messages, field):
+    with pytest.raises(ValueError, match=field):
+        engine.encode_chat(messages)
+
+
+def test_a_lone_surrogate_is_refused_by_name(engine):
+    """Issue 22 item 4: it reached the tokenizer and failed there with a raw TypeError."""
+    text = "a" + chr(0xD800) + "b"  # built here: pytest cannot print a failure report holding one
+    with pytest.raises(ValueError, match=r"messages\[0\]\['content'\] holds a lone surrogate \(U\+D800\) at character 1"):
+        engine.encode_chat([{"role": "user", "content": text}])
+
+
+@pytest.mark.parametrize("prompt, field", [
+    ([1.5], r"prompt_ids\[0\] must be an integer token id, got 1.5"),
+    ([5, True], r"prompt_ids\[1\] must be an integer"),
+    ("hello", r"prompt_ids must be a list of token ids"),
+    (b"\x05", r"prompt_ids must be a list of token ids"),
+])
+def test_bad_prompt_ids_name_the_field(engine, prompt, field):
+    engine.reset()
+    with pytest.raises(ValueError, match=field):
+        start(engine, prompt)
+    assert_untouched(engine, [])
+    assert start(engine, (5, 6, 7)).round == 1  # a tuple of ints is fine
+
+
+@pytest.mark.parametrize("kw, field", [
+    (dict(enabled="no"), r"SpecParams\.enabled must be True or False, got 'no'"),
+    (dict(adaptive=1), r"SpecParams\.adaptive must be True or False"),
+    (dict(k=10**9, k_max=10**9), r"SpecParams\.k_max must be in \[1, 64\], got 1000000000"),
+    (dict(k=1, k_max=0), r"SpecParams\.k_max must be in \[1, 64\]"),
+])
+def test_bad_spec_fields_name_the_field(kw, field):
+    with pytest.raises(ValueError, match=field):
+        SpecParams(**kw)
+    assert SpecParams(k=64, k_max=64).k == 64
+
+
+# ---- issue 22 items 8, 9: reset() mid-reply, and the Summary ends the request ----------------------------------
+def test_reset_mid_reply_is_refused_and_the_reply_finishes(engine):
+    engine.reset()
+    gen = engine.generate([5, 6, 7], SamplingParams(max_new_tokens=8), SpecParams(k=2))
+    next(gen)
+    with pytest.raises(RuntimeError, match="cannot reset the engine while a generate"):
+        engine.reset()
+    *_, summary = gen
+    assert summary.new_tokens == 8
+    assert engine.target_pool.manager.length(0) == len(engine.ids) - 1
+    engine.reset()  # once it has ended, a reset is fine
+    assert engine.ids == []
+
+
+def test_a_consumer_that_stops_at_the_summary_frees_the_engine(engine):
+    engine.reset()
+    gen = engine.generate([5, 6, 7], GREEDY, SpecParams(k=2))
+    summary = next(item for item in gen if not hasattr(item, "round"))  # stop reading at the Summary
+    assert summary.new_tokens == 4
+    *_, again = engine.generate(list(engine.ids), GREEDY, SpecParams(k=2))  # gen is still referenced
+    assert again.new_tokens == 4
+    engine.reset()
+    gen.close()  # closing the finished request later touches nothing
+    assert engine.ids == [] and engine.target_pool.manager.length(0) == 0

@@ -151,6 +151,11 @@ DRAFTERS: tuple[str, ...] = get_args(Drafter)
 NEEDS_DRAFT_MODEL = ("model", "hybrid")  # the drafters that cannot run without a draft model
 
 
+# The most draft tokens a round may ask for: each costs a verify position and an inspector row, and acceptance
+# of the i-th draft falls as alpha^i, so far beyond this no drafter gains. The app offers 1-16.
+K_LIMIT = 64
+
+
 @dataclass(frozen=True)
 class SpecParams:
     """How each round drafts. Read at the start of every round, so it may change mid-request."""
@@ -167,6 +172,9 @@ class SpecParams:
     stop_below: float = 0.0
 
     def __post_init__(self) -> None:
+        for name in ("enabled", "adaptive"):  # a string such as "no" would count as on
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"SpecParams.{name} must be True or False, got {getattr(self, name)!r}")
         for name in ("k", "k_max", "ngram_max", "ngram_min"):
             _check_int(type(self).__name__, name, getattr(self, name))
         _check_finite(type(self).__name__, "stop_below", self.stop_below)
@@ -174,6 +182,8 @@ class SpecParams:
             raise ValueError(f"stop_below must be in [0, 1), got {self.stop_below}")
         if self.k < 1:
             raise ValueError(f"K must be >= 1, got {self.k}")
+        if not 1 <= self.k_max <= K_LIMIT:
+            raise ValueError(f"SpecParams.k_max must be in [1, {K_LIMIT}], got {self.k_max}")
         if self.k > self.k_max:
             raise ValueError(f"K must be <= {self.k_max}, got {self.k}")
         if self.drafter not in DRAFTERS:

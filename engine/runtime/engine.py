@@ -10,6 +10,7 @@ import torch
 from engine.api.config import NEEDS_DRAFT_MODEL, CacheConfig, SamplingParams, SpecParams
 from engine.api.events import DraftToken, RoundEvent, Summary
 from engine.api.live import Controls
+from engine.api.messages import check_messages, check_prompt_ids
 from engine.model.forward import common_prefix, forward_chunked
 from engine.model.kv_cache import BlockManager, KVPool
 from engine.model.transformer import Transformer
@@ -84,6 +85,7 @@ class Engine:
 
     def encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
         """Apply the target's chat template with the generation prompt."""
+        messages = check_messages(messages)  # before the template: it would fail on them in its own words
         if getattr(self.tokenizer, "chat_template", None):
             out = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
             return list(out["input_ids"] if isinstance(out, dict) or hasattr(out, "keys") else out)
@@ -91,7 +93,11 @@ class Engine:
         return self.tokenizer.encode(text)
 
     def reset(self) -> None:
-        """Forget the cached conversation (both caches)."""
+        """Forget the cached conversation (both caches). Refused while a request runs: its next round would read
+        the caches this empties."""
+        if self._active is not None:
+            raise RuntimeError("cannot reset the engine while a generate() request is running; let it finish or "
+                               "close() it first")
         self.target_pool.manager.truncate_to(0, 0)
         self.ids = []
         if self.model_drafter:
@@ -106,7 +112,8 @@ class Engine:
         drafter.configure(spec)
         return drafter
 
-    def _check_prompt(self, prompt: list[int]) -> None:
+    def _check_prompt(self, prompt: list[int]) -> list[int]:
+        prompt = check_prompt_ids(prompt)
         if not prompt:
             raise ValueError("the prompt is empty")
         bad = [t for t in prompt if not 0 <= t < self.vocab]
@@ -117,6 +124,7 @@ class Engine:
                 f"the prompt has {len(prompt)} tokens but the context holds {self.max_seq_len}; "
                 "start a new chat or shorten the message"
             )
+        return prompt
 
     def _prefill(self, prompt: list[int]) -> int:
         """Bring the target cache to prompt[:-1], reusing the longest cached prefix. Returns tokens reused.
@@ -150,23 +158,28 @@ class Engine:
 
         One request at a time: both requests would share the caches and `ids`, so a second generator
         started while one is active raises RuntimeError at its first next(); the first one is unaffected.
-        Finishing, closing or an error releases the engine.
+        The Summary (a consumer may stop reading there), closing or an error releases the engine.
         """
         if self._active is not None:
             raise RuntimeError(
                 "this engine is already running a generate() request; finish or close() it before starting another"
             )
         owner = self._active = object()
+        inner = self._generate(prompt_ids, sampling, spec, controls)
         try:
-            yield from self._generate(prompt_ids, sampling, spec, controls)
+            for item in inner:
+                if isinstance(item, Summary):  # the end of the request, whether or not the consumer reads on
+                    self._active = None
+                yield item
         finally:
+            inner.close()  # a consumer's close() reaches the round loop's clean-up now, not at collection
             if self._active is owner:
                 self._active = None
 
     def _generate(
         self, prompt_ids: list[int], sampling: SamplingParams, spec: SpecParams, controls: Controls | None,
     ) -> Iterator[RoundEvent | Summary]:
-        self._check_prompt(prompt_ids)
+        prompt_ids = self._check_prompt(prompt_ids)
         if spec.enabled:
             self._drafter(spec)  # fail fast on a drafter that cannot run
         controls = controls or Controls(sampling, spec)
