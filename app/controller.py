@@ -38,6 +38,7 @@ from app.request_handle import RequestHandle
 from engine.analysis.stats import MessageRecord, SessionStats
 from engine.api.config import SamplingParams, SpecParams
 from engine.api.events import PhaseEvent, RoundEvent, Summary
+from engine.api.messages import replace_surrogates
 
 Messages = list[dict[str, str]]
 
@@ -126,6 +127,8 @@ class ChatController(QObject):
         """Start a chat reply; False (and nothing changes) while no model is ready or a request runs."""
         if not text or not self.ready or self.busy:
             return False
+        # A lone surrogate (a paste) is not Unicode text: the engine would refuse it, and saving could not write it
+        text, system = replace_surrogates(text), replace_surrogates(system)
         messages = self.messages_for(text, system)
         self.conversation.append({"role": "user", "content": text})
         self.active = self.submit(messages, sampling, spec, "chat", text, stepping=self.stepping)

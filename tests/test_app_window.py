@@ -247,3 +247,15 @@ def test_message_waits_while_no_model_is_ready(qtbot, make_window, tmp_path):
     w.send()
     wait_idle(qtbot, w)
     assert w.input.toPlainText() == "" and w.chat.reply_text() == CODE_REPLY
+
+
+def test_a_lone_surrogate_is_replaced_and_the_reply_runs(qtbot, window, engine_log):
+    """Issue 22 item 4: the engine refuses text that is not valid Unicode; the app sends U+FFFD in its place."""
+    c = window.controller
+    text = "a" + chr(0xD800) + "b"
+    assert c.send(text, window.controls.sampling_params(), window.controls.spec_params(), "sys" + chr(0xDC00))
+    wait_idle(qtbot, window)
+    assert engine_log.requests[0] == [{"role": "system", "content": "sys\ufffd"},
+                                      {"role": "user", "content": "a\ufffdb"}]
+    assert c.conversation[0] == {"role": "user", "content": "a\ufffdb"}
+    assert c.stats.records[0].summary is not None
