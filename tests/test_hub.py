@@ -221,3 +221,52 @@ def test_label_of_cache_paths(cache):
     assert hub.label(snap / "m.gguf", snap / "m.gguf") == "org/name/m.gguf"
     assert hub.label("x", Path("/a/b/folder")) == "folder"
     assert hub.label("x", Path("/a/b/model-q4.gguf")) == "model-q4"
+
+
+def header_only_gguf(path: Path, alignment: int) -> Path:
+    """A GGUF with no tensors and two keys, the second general.alignment (uint32)."""
+    import struct
+
+    def key(name: str) -> bytes:
+        return struct.pack("<Q", len(name)) + name.encode()
+
+    arch = key("general.architecture") + struct.pack("<I", 8) + key("qwen2")  # 8: string
+    align = key("general.alignment") + struct.pack("<I", 4) + struct.pack("<I", alignment)  # 4: uint32
+    path.write_bytes(b"GGUF" + struct.pack("<IQQ", 3, 0, 2) + arch + align)
+    return path
+
+
+@pytest.mark.parametrize("alignment", [0, 24])
+def test_a_gguf_with_a_bad_alignment_is_a_model_load_error(tmp_path, alignment):
+    """Issue 22 item 6: alignment 0 was a ZeroDivisionError."""
+    from engine.io.gguf_file import GGUFFile
+
+    path = header_only_gguf(tmp_path / "bad.gguf", alignment)
+    with pytest.raises(ModelLoadError, match=rf"bad.gguf: invalid general.alignment {alignment} .*power of two"):
+        GGUFFile(path)
+
+
+def test_one_bad_gguf_never_hides_the_other_models(cache, fake_embedded, caplog):
+    """Issue 22 item 6: a GGUF with alignment 0 in the HF cache emptied the whole list, the embedded pair too."""
+    save_hf_folder(cache_repo(cache, "good/llama"))
+    header_only_gguf(cache_repo(cache, "bad/zero-align") / "x.gguf", 0)
+    with caplog.at_level("WARNING", logger="engine.io.hub"):
+        names = [m.name for m in list_local_models()]
+    assert names == ["tiny-target", "tiny-draft", "good/llama"]
+    assert "invalid general.alignment 0" in " ".join(r.getMessage() for r in caplog.records)
+
+
+def test_an_unforeseen_error_skips_only_its_entry(cache, no_embedded, monkeypatch, caplog):
+    save_hf_folder(cache_repo(cache, "good/llama"))
+    save_hf_folder(cache_repo(cache, "odd/llama"))
+    real = hub.describe
+
+    def describe(path, source, name=None):
+        if "odd" in str(path):
+            raise ArithmeticError("something nobody foresaw")
+        return real(path, source, name)
+
+    monkeypatch.setattr(hub, "describe", describe)
+    with caplog.at_level("WARNING", logger="engine.io.hub"):
+        assert [m.name for m in list_local_models()] == ["good/llama"]
+    assert "ArithmeticError: something nobody foresaw" in " ".join(r.getMessage() for r in caplog.records)

@@ -210,7 +210,11 @@ class GGUFFile:
             except ValueError:
                 raise ModelLoadError(f"{self.path}: tensor {name!r} has unknown ggml type {raw_type}") from None
             infos.append((name, qtype, tuple(reversed(dims)), rel))
-        align = int(self.metadata.get("general.alignment", 32))
+        align = self.metadata.get("general.alignment", 32)
+        if isinstance(align, bool) or not isinstance(align, int) or align < 1 or align & (align - 1):
+            # the data offset rounds up to it: 0 divides by zero, others misplace every tensor (llama.cpp agrees)
+            raise ModelLoadError(f"{self.path}: invalid general.alignment {align!r} in the GGUF header "
+                                 "(it must be a power of two, 32 by default); the file is damaged")
         data_start = -(-c.pos // align) * align
         size = len(self._mm)
         for name, qtype, shape, rel in infos:

@@ -19,7 +19,8 @@ if TYPE_CHECKING:
 
 COMPATIBLE = ("llama", "qwen2", "mistral")
 # What a malformed entry can raise while being described (a nested GGUF array where a number belongs
-# surfaces as TypeError; absurd nesting as RecursionError). Listing skips such an entry, never fails.
+# surfaces as TypeError; absurd nesting as RecursionError). Listing skips such an entry, never fails: any other
+# Exception is skipped too (an unforeseen one once emptied the whole picker), with its type in the log line.
 _BAD_ENTRY = (ModelLoadError, OSError, KeyError, ValueError, TypeError, RecursionError)
 log = logging.getLogger(__name__)
 
@@ -175,9 +176,9 @@ def list_local_models() -> list[LocalModel]:
             else:  # not assembled yet: read the GGUF header from the first installed part
                 m = describe(provision.locate_part(ps.packages[0]), "embedded", ps.name)
             out.append(replace(m, path=file))
-        except (*_BAD_ENTRY, provision.ProvisionError) as e:
+        except Exception as e:  # noqa: BLE001 - one bad entry never hides the others
             if not isinstance(e, provision.ProvisionError):  # not installed is normal; broken is worth a line
-                log.warning("skipping embedded model %s: %s", ps.name, e)
+                log.warning("skipping embedded model %s: %s", ps.name, _why(e))
             continue
     for repo in _scan_cache(hf_cache_dir()):
         snap = snapshot(repo)
@@ -188,9 +189,14 @@ def list_local_models() -> list[LocalModel]:
         for path, source in candidates:
             try:
                 m = describe(path, source)
-            except _BAD_ENTRY as e:
-                log.warning("skipping %s: %s", path, e)
+            except Exception as e:  # noqa: BLE001 - one bad entry never hides the others
+                log.warning("skipping %s: %s", path, _why(e))
                 continue
             if m.arch in COMPATIBLE:
                 out.append(m)
     return out
+
+
+def _why(e: Exception) -> str:
+    """A foreseen problem says itself; an unforeseen one also names its type, for a bug report."""
+    return str(e) if isinstance(e, _BAD_ENTRY) else f"{type(e).__name__}: {e}"
