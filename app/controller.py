@@ -89,6 +89,7 @@ class ChatController(QObject):
         self.death: str | None = None  # why the engine process ended, until it is reloaded
         self.stepping = False  # step-through for the chat replies sent from now on
         self.paused: PhaseEvent | None = None  # the phase the active reply waits after, while stepping
+        self.remote = None  # app/remote_host.RemoteHost while attached to a server: replies go there
         host.died.connect(self._on_died)
         host.loadProgress.connect(self.loadProgress)
         host.loaded.connect(self._on_loaded)
@@ -102,8 +103,13 @@ class ChatController(QObject):
         return bool(self.requests)
 
     @property
+    def source(self):
+        """Where replies go: the attached server, else the local engine."""
+        return self.remote if self.remote is not None else self.host
+
+    @property
     def ready(self) -> bool:
-        return self.host.ready
+        return self.source.ready
 
     @property
     def loading(self) -> bool:
@@ -111,7 +117,7 @@ class ChatController(QObject):
 
     @property
     def info(self):
-        return self.host.info
+        return self.source.info
 
     @property
     def plain_ms_per_token(self) -> float | None:
@@ -141,7 +147,7 @@ class ChatController(QObject):
         """Any request: its rounds go into the session stats as `kind`."""
         if prompt is None:
             prompt = next((m["content"] for m in reversed(messages) if m["role"] == "user"), "")
-        handle = self.host.generate(messages, sampling, spec, stepping)
+        handle = self.source.generate(messages, sampling, spec, stepping)
         record = self.stats.begin(prompt, kind)
         record.messages, record.sampling, record.spec = [dict(m) for m in messages], sampling, spec  # for traces
         record.target, record.draft = (self.info.target_name, self.info.draft_name) if self.info else (None, None)
@@ -201,12 +207,12 @@ class ChatController(QObject):
         """Cancel every running request; returns whether there was one."""
         if not self.busy:
             return False
-        self.host.cancel_all()
+        self.source.cancel_all()
         return True
 
     def new_chat(self) -> None:
         """Clear the conversation and the engine's cached prefix; the session's stats stay."""
-        self.host.cancel_all()
+        self.source.cancel_all()
         if self.active is not None:  # its late rounds are dropped; the request still finishes
             self.active = self.paused = None
         self.conversation.clear()
@@ -253,7 +259,29 @@ class ChatController(QObject):
         self.host.scan_models()
 
     def shutdown(self) -> bool:
+        self.detach()
         return self.host.shutdown()
+
+    # ---- attach mode (app/remote_host.py) ------------------------------------------------------------------
+    def attach(self, remote) -> None:
+        """Replies go to this connected server from now on; the chat and the local engine stay as they are."""
+        self.detach()
+        self.remote = remote
+        remote.setParent(self)
+        self._on_loaded(remote.info)
+
+    def detach(self) -> None:
+        """Back to the local engine (a reply still streaming from the server is cancelled); the chat stays."""
+        remote, self.remote = self.remote, None
+        if remote is None:
+            return
+        remote.shutdown(1.0)
+        for handle in [remote.pending.pop(rid) for rid in list(remote.pending)]:  # none of them reaches it again
+            handle.abandon("detached from the server")
+        remote.deleteLater()
+        if self.host.info is not None:
+            self.loaded.emit(self.host.info)
+        self.stateChanged.emit()
 
     # ---- request and host signals --------------------------------------------------------------------------
     def _on_rounds(self, rid: int, events: list[RoundEvent]) -> None:

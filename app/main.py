@@ -26,6 +26,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="open the window (offscreen when there is no display), load the models as a launch does "
                     "(the embedded pair unless --target), print how long that took and quit; exit status 1 if "
                     "the load fails")
+    ap.add_argument("--attach", metavar="URL", help="show the speculation of a running llama-server or vLLM at URL "
+                    "instead of loading the local pair (API key: $SPECLENS_API_KEY); with --load-test: connect, "
+                    "read its models, say so and quit")
+    ap.add_argument("--plain-server", metavar="URL", help="with --attach: the same model served without a draft "
+                    "(Compare's plain side)")
     ap.add_argument("trace", nargs="?", metavar="TRACE.json",
                     help="show a saved session trace (File > Save trace); no model is loaded")
     args = ap.parse_args(argv)
@@ -35,6 +40,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         ap.error("a trace needs no model: leave out --target")
     if args.load_test and (args.smoke_test or args.trace):
         ap.error("--load-test loads models: leave out --smoke-test and the trace")
+    if args.attach and (args.target or args.trace or args.smoke_test):
+        ap.error("--attach uses the server's models: leave out --target, --smoke-test and the trace")
+    if args.plain_server and not args.attach:
+        ap.error("--plain-server needs --attach")
     return args
 
 
@@ -48,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
         print(problem, file=sys.stderr)
         return 1
     spawned = None
-    if not args.smoke_test and not args.trace:
+    if not args.smoke_test and not args.trace and not args.attach:
         from engine.service.process import spawn
 
         # First, before Qt: the engine process imports torch and loads the kernels (~1.3 s) while this one
@@ -108,6 +117,10 @@ def run_window(app, args: argparse.Namespace, spawned, started: float) -> int:
     result = {"code": 0}
     if args.smoke_test:
         QTimer.singleShot(0, lambda: smoke_check(app, window, result))
+    elif args.attach:  # the local engine starts only on Detach
+        if args.load_test:
+            report_attach(app, window, args.attach, result)
+        QTimer.singleShot(0, lambda: window.attach_mode.attach(args.attach, args.plain_server))
     else:
         if args.load_test:
             report_load(app, window, controller, started, result)
@@ -144,6 +157,27 @@ def report_load(app, window, controller, started: float, result: dict[str, int])
         f"({info.dtype_name}), loaded {time.perf_counter() - started:.1f} s after start")))
     controller.loadFailed.connect(lambda message: done(1, f"load-test failed: {message}"))
     controller.engineDied.connect(lambda sentence: done(1, f"load-test failed: {sentence}"))
+
+
+def report_attach(app, window, url: str, result: dict[str, int]) -> None:
+    """--attach URL --load-test: once the server answered (or did not), one line saying so, then quit."""
+    def done(code: int, line: str) -> None:
+        print(line, flush=True)
+        result["code"] = code
+        window.close()
+        app.quit()
+
+    def ok(_info) -> None:
+        server = window.controller.remote.server
+        k = f", K {server.k}" if server.k else ""
+        counters = server.counters
+        spec = (f"{counters.draft_tokens} drafted / {counters.accepted_tokens} accepted so far" if counters else
+                "no speculation counters in /metrics" if server.metrics_ok else "no /metrics")
+        done(0, f"load-test ok: attached to {server.label}: models {', '.join(server.models) or '(none)'}{k}; "
+                f"{spec}")
+
+    window.controller.loaded.connect(ok)
+    window.attach_mode.attachFailed.connect(lambda message: done(1, f"load-test failed: {message}"))
 
 
 if __name__ == "__main__":

@@ -34,6 +34,8 @@ class Commands:
     set_theme: Callable[[str], object]
     step_actions: Sequence[QAction]  # Step through, Next phase, Continue: the step panel's
     inspector_action: QAction  # the inspector dock's show/hide toggle
+    attach: Slot = lambda: None  # File > Attach to server... (app/views/attach_mode.py)
+    detach: Slot = lambda: None
 
 
 class MainMenus:
@@ -72,6 +74,9 @@ class MainMenus:
                                      "round, p/q, verdicts, settings) to a JSON trace")
         self.open_trace_action = act("Open &trace\u2026", c.open_trace, "Ctrl+Shift+O",
                                      "Show a saved trace in its own window (no model needed)")
+        self.attach_action = act("&Attach to server\u2026", c.attach, None, "Show the speculation of a running "
+                                 "llama-server or vLLM (its URL, optionally a plain server and an API key)")
+        self.detach_action = act("&Detach from server", c.detach, None, "Back to the local engine; the chat stays")
         self.quit_action = act("&Quit", c.quit, "Ctrl+Q")
         self.send_action = act("&Send", c.send, "Ctrl+Return", "Send the message")
         self.stop_action = act("S&top", c.stop, "Esc", "Stop after the current round")
@@ -97,6 +102,7 @@ class MainMenus:
 
     def _file_menu(self, m: QMenu) -> None:
         m.addActions([self.new_action, self.open_action])
+        m.addActions([self.attach_action, self.detach_action])
         m.addSeparator()
         m.addAction(self.export_action)
         m.addActions([self.save_trace_action, self.open_trace_action])

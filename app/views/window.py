@@ -35,6 +35,7 @@ from app.dialogs.trace_window import TraceWindow, open_trace_dialog, save_trace_
 from app.dialogs.tuner_dialog import TunerDialog
 from app.session.names import drafter_name
 from app.session.trace import Settings, session_trace
+from app.views.attach_mode import AttachMode
 from app.views.charts import ChartsPanel
 from app.views.chat_view import ChatView
 from app.views.controls_panel import ControlsPanel
@@ -82,10 +83,13 @@ class MainWindow(QMainWindow, MainMenus):
         self.setWindowIcon(app_icon())
         self.resize(1480, 900)
         self._build_ui()
+        self.attach_mode = AttachMode(self)  # File > Attach to server...
         self.setup_menus(self, self._commands())
         self._connect()
+        self.attach_mode.connect_signals()
         self._restore()
         self._update_actions()
+        self.attach_mode.refresh()
 
     # ---- layout --------------------------------------------------------------------------------------------
     def _build_ui(self) -> None:
@@ -156,6 +160,7 @@ class MainWindow(QMainWindow, MainMenus):
             focus_input=lambda: self.input.setFocus(), about=self.about, set_theme=self.set_theme,
             step_actions=(self.stepper.toggle_action, self.stepper.next_action, self.stepper.continue_action),
             inspector_action=self.inspector.toggleViewAction(),
+            attach=self.attach_mode.open_dialog, detach=self.attach_mode.detach,
         )
 
     def _connect(self) -> None:

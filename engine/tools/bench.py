@@ -180,7 +180,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--modes", default="plain,draft,ngram")
     ap.add_argument("--device", default=None)
     ap.add_argument("--json", dest="json_out", help="write the results here")
+    ap.add_argument("--server", metavar="URL", help="benchmark this running llama-server / vLLM instead (mode draft; "
+                    "the API key from $SPECLENS_API_KEY)")
+    ap.add_argument("--plain-server", metavar="URL", help="with --server: the same model served without a draft "
+                    "(mode plain)")
     a = ap.parse_args(argv)
+    if a.server or a.plain_server:
+        from engine.tools.bench_server import main_server
+
+        return main_server(a, read_prompts, check_writable, fail)
 
     # Every argument is checked before anything loads: a mistake costs no model load and no benchmark run.
     modes = [m.strip() for m in a.modes.split(",") if m.strip()]

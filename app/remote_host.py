@@ -1,0 +1,213 @@
+"""The GUI's handle on an attached server (engine/remote/), in the shape of app/host.py's EngineHost: the same
+signals, `generate()` returning the same RequestHandle, so the controller and the views do not change.
+
+`RemoteHost(url, api_key, plain_url)`: `connect()` probes the server on a thread (loadProgress, then loaded with an
+EngineInfo naming the server's model and kind, or loadFailed with one sentence). Each request streams on a
+thread of its own (engine.remote.client); its rounds reach the GUI thread through one queued signal, gathered to
+at most ~60 posts a second, so the window never waits on the network. Cancel sets the request's flag: the
+stream's reader sees it within 50 ms and the handle gets its Summary (stop reason "cancelled") and finished().
+
+What a server cannot do per request is refused with a sentence, never imitated: a request with speculation off
+goes to the plain server (`plain_url`), or fails with "give a plain server URL" when there is none; live control
+changes, step-through and the cache reset are not the server's to take (`update`, `step` do nothing).
+
+The API key lives in this object only: not in EngineInfo, settings, traces, CSV or log lines.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from itertools import count
+from typing import Any
+
+from PySide6.QtCore import QObject, Qt, Signal
+
+from app.request_handle import RequestHandle
+from engine.api.config import SamplingParams, SpecParams
+from engine.api.events import Summary
+from engine.api.protocol import Cancel, EngineInfo
+from engine.remote.client import ServerClient, ServerInfo
+from engine.remote.errors import RemoteError
+
+log = logging.getLogger(__name__)
+POST_S = 1 / 60  # rounds are gathered and posted to the GUI thread at most this often
+
+
+def engine_info(info: ServerInfo) -> EngineInfo:
+    """How the window names an attached server: its model where the local target's name goes."""
+    draft = info.draft_model.rsplit("/", 1)[-1] if info.draft_model else None
+    return EngineInfo(info.model, draft, info.label, "remote: " + info.kind)
+
+
+class RemoteHost(QObject):
+    loadProgress = Signal(str, float)
+    loaded = Signal(object)
+    loadFailed = Signal(str)
+    loadCancelled = Signal()
+    modelsListed = Signal(list)
+    statusReady = Signal(object)
+    died = Signal(str)
+    _post = Signal(object)  # worker thread -> GUI thread: (request id, what, value)
+
+    def __init__(self, url: str, api_key: str | None = None, plain_url: str | None = None, *,
+                 connect_s: float = 5.0, read_s: float = 60.0, parent: QObject | None = None) -> None:
+        """Raises RemoteError at once for a URL that is not http(s)."""
+        super().__init__(parent)
+        self.client = ServerClient(url, api_key, connect_s=connect_s, read_s=read_s)
+        self.plain = ServerClient(plain_url, api_key, connect_s=connect_s, read_s=read_s) if plain_url else None
+        self.server: ServerInfo | None = None
+        self.info: EngineInfo | None = None
+        self.loading: object | None = None
+        self.pending: dict[int, RequestHandle] = {}
+        self._cancels: dict[int, threading.Event] = {}
+        self._threads: list[threading.Thread] = []
+        self._ids = count(1_000_001)  # never an id the local engine's host gives: both share the controller
+        self._post.connect(self._dispatch, Qt.ConnectionType.QueuedConnection)
+
+    # ---- the server ------------------------------------------------------------------------------------------
+    def connect_server(self) -> None:
+        """Probe the server (and the plain one) on a thread; answered by loaded or loadFailed."""
+        self.loading = self.client.public
+        self.loadProgress.emit(f"Connecting to {self.client.public}\u2026", -1.0)
+        self._start(self._probe, 0)
+
+    def _probe(self, rid: int) -> None:
+        try:
+            info = self.client.probe()
+            if self.plain is not None:
+                self.plain.probe()
+            self._post.emit((rid, "probed", info))
+        except RemoteError as e:
+            self._post.emit((rid, "probe-failed", str(e)))
+
+    @property
+    def running(self) -> bool:
+        return True
+
+    @property
+    def ready(self) -> bool:
+        return self.info is not None
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.pending)
+
+    def start(self) -> None:
+        pass  # nothing to start: the server runs on its own
+
+    def shutdown(self, wait_s: float = 2.0) -> bool:
+        """Cancel every request and wait (bounded) for their threads."""
+        self.cancel_all()
+        deadline = time.monotonic() + wait_s
+        for t in self._threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+        return all(not t.is_alive() for t in self._threads)
+
+    # ---- requests --------------------------------------------------------------------------------------------
+    def generate(self, messages: list[dict[str, str]], sampling: SamplingParams, spec: SpecParams,
+                 stepping: bool = False) -> RequestHandle:
+        """stepping is not the server's to do: the request runs without pausing."""
+        handle = RequestHandle(next(self._ids), self._command)
+        self.pending[handle.id] = handle
+        self._cancels[handle.id] = threading.Event()
+        self._start(lambda rid: self._stream(rid, messages, sampling, spec), handle.id)
+        return handle
+
+    def _client_for(self, spec: SpecParams) -> tuple[ServerClient, bool]:
+        if spec.enabled:
+            return self.client, True
+        if self.plain is not None:
+            return self.plain, False
+        raise RemoteError(f"{self.client.public} cannot turn speculation off per request: give a plain server "
+                          "(the same model without a draft) in File \u203a Attach to server\u2026 to compare")
+
+    def _stream(self, rid: int, messages: list[dict[str, str]], sampling: SamplingParams, spec: SpecParams) -> None:
+        """Worker thread: the reply's rounds, gathered, then its Summary or an error, then the end."""
+        gathered: list = []
+        last = 0.0
+        try:
+            client, speculative = self._client_for(spec)
+            for item in client.chat(messages, sampling, speculative=speculative, cancel=self._cancels[rid]):
+                if isinstance(item, Summary):
+                    if gathered:
+                        self._post.emit((rid, "rounds", gathered))
+                        gathered = []
+                    self._post.emit((rid, "summary", item))
+                    continue
+                gathered.extend(item)
+                if time.monotonic() - last >= POST_S:
+                    self._post.emit((rid, "rounds", gathered))
+                    gathered, last = [], time.monotonic()
+        except RemoteError as e:
+            if gathered:
+                self._post.emit((rid, "rounds", gathered))
+            self._post.emit((rid, "errored", str(e)))
+        except Exception as e:  # noqa: BLE001 - a bug here must still end the request in the window
+            log.exception("attached request %d failed", rid)
+            self._post.emit((rid, "errored", f"the attached request failed: {type(e).__name__}: {e}"))
+        self._post.emit((rid, "finished", None))
+
+    def _start(self, target: Callable[[int], None], rid: int) -> None:
+        self._threads = [t for t in self._threads if t.is_alive()]
+        t = threading.Thread(target=target, args=(rid,), name=f"speclens-remote-{rid}", daemon=True)
+        self._threads.append(t)
+        t.start()
+
+    def _command(self, command: object) -> bool:
+        """What a RequestHandle sends: Cancel acts; live controls and step-through do not reach a server."""
+        if isinstance(command, Cancel):
+            self.cancel(command.rid)
+        return True
+
+    def cancel(self, rid: int | None = None) -> None:
+        for key, flag in self._cancels.items():
+            if rid is None or key == rid:
+                flag.set()
+
+    def cancel_all(self) -> None:
+        self.cancel(None)
+
+    def reset(self) -> None:
+        pass  # the server keeps (or drops) its own prompt cache
+
+    def load(self, *_: Any) -> None:
+        self.connect_server()
+
+    def reload(self) -> None:
+        self.connect_server()
+
+    def cancel_load(self) -> None:
+        pass
+
+    def scan_models(self) -> None:
+        pass
+
+    def query_status(self) -> None:
+        pass
+
+    # ---- GUI thread ------------------------------------------------------------------------------------------
+    def _dispatch(self, posted: tuple[int, str, Any]) -> None:
+        rid, what, value = posted
+        if what == "probed":
+            self.server, self.info, self.loading = value, engine_info(value), None
+            self.loaded.emit(self.info)
+            return
+        if what == "probe-failed":
+            self.loading = None
+            self.loadFailed.emit(value)
+            return
+        handle = self.pending.get(rid)
+        if handle is None:
+            return
+        if what == "rounds":
+            handle.rounds.emit(value)
+        elif what == "summary":
+            handle.summary.emit(value)
+        elif what == "errored":
+            handle.errored.emit(value)
+        elif what == "finished":
+            self.pending.pop(rid, None)
+            self._cancels.pop(rid, None)
+            handle.finished.emit()

@@ -1,0 +1,142 @@
+"""The main window in attach mode (app/remote_host.py): File › Attach to server… and Detach, and what an attached
+server does not reveal or take, shown disabled with a one-line reason instead of imitated.
+
+Attaching connects on a thread behind the status bar; the local engine stays loaded and the chat stays. Once the
+server answers, the controller sends replies there (ChatController.attach) and the window names the server's
+model and kind where the local pair's name was. Detach returns to the local engine, loading it if it never was
+(`speclens --attach URL` starts without it).
+"""
+from __future__ import annotations
+
+import os
+
+from PySide6.QtCore import QObject, Signal
+from PySide6.QtGui import QAction
+from PySide6.QtWidgets import QDialog, QWidget
+
+from app.dialogs.attach_dialog import AttachDialog, plain_key
+from app.remote_host import RemoteHost
+from engine.remote.client import KEY_ENV, public_url
+from engine.remote.errors import RemoteError
+
+# What an attached server cannot show or do, and why (one line each, in the widgets' tooltips)
+NO_SPEC_CONTROLS = ("K, the drafter and adaptive K are the server's start-up flags (llama-server: -md, "
+                    "--spec-draft-n-max); it does not take them per request")
+NO_SPEC_TOGGLE = "This server drafts on every request: give a plain server URL (File \u203a Attach) to turn it off"
+SPEC_TOGGLE_PLAIN = "Off: replies come from the plain server (the same model without a draft)"
+NO_TUNE = "Tune K needs K per request; this server's K is a start-up flag"
+NO_STEP = "A server does not pause between a round's phases"
+NO_INSPECTOR = "A server sends no p or q for its tokens: there is nothing to inspect"
+NO_REJECTED = "A server never sends its rejected drafts, only how many there were"
+NO_COMPARE = "Compare needs a plain server URL (File \u203a Attach to server\u2026): the server's speculation is a " \
+             "start-up flag"
+
+
+class AttachMode(QObject):
+    attachFailed = Signal(str)
+
+    def __init__(self, window) -> None:
+        super().__init__(window)
+        self.window = window
+        self.connecting: RemoteHost | None = None
+        self._tips: dict[QObject, str] = {}  # each widget's own tooltip, restored on detach
+
+    @property
+    def attached(self) -> RemoteHost | None:
+        return self.window.controller.remote
+
+    def connect_signals(self) -> None:
+        """After the window's own connections: refresh() runs after its _update_actions."""
+        c = self.window.controller
+        c.stateChanged.connect(self.refresh)
+        c.loaded.connect(lambda _info: self.refresh())
+
+    # ---- attach / detach -------------------------------------------------------------------------------------
+    def open_dialog(self) -> QDialog:
+        dlg = AttachDialog(self.window.settings, self.window)
+        dlg.accepted.connect(lambda: self.attach(*dlg.values()))
+        dlg.open()
+        return dlg
+
+    def attach(self, url: str, plain_url: str | None = None, api_key: str | None = None) -> RemoteHost | None:
+        """Connect in the background; the controller switches to it once the server answers."""
+        key = api_key or os.environ.get(KEY_ENV) or None
+        try:
+            remote = RemoteHost(url, key, plain_url)
+        except RemoteError as e:
+            self._failed(str(e))
+            return None
+        if self.connecting is not None:
+            self.connecting.deleteLater()
+        self.connecting = remote
+        remote.loadProgress.connect(lambda stage, _f: self.window.statusBar().showMessage(stage))
+        remote.loaded.connect(lambda _info: self._connected(remote, url, plain_url))
+        remote.loadFailed.connect(self._failed)
+        remote.connect_server()
+        return remote
+
+    def _connected(self, remote: RemoteHost, url: str, plain_url: str | None) -> None:
+        self.connecting = None
+        s = self.window.settings
+        s.setValue("attach/url", public_url(url))  # never user:password, never the key
+        s.setValue(plain_key(public_url(url)), public_url(plain_url) if plain_url else "")
+        self.window.controller.attach(remote)
+        notes = "; ".join(remote.server.notes) if remote.server else ""
+        self.window.statusBar().showMessage(f"Attached to {remote.info.device}" + (f" ({notes})" if notes else ""),
+                                            8000)
+
+    def _failed(self, message: str) -> None:
+        self.connecting = None
+        self.window.statusBar().clearMessage()
+        self.attachFailed.emit(message)
+        local = "The local engine stays in use." if self.window.controller.host.ready else "Nothing was changed."
+        self.window.show_error("Could not attach to the server", f"{message}\n\n{local}")
+
+    def detach(self) -> None:
+        c = self.window.controller
+        if c.remote is None:
+            return
+        c.detach()
+        if not c.host.ready and not c.loading:
+            self.window.load_models()
+        self.window.statusBar().showMessage("Detached: replies come from the local engine again", 5000)
+
+    # ---- what attach mode disables ---------------------------------------------------------------------------
+    def refresh(self) -> None:
+        w, remote = self.window, self.attached
+        w.detach_action.setEnabled(remote is not None)
+        ctl = w.controls
+        spec_widgets = (ctl.drafter_combo, ctl.k_slider, ctl.adaptive_check, ctl.stop_check)
+        actions = ((w.tune_action, NO_TUNE), (w.stepper.toggle_action, NO_STEP),
+                   (w.inspector.toggleViewAction(), NO_INSPECTOR), (w.rejected_action, NO_REJECTED))
+        if remote is None:
+            for obj, tip in self._tips.items():
+                obj.setToolTip(tip)
+                if isinstance(obj, QAction):
+                    obj.setStatusTip(tip)
+                if obj not in (w.tune_action, w.compare_action):  # the window's _update_actions decided those
+                    obj.setEnabled(True)
+            self._tips.clear()
+            ctl._update_labels()  # the speculation widgets' own enabled rule
+            return
+        for widget in spec_widgets:
+            self._disable(widget, NO_SPEC_CONTROLS)
+        has_plain = remote.plain is not None
+        if has_plain:
+            self._keep_tip(ctl.spec_toggle)
+            ctl.spec_toggle.setToolTip(SPEC_TOGGLE_PLAIN)
+        else:
+            self._disable(ctl.spec_toggle, NO_SPEC_TOGGLE)
+            self._disable(w.compare_action, NO_COMPARE)
+        for action, why in actions:
+            self._disable(action, why)
+
+    def _keep_tip(self, obj: QObject) -> None:
+        self._tips.setdefault(obj, obj.toolTip())
+
+    def _disable(self, obj: QWidget | QObject, why: str) -> None:
+        self._keep_tip(obj)
+        obj.setEnabled(False)
+        obj.setToolTip(why)
+        if isinstance(obj, QAction):
+            obj.setStatusTip(why)
