@@ -115,6 +115,26 @@ def test_hostile_json_is_a_trace_error(tmp_path, content, message):
         read_trace(path)
 
 
+@pytest.mark.parametrize("text", [
+    '{"a": [1, 2, {"b": [3, [4, {"c": 5}]]}], "d": "x", "a": []}', ' [ ] ', '{}', '\n{ "k" :\t[ {"x": null} , 2 ]\r}',
+    '"just a string"', '[[[[[[1]]]]]]', '{"e": 1e400, "f": -0.0, "g": "\\u00e9\\ud800"}',
+])
+def test_the_stepped_parse_is_json_loads(text):
+    from app.session.json_steps import loads_in_steps
+
+    assert repr(loads_in_steps(text)) == repr(json.loads(text))
+
+
+@pytest.mark.parametrize("text", ['{"a": 1,}', '[1 2]', '{"a" 1}', '{1: 2}', '[1] x', '', '{"a": [', '[', '{"a":}'])
+def test_the_stepped_parse_refuses_what_json_loads_refuses(text):
+    from app.session.json_steps import loads_in_steps
+
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(text)
+    with pytest.raises(json.JSONDecodeError):
+        loads_in_steps(text)
+
+
 def test_a_lone_surrogate_saves_and_reopens_exactly(tmp_path):
     """Issue 22 item 4: text the app accepted never makes saving fail; JSON escapes keep it as it was."""
     from dataclasses import replace
@@ -203,6 +223,71 @@ def test_opening_a_bad_trace_says_why_and_keeps_the_session(qtbot, window, dialo
     assert message in dialogs[0][2] and "bad.json" in dialogs[0][2]
     assert (view_model(window.chat), window.chat.toPlainText(), list(window.controller.stats.records),
             list(window.controller.conversation)) == before
+
+
+def _slow_reader(monkeypatch, release):
+    """read_trace as a large file reads: it reports half the file parsed, then waits for `release`."""
+    import app.dialogs.trace_window as tw
+
+    monkeypatch.setattr(tw, "BIG_TRACE_BYTES", 1)
+    real = tw.read_trace
+
+    def slow(path, progress=None):
+        progress(0.5)
+        release.wait(10)
+        return real(path, progress)
+
+    monkeypatch.setattr(tw, "read_trace", slow)
+
+
+def _trace_windows():
+    from PySide6.QtWidgets import QApplication
+
+    from app.dialogs.trace_window import TraceWindow
+    return [w for w in QApplication.topLevelWidgets() if isinstance(w, TraceWindow) and w.isVisible()]
+
+
+def test_a_large_trace_is_read_behind_a_progress_dialog(qtbot, window, dialogs, tmp_path, monkeypatch):
+    """Issue 22 item 5: a 100,000-round trace froze the window for a minute while it was read."""
+    import threading
+    import time
+
+    from PySide6.QtWidgets import QProgressDialog
+
+    path = write_trace(hand_made_trace(), tmp_path / "big.json")
+    release = threading.Event()
+    _slow_reader(monkeypatch, release)
+    t0 = time.monotonic()
+    try:
+        assert window.open_trace(str(path)) is None  # at once: the window opens when the read is done
+        assert time.monotonic() - t0 < 2
+        (progress,) = [d for d in window.findChildren(QProgressDialog) if d.isVisible()]
+        qtbot.waitUntil(lambda: progress.value() == 499, timeout=5000)  # the event loop runs during the read
+        assert "big.json" in progress.labelText()
+    finally:
+        release.set()
+    qtbot.waitUntil(lambda: len(_trace_windows()) == 1, timeout=10000)
+    (viewer,) = _trace_windows()
+    assert viewer.trace == hand_made_trace() and not dialogs
+    viewer.close()
+
+
+def test_cancelling_a_large_trace_opens_nothing(qtbot, window, dialogs, tmp_path, monkeypatch):
+    import threading
+
+    from PySide6.QtWidgets import QProgressDialog
+
+    path = write_trace(hand_made_trace(), tmp_path / "big.json")
+    release = threading.Event()
+    _slow_reader(monkeypatch, release)
+    try:
+        assert window.open_trace(str(path)) is None
+        (progress,) = [d for d in window.findChildren(QProgressDialog) if d.isVisible()]
+        progress.cancel()
+    finally:
+        release.set()
+    qtbot.waitUntil(lambda: not window.findChildren(QProgressDialog), timeout=10000)
+    assert not _trace_windows() and not dialogs
 
 
 def test_save_trace_reports_a_write_failure(qtbot, window, dialogs, tmp_path):

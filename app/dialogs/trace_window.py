@@ -4,9 +4,10 @@ window's File menu uses, and `speclens TRACE.json` (open_trace_cli)."""
 from __future__ import annotations
 
 import sys
+import threading
 from pathlib import Path
 
-from PySide6.QtCore import QSettings, Qt, QTimer
+from PySide6.QtCore import QObject, QSettings, Qt, QTimer, Signal
 from PySide6.QtGui import QAction, QKeySequence
 from PySide6.QtWidgets import (
     QApplication,
@@ -16,6 +17,7 @@ from PySide6.QtWidgets import (
     QLabel,
     QMainWindow,
     QMessageBox,
+    QProgressDialog,
     QSplitter,
     QVBoxLayout,
     QWidget,
@@ -166,9 +168,13 @@ def save_trace_dialog(parent: QWidget, trace: Trace, settings: QSettings, path: 
 
 def open_trace_dialog(parent: QWidget | None, settings: QSettings, path: str | None = None) -> TraceWindow | None:
     """Ask which file (unless given) and show it in a window of its own: the session on screen stays as it is.
-    A file that cannot be read gets a dialog saying why; None then."""
+    A file that cannot be read gets a dialog saying why; None then. A large file is read by a thread behind a
+    progress dialog (TraceOpener): None at once, and its window opens when the read is done."""
     path = path or ask_path(parent, settings, saving=False)
     if not path:
+        return None
+    if _size(path) >= BIG_TRACE_BYTES:
+        TraceOpener(parent, Path(path)).start()
         return None
     try:
         trace = read_trace(path)
@@ -178,6 +184,87 @@ def open_trace_dialog(parent: QWidget | None, settings: QSettings, path: str | N
     win = TraceWindow(trace, Path(path), parent)
     win.show()
     return win
+
+
+# From about this size (a few thousand rounds) a read takes long enough to freeze the window: a thread reads it.
+BIG_TRACE_BYTES = 8 << 20
+
+
+def _size(path: str) -> int:
+    try:
+        return Path(path).stat().st_size
+    except OSError:
+        return 0  # read_trace says what is wrong with it
+
+
+class _Cancelled(Exception):
+    pass
+
+
+class TraceOpener(QObject):
+    """Reads one trace on a thread while a progress dialog (with Cancel) shows how far it is; the window stays
+    live. Then opens its TraceWindow, or says why it could not. Keeps itself alive as a child of `parent`."""
+
+    done = Signal(object)  # the TraceWindow, or None (cancelled or failed)
+
+    def __init__(self, parent: QWidget | None, path: Path) -> None:
+        super().__init__(parent)
+        self.parent_widget, self.path = parent, path
+        self.fraction, self.cancelled = 0.0, False
+        self.outcome: Trace | TraceError | None = None
+        self.finished = False
+        self.dialog = QProgressDialog(f"Reading {path.name}\u2026", "Cancel", 0, 1000, parent)
+        self.dialog.setWindowTitle("Opening trace")
+        self.dialog.setMinimumDuration(0)
+        self.dialog.canceled.connect(self._cancel)
+        self.timer = QTimer(self)
+        self.timer.setInterval(50)
+        self.timer.timeout.connect(self._poll)
+        self.thread = threading.Thread(target=self._read, name="speclens-trace-reader", daemon=True)
+
+    def start(self) -> None:
+        self.dialog.show()
+        self.timer.start()
+        self.thread.start()
+
+    def _read(self) -> None:  # the reader thread: touches no widget
+        def progress(fraction: float) -> None:
+            if self.cancelled:
+                raise _Cancelled
+            self.fraction = fraction
+
+        try:
+            self.outcome = read_trace(self.path, progress)
+        except TraceError as e:
+            self.outcome = e
+        except _Cancelled:
+            self.outcome = None
+        except Exception as e:  # noqa: BLE001 - a bug in reading must not leave the dialog up forever
+            self.outcome = TraceError(f"{self.path.name} could not be opened: {type(e).__name__}: {e}")
+        self.finished = True
+
+    def _cancel(self) -> None:
+        self.cancelled = True
+
+    def _poll(self) -> None:
+        if self.dialog.wasCanceled():  # Esc or cancel() end it without the canceled signal
+            self.cancelled = True
+        if not self.finished:
+            parsed = self.fraction >= 1.0  # then the rounds are checked and built: no fraction for that
+            self.dialog.setLabelText(f"{'Checking' if parsed else 'Reading'} {self.path.name}\u2026")
+            self.dialog.setValue(999 if parsed else int(self.fraction * 999))
+            return
+        self.timer.stop()
+        self.dialog.reset()
+        self.dialog.deleteLater()
+        win = None
+        if isinstance(self.outcome, TraceError):
+            QMessageBox.critical(self.parent_widget, "Could not open the trace", str(self.outcome))
+        elif isinstance(self.outcome, Trace) and not self.cancelled:
+            win = TraceWindow(self.outcome, self.path, self.parent_widget)
+            win.show()
+        self.done.emit(win)
+        self.deleteLater()
 
 
 def open_trace_cli(app: QApplication, path: str, smoke_test: bool = False) -> int:

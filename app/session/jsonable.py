@@ -36,12 +36,16 @@ def dump(value: Any) -> Any:
 
 
 def load(tp: Any, data: Any, where: str = "") -> Any:
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if type(data) is tp and tp in _EXACT:  # most fields of a trace: a scalar, as JSON gives it back
+        return data
+    origin, args = _shape(tp)
     if tp is Any:
         return data
     if origin in (typing.Union, types.UnionType):
         if data is None and type(None) in args:
             return None
+        if type(data) in _EXACT and type(data) in args:
+            return data
         arms = [a for a in args if a is not type(None)]
         errors = []
         for arm in arms:
@@ -61,6 +65,9 @@ def load(tp: Any, data: Any, where: str = "") -> Any:
             if len(data) != len(args):
                 raise FormatError(f"{where}: expected {len(args)} items, got {len(data)}")
             return tuple(load(a, v, f"{where}[{i}]") for i, (a, v) in enumerate(zip(args, data)))
+        elem = args[0] if args else Any
+        if elem in _EXACT and all(type(v) is elem for v in data):  # the bulk of a trace (p, q, ids, texts): one pass
+            return tuple(data) if origin is tuple else list(data)
         items = [load(args[0] if args else Any, v, f"{where}[{i}]") for i, v in enumerate(data)]
         return tuple(items) if origin is tuple else items
     if origin is dict:
@@ -81,24 +88,34 @@ def load(tp: Any, data: Any, where: str = "") -> Any:
 def _load_dataclass(cls: type, data: Any, where: str) -> Any:
     if not isinstance(data, dict):
         raise FormatError(f"{where or cls.__name__}: expected an object, got {_show(data)}")
-    hints = _hints(cls)
     kwargs = {}
-    for f in dataclasses.fields(cls):
-        if not f.init:
-            continue
-        if f.name in data:
-            kwargs[f.name] = load(hints[f.name], data[f.name], f"{where}.{f.name}" if where else f.name)
-        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-            raise FormatError(f"{where or cls.__name__}: missing {f.name!r}")
+    for name, hint, required in _fields(cls):
+        if name in data:
+            kwargs[name] = load(hint, data[name], f"{where}.{name}" if where else name)
+        elif required:
+            raise FormatError(f"{where or cls.__name__}: missing {name!r}")
     try:
         return cls(**kwargs)
     except (TypeError, ValueError) as e:  # the class's own checks (__post_init__)
         raise FormatError(f"{where or cls.__name__}: {e}") from None
 
 
+# Element types a list may hold as JSON gives them back, so a list of them is checked without a call per item
+# (a 100,000-round trace holds tens of millions). Floats may also arrive as ints or "nan": the slow path reads those.
+_EXACT = (float, int, str, bool)
+
+
 @functools.cache
-def _hints(cls: type) -> dict[str, Any]:
-    return typing.get_type_hints(cls)
+def _shape(tp: Any) -> tuple[Any, tuple[Any, ...]]:
+    return typing.get_origin(tp), typing.get_args(tp)
+
+
+@functools.cache
+def _fields(cls: type) -> tuple[tuple[str, Any, bool], ...]:
+    """(name, type hint, required) of each field __init__ takes, worked out once per class."""
+    hints = typing.get_type_hints(cls)
+    return tuple((f.name, hints[f.name], f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
+                 for f in dataclasses.fields(cls) if f.init)
 
 
 def _load_scalar(tp: Any, data: Any, where: str) -> Any:

@@ -16,11 +16,13 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from app.session.json_steps import loads_in_steps
 from app.session.jsonable import FormatError, dump, load
 from engine.analysis.stats import MessageRecord
 from engine.api.config import SamplingParams, SpecParams
@@ -103,7 +105,9 @@ def _readable() -> str:
     return f"version {VERSION}" if OLDEST == VERSION else f"versions {OLDEST} to {VERSION}"
 
 
-def read_trace(path: str | Path) -> Trace:
+def read_trace(path: str | Path, progress: Callable[[float], None] | None = None) -> Trace:
+    """`progress` hears the fraction of the file parsed, from a reader thread too (the parse leaves the
+    interpreter to other threads between its steps); an exception it raises stops the read and passes through."""
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
@@ -112,7 +116,8 @@ def read_trace(path: str | Path) -> Trace:
     except UnicodeDecodeError:
         raise TraceError(f"{path.name} is not a SpecLens trace: it is not UTF-8 text.") from None
     try:
-        data = json.loads(text)
+        data = loads_in_steps(text, progress)
+        del text  # half the memory of a large file; the parsed data takes the rest
         return from_json(data, path.name)
     except json.JSONDecodeError as e:
         raise TraceError(f"{path.name} is not valid JSON (line {e.lineno}, column {e.colno}: {e.msg}); the file "
