@@ -205,11 +205,11 @@ def test_sampling_distribution_is_exact_with_a_trimmed_draft_head(tmp_path):
 
 
 def assert_exact_distribution(target: Transformer, draft: Transformer, tok, drafter: str, temperature: float,
-                              top_p: float, spec: SpecParams | None = None) -> dict[int, int]:
+                              top_p: float, spec: SpecParams | None = None, top_k: int = 0) -> dict[int, int]:
     """-> how many first rounds drafted each number of tokens."""
     # No EOS, so every request yields its first two tokens.
     engine = Engine(target, tok, draft, cache=CacheConfig(block_size=8, max_seq_len=256), eos_ids=set())
-    params = SamplingParams(temperature=temperature, top_p=top_p, max_new_tokens=3)
+    params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, max_new_tokens=3)
     # An earlier assistant turn gives the n-gram drafter something to look up after "assistant:".
     prompt = ngram_friendly_prompt(engine, target, params)
     spec = spec or SpecParams(k=2, drafter=drafter)
