@@ -75,9 +75,9 @@ def display_problem(unattended: bool) -> str | None:
     """Why Qt could not open a window here (None: it can). A scripted run with no display goes offscreen."""
     if unattended and not os.environ.get("DISPLAY") and not os.environ.get("WAYLAND_DISPLAY"):
         os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
-    from app.platform_check import check_xcb, needs_xcb
+    from app.platform_check import check_display, check_xcb, needs_xcb
 
-    return check_xcb() if needs_xcb() else None
+    return (check_xcb() or check_display()) if needs_xcb() else None
 
 
 def application():

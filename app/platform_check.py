@@ -69,6 +69,16 @@ def needs_xcb(env: os._Environ | dict[str, str] = os.environ) -> bool:
     return not env.get("WAYLAND_DISPLAY")
 
 
+def check_display(env: os._Environ | dict[str, str] = os.environ) -> str | None:
+    """None when there is a display for the xcb plugin to open; else one line saying so. With none, Qt aborts
+    (status 134) saying that xcb-cursor0 is needed, which sends the user after a package they already have."""
+    if env.get("DISPLAY"):
+        return None
+    return ("speclens: there is no display to open a window on (neither DISPLAY nor WAYLAND_DISPLAY is set). "
+            "Start SpecLens from a desktop session or with ssh -X; `speclens --load-test` checks an installation "
+            "without one.")
+
+
 def check_xcb() -> str | None:
     """None when the plugin can load (or cannot be checked); else one line saying what to install."""
     plugin = xcb_plugin()

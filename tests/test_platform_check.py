@@ -58,3 +58,19 @@ def test_app_exits_with_the_line_before_any_window(monkeypatch, capsys):
     monkeypatch.setattr(pc, "check_xcb", lambda: "speclens: Qt cannot open a window: install libxcb-cursor0")
     assert main.main([]) == 1
     assert capsys.readouterr().err.strip() == "speclens: Qt cannot open a window: install libxcb-cursor0"
+
+
+def test_no_display_at_all_is_one_line_not_an_abort():
+    """Issue 22 item 13: with neither DISPLAY nor WAYLAND_DISPLAY, Qt aborted (134) asking for xcb-cursor0."""
+    import os
+    from pathlib import Path
+
+    env = {k: v for k, v in os.environ.items() if k not in ("DISPLAY", "WAYLAND_DISPLAY", "QT_QPA_PLATFORM")}
+    code = ("import app.platform_check as pc; pc.check_xcb = lambda: None  # the plugin's libraries are all there\n"
+            "from app import main; raise SystemExit(main.main([]))")
+    done = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[1], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.strip() == pc.check_display({})
+    assert "no display to open a window on" in done.stderr and "DISPLAY" in done.stderr
+    assert pc.check_display({"DISPLAY": ":0"}) is None
