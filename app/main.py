@@ -146,7 +146,9 @@ def smoke_check(app, window, result: dict[str, int]) -> None:
 
 def report_load(app, window, controller, started: float, result: dict[str, int]) -> None:
     """--load-test: once the load ends, one line saying how, then quit (status 1 if it failed)."""
-    def done(code: int, line: str) -> None:
+    def done(code: int, line: str, notice: str = "") -> None:
+        if notice:  # e.g. no compiled kernels: the sentence the window shows, before the verdict line
+            print(notice, flush=True)
         print(line, flush=True)
         result["code"] = code
         window.close()
@@ -154,7 +156,7 @@ def report_load(app, window, controller, started: float, result: dict[str, int])
 
     controller.loaded.connect(lambda info: done(0, (
         f"load-test ok: {info.target_name} + {info.draft_name or 'no draft'} on {info.device} "
-        f"({info.dtype_name}), loaded {time.perf_counter() - started:.1f} s after start")))
+        f"({info.dtype_name}), loaded {time.perf_counter() - started:.1f} s after start"), info.notice))
     controller.loadFailed.connect(lambda message: done(1, f"load-test failed: {message}"))
     controller.engineDied.connect(lambda sentence: done(1, f"load-test failed: {sentence}"))
 

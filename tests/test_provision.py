@@ -62,7 +62,9 @@ def test_end_to_end_provision_assembles_once_and_loads(tmp_path, parts, tiny_ggu
     assert path == root / "tiny-model.gguf" and is_trusted(path, ps)
     assert path.read_bytes() == tiny_gguf.read_bytes()
     assert leftovers(root) == ["tiny-model.gguf"]  # nothing but the assembled file
-    assert {s.split(":")[0] for s, _ in seen} == {"Assembling draft model", "Preparing draft model"}
+    n = len(ps.packages)
+    assert {s.split(":")[0] for s, _ in seen} == {f"Assembling the draft model from its {n} parts", "Preparing draft model"}
+    assert seen[-2][0].endswith(f"{ps.size / 1e6:,.0f} of {ps.size / 1e6:,.0f} MB")  # the bytes, as they go
     assert all(0.0 <= f <= 1.0 for _, f in seen) and seen[-1][1] == 1.0
 
     ck = load_checkpoint(path)

@@ -14,8 +14,6 @@ Both are checked with a safety factor of 2.
 """
 from __future__ import annotations
 
-import logging
-
 import numpy as np
 import pytest
 import torch
@@ -235,88 +233,3 @@ def test_file_embedding_reads_the_same_rows(kernels, cases, qtype):
     assert torch.equal(emb(ids), QuantEmbedding(raw, qtype, K)(ids)) and torch.equal(emb(ids[0]).double(), w[[3, 0]])
     with pytest.raises(IndexError, match="out of range"):
         emb(torch.tensor([N]))
-
-
-def test_build_failure_falls_back_with_one_line(monkeypatch, caplog, tmp_path):
-    from torch.utils import cpp_extension
-
-    def broken(*a, **k):
-        raise RuntimeError("Error building extension 'speclens_quant': c++: not found\nmore detail")
-
-    monkeypatch.setattr(ext, "build_dir", lambda: tmp_path / "ext")  # no earlier build to load
-    monkeypatch.setattr(cpp_extension, "load", broken)
-    with caplog.at_level(logging.WARNING, logger="engine.quant.ext"):
-        assert ext.load.__wrapped__() is None
-    lines = [r for r in caplog.records if r.levelno >= logging.WARNING]
-    assert len(lines) == 1 and "fallback" in lines[0].getMessage() and "\n" not in lines[0].getMessage()
-
-
-def test_a_finished_build_is_imported_without_asking_cpp_extension(kernels):
-    """Later processes import the module the build left (~1 ms) instead of running cpp_extension and ninja."""
-    import subprocess
-    import sys
-
-    code = ("import sys, engine.quant.ext as e; m = e.load(); "
-            "assert m is not None and m.isa(); assert 'torch.utils.cpp_extension' not in sys.modules")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert out.returncode == 0, out.stderr[-2000:]
-
-
-def test_an_unusable_build_record_means_building_again(tmp_path):
-    assert ext._built(tmp_path) is None  # no record
-    (tmp_path / ext.BUILT).write_text("speclens_quant.so")
-    (tmp_path / "speclens_quant.so").write_bytes(b"not a shared object")  # e.g. a copy cut short
-    assert ext._built(tmp_path) is None
-
-
-def test_a_fresh_build_removes_builds_unused_for_two_weeks(tmp_path):
-    """Each update of the sources makes a new build folder: the old ones must not pile up, but a build that
-    another install still loads (its record touched on every load) stays."""
-    import os
-    import time
-
-    current, old, in_use, unfinished, half_built = (tmp_path / n for n in ("now", "old", "used", "stale", "fresh"))
-    for folder in (current, old, in_use, unfinished, half_built):
-        folder.mkdir()
-    for folder in (old, in_use):
-        (folder / ext.BUILT).write_text("speclens_quant.so")
-    month_ago = time.time() - 30 * 24 * 3600
-    os.utime(old / ext.BUILT, (month_ago, month_ago))
-    os.utime(unfinished, (month_ago, month_ago))  # a build that never finished, long ago
-    os.utime(in_use, (month_ago, month_ago))  # the folder is old, its record was touched today
-    assert sorted(ext.prune(current)) == sorted([old, unfinished])
-    assert current.is_dir() and in_use.is_dir() and half_built.is_dir() and not old.exists()
-
-
-def test_loading_a_build_marks_it_in_use(kernels, tmp_path):
-    import os
-
-    folder = ext.build_dir()
-    os.utime(folder / ext.BUILT, (0, 0))
-    assert ext._built(folder) is not None
-    assert (folder / ext.BUILT).stat().st_mtime > 1e9
-
-
-def test_building_leaves_the_build_folder_where_it_was(monkeypatch, tmp_path):
-    """torch's cpp_extension.load appends its own flags to the lists it is given. Ours must not change with them:
-    the process that built would compute another build folder from then on (a fresh clean-clone CI run failed
-    test_loading_a_build_marks_it_in_use on that)."""
-    from torch.utils import cpp_extension
-
-    def appending_load(**kw):  # what torch does to the lists, then stop before compiling
-        kw["extra_cflags"].append("-I/torch/include")
-        kw["extra_ldflags"].append("-ltorch")
-        raise RuntimeError("not building in this test")
-
-    monkeypatch.setenv("SPECLENS_CACHE", str(tmp_path))
-    before = ext.build_dir()
-    monkeypatch.setattr(cpp_extension, "load", appending_load)
-    assert ext.load.__wrapped__() is None
-    assert ext.build_dir() == before
-
-
-def test_disabled_by_environment(monkeypatch, caplog):
-    monkeypatch.setenv("SPECLENS_QUANT_EXT", "0")
-    with caplog.at_level(logging.WARNING, logger="engine.quant.ext"):
-        assert ext.load.__wrapped__() is None
-    assert "SPECLENS_QUANT_EXT=0" in caplog.text

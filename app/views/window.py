@@ -149,6 +149,14 @@ class MainWindow(QMainWindow, MainMenus):
         for w in (self.round_label, self.reuse_label, self.model_label):
             w.setContentsMargins(8, 0, 8, 0)
             bar.addPermanentWidget(w)
+        # The engine's sentence about a slow load (no compiled kernels): it stays while that engine runs; a
+        # passing message covers it only while it shows
+        self.notice_label = QLabel("")
+        self.notice_label.setObjectName("kernelsNotice")
+        self.notice_label.setContentsMargins(8, 0, 8, 0)
+        self.notice_label.setStyleSheet("color: #d55e00;")
+        self.notice_label.hide()
+        bar.addWidget(self.notice_label, 1)
 
     def _commands(self) -> Commands:
         # The lambdas drop the `checked` argument of triggered(), which these slots would take for a path
@@ -255,6 +263,12 @@ class MainWindow(QMainWindow, MainMenus):
                                     "came from the previous turn's KV cache")
 
     def _on_error(self, message: str) -> None:
+        text = self.chat.withdraw_unanswered()
+        if text is not None:  # refused before its first round: unsent, so back to the message box
+            draft = self.input.toPlainText()
+            self.input.setPlainText(text + (f"\n\n{draft}" if draft.strip() else ""))
+            self.show_error("Message not sent", f"{message}\n\nYour message is back in the message box.")
+            return
         self.chat.finish(f"failed: {message}")
         self.show_error("Generation failed", message)
 
@@ -398,7 +412,12 @@ class MainWindow(QMainWindow, MainMenus):
         self.controls.set_loaded(info.target_name, info.draft_name, info.device, info.dtype_name)
         pair = info.target_name + (f" + {info.draft_name}" if info.draft_name else "")
         self.model_label.setText(f"{pair} \u00b7 {info.device} \u00b7 {info.dtype_name}")
-        self.statusBar().showMessage(f"Loaded {pair}", 5000)
+        self.notice_label.setText(info.notice)
+        self.notice_label.setToolTip(info.notice)
+        self.notice_label.setVisible(bool(info.notice))
+        self.statusBar().clearMessage()
+        if not info.notice:  # a passing message would cover the notice for its first seconds
+            self.statusBar().showMessage(f"Loaded {pair}", 5000)
         self._update_actions()
 
     def _on_load_failed(self, message: str) -> None:

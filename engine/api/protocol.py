@@ -147,6 +147,7 @@ class EngineInfo:
     draft_name: str | None
     device: str
     dtype_name: str
+    notice: str = ""  # a sentence the window keeps in view (no compiled CPU kernels: slow, and the remedy)
 
 
 @dataclass(frozen=True)

@@ -145,7 +145,8 @@ def _assemble(ps: PartSet, dest: Path, locate: Callable[[str], Path], who: str, 
                         out.write(chunk)
                         h.update(chunk)
                         done += len(chunk)
-                        report(f"Assembling {who}: {100 * done // total}%", done / total)
+                        report(f"Assembling the {who} from its {len(parts)} parts: {done / 1e6:,.0f} of "
+                               f"{total / 1e6:,.0f} MB", done / total)
             out.flush()
             os.fsync(out.fileno())
         if h.hexdigest() != ps.sha256:

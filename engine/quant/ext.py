@@ -1,104 +1,240 @@
-"""Build (once, JIT) and load the C++ kernels; None, with one logged line, where they cannot be built.
+"""Load the C++ kernels: a prebuilt module shipped with the program, else a build in the cache, else a build now
+(JIT, in a child process: engine/quant/build.py); None, with one logged line and a sentence for the user, where
+none of these works.
 
-The extension is compiled by `torch.utils.cpp_extension.load` with ninja and the system's C++ compiler on
-first use, into `<cache>/ext/<hash of sources, flags, torch and python>`; later processes import the built
-module straight from there (~1 ms, where asking cpp_extension and ninja again takes ~0.15 s).
-A fresh build removes the builds beside it that no process has loaded for two weeks (`prune`).
+Every module is keyed by a hash of the sources, flags, torch and Python (`build.key()`) and loads only under its own
+key: a prebuilt one beside this file (`prebuilt/`, with `build.json`: a binary wheel or the PyInstaller bundle),
+or `<cache>/ext/<key>/` (later processes import it straight from there, ~1 ms). A fresh build removes the cache's
+builds that no process has loaded for two weeks (`prune`). A build is guarded by a lock its owner cannot leave
+behind (buildlock.py), bounded in time, and a failed one is remembered (`build.remembered`) so that a start does not
+retry a build that cannot succeed until what it failed on changes or `SPECLENS_REBUILD_KERNELS=1` asks.
 No -march flag: the instruction set is picked at run time, the best this CPU runs of csrc/isa.cpp's table (the
 module's `isa_table()`), so a build made on one machine runs on any x86-64. `SPECLENS_QUANT_EXT=0` disables the
 extension (the pure-torch fallback runs instead); `SPECLENS_QUANT_ISA=<name from that table>` pins the
-instruction set.
+instruction set; `SPECLENS_QUANT_PREBUILT=0` ignores a prebuilt module (tests of the build itself).
 """
 from __future__ import annotations
 
-import functools
-import hashlib
 import importlib.util
+import json
 import logging
 import os
 import shutil
 import sys
+import threading
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
-import torch
-
 from engine.paths import cache_root
+from engine.quant import build
+from engine.quant.buildlock import BuildLock, LockTimeout
 
 log = logging.getLogger(__name__)
 
-CSRC = Path(__file__).with_name("csrc")
-SOURCES = ("bindings.cpp", "decoder.cpp", "isa.cpp", "repack.cpp", "kernels_scalar.cpp", "kernels_avx2.cpp",
-           "kernels_avxvnni.cpp", "kernels_avx512.cpp")
-# -ffp-contract=off: every float operation rounds where the source says (no silent FMA fusion), which the
-# bit-exact dequantization and the cross-ISA identical results rely on. No unroll-and-jam: jamming two
-# scale blocks into the row loop doubles the live weight registers and spills them (measured 3x slower).
-# Tuples, handed to cpp_extension as fresh lists: it appends torch's own flags to the lists it is given, which
-# would change build_dir() for the rest of a process that built.
-CFLAGS = ("-O3", "-DNDEBUG", "-fopenmp", "-ffp-contract=off", "-fno-math-errno", "-fno-loop-unroll-and-jam", "-std=c++17")
-LDFLAGS = ("-fopenmp",)
-
-build_seconds: float | None = None  # set when this process compiled the extension (not when it loaded a build)
-BUILT = "built"  # written into the build folder once a build has loaded: names the module file
+PREBUILT = Path(__file__).with_name("prebuilt")
+BUILT = build.BUILT
 # Every change to the sources (an update) makes a new build folder. A fresh build removes the others that no
 # process has loaded for this long: another install sharing the cache (a second venv, another torch) keeps its
 # own as long as it is used, since loading a build touches its record.
 STALE_S = 14 * 24 * 3600
+SLOWER = "about 11\u00d7 slower"  # the embedded target, kernels against the fallback: 5.92 against 0.54 tok/s
+
+Progress = Callable[[str, float], None]
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """Where this process's kernels came from: "prebuilt", "cache", "compiled", or, with none, "disabled" or
+    "failed" (detail: the cause in one line)."""
+
+    source: str
+    detail: str = ""
+    seconds: float | None = None  # the compile's wall time, when this process compiled
+    remembered: bool = False  # the failure is an earlier build's, not retried
+
+
+_module: ModuleType | None = None
+_outcome: Outcome | None = None
+_guard = threading.Lock()
 
 
 def build_dir() -> Path:
-    h = hashlib.sha256()
-    for name in sorted(p.name for p in CSRC.iterdir() if p.suffix in (".cpp", ".h")):
-        h.update(name.encode() + (CSRC / name).read_bytes())
-    h.update(" ".join(CFLAGS + LDFLAGS).encode() + torch.__version__.encode() + sys.version.encode())
-    return cache_root() / "ext" / h.hexdigest()[:16]
+    return cache_root() / "ext" / build.key()
 
 
-@functools.cache
-def load() -> ModuleType | None:
-    """The compiled module, or None (logged once) when disabled or when the build fails."""
-    global build_seconds
+def load(progress: Progress | None = None, cancelled: Callable[[], bool] | None = None) -> ModuleType | None:
+    """The compiled module, or None (logged once) when disabled or when no module can be had. Decided once per
+    process; `progress(stage, -1)` hears about a wait or a compile every second. A cancel raises InterruptedError
+    and decides nothing (a build already started runs on, and a later load finds it)."""
+    global _module, _outcome
+    with _guard:
+        if _outcome is None:
+            _module, _outcome = _decide(progress, cancelled)
+            _report(_outcome)
+            isa = os.environ.get("SPECLENS_QUANT_ISA")
+            if isa and _module is not None:
+                _module.set_isa(isa)
+        return _module
+
+
+def find() -> ModuleType | None:
+    """load() when a module is ready to import (prebuilt or built), else None with nothing decided: never compiles.
+    The engine's warm-up calls this, so that a compile happens in the load, where its progress is shown."""
+    with _guard:
+        if _outcome is not None:
+            return _module
+    if os.environ.get("SPECLENS_QUANT_EXT", "1") == "0" or _prebuilt(build.key()) is not None \
+            or _built(build_dir()) is not None:
+        return load()
+    return None
+
+
+def outcome() -> Outcome | None:
+    """How load() decided (None before it did)."""
+    return _outcome
+
+
+def forget() -> None:
+    """Decide again at the next load() (tests)."""
+    global _module, _outcome
+    with _guard:
+        _module, _outcome = None, None
+
+
+def _decide(progress: Progress | None, cancelled: Callable[[], bool] | None) -> tuple[ModuleType | None, Outcome]:
     if os.environ.get("SPECLENS_QUANT_EXT", "1") == "0":
-        log.warning("quantized kernels disabled by SPECLENS_QUANT_EXT=0; using the pure-torch fallback")
+        return None, Outcome("disabled", "SPECLENS_QUANT_EXT=0")
+    try:
+        key = build.key()
+        mod = _prebuilt(key)
+        if mod is not None:
+            return mod, Outcome("prebuilt")
+        folder = cache_root() / "ext" / key
+        mod = _built(folder)
+        if mod is not None:
+            return mod, Outcome("cache")
+        if getattr(sys, "frozen", False):  # a bundle has no compiler headers: it must ship its module
+            return None, Outcome("failed", f"this bundle ships no kernels built for it ({PREBUILT})")
+        return _build(folder, progress, cancelled)
+    except InterruptedError:
+        raise
+    except Exception as e:  # noqa: BLE001 - an unreadable cache or a broken torch also mean "run the fallback"
+        log.debug("loading the kernels failed", exc_info=True)
+        return None, Outcome("failed", build.one_line(f"{type(e).__name__}: {e}"))
+
+
+def _build(folder: Path, progress: Progress | None,
+           cancelled: Callable[[], bool] | None) -> tuple[ModuleType | None, Outcome]:
+    """Compile under the build lock, unless an earlier failure under the same conditions is remembered."""
+    asked = os.environ.get("SPECLENS_REBUILD_KERNELS") == "1"
+    cause = None if asked else build.remembered(folder)
+    if cause is not None:
+        return None, Outcome("failed", cause, remembered=True)
+    missing = build.preflight()
+    if missing is not None:
+        build.remember(folder, missing, disk_full=False)
+        return None, Outcome("failed", missing)
+    lock = BuildLock(folder.with_name(folder.name + ".lock"))
+    tick = build.Ticker(progress, "Waiting for another SpecLens process to finish compiling the CPU kernels")
+    try:
+        lock.acquire(build.BUILD_TIMEOUT_S, lambda _s, pid: tick(f" (pid {pid})" if pid else ""), cancelled)
+    except LockTimeout as e:
+        return None, Outcome("failed", str(e))
+    try:
+        mod = _built(folder)  # another process built it while we waited
+        if mod is not None:
+            return mod, Outcome("cache")
+        cause = None if asked else build.remembered(folder)  # ... or failed to, under the same conditions
+        if cause is not None:
+            return None, Outcome("failed", cause, remembered=True)
+        t0 = time.perf_counter()
+        try:
+            path = build.compile_module(folder, lock.fd, progress, cancelled)
+            mod = _import(path)
+        except build.BuildError as e:
+            disk_full = str(e).startswith("no space left")
+            build.remember(folder, str(e), disk_full)
+            return None, Outcome("failed", str(e))
+        (folder / BUILT).write_text(path.name)  # only after the module has loaded here
+        prune(folder)
+        return mod, Outcome("compiled", seconds=time.perf_counter() - t0)
+    finally:
+        lock.release()
+
+
+def _report(o: Outcome) -> None:
+    if o.source == "compiled":
+        log.info("built the quantized kernels in %.1f s", o.seconds)
+    elif o.source == "prebuilt":
+        log.info("using the prebuilt quantized kernels (%s)", PREBUILT)
+    elif o.source in ("disabled", "failed"):
+        log.warning("%s", notice())
+
+
+def notice() -> str:
+    """One sentence for the user when the kernels are missing (cost and remedy), else ""."""
+    o = _outcome
+    if o is None or o.source not in ("disabled", "failed"):
+        return ""
+    cost = f"so replies run {SLOWER} on the pure-torch fallback"
+    if o.source == "disabled":
+        return f"The CPU kernels are turned off (SPECLENS_QUANT_EXT=0), {cost}; unset it to use them."
+    if getattr(sys, "frozen", False):
+        return (f"This SpecLens bundle could not load its prebuilt CPU kernels ({o.detail}), {cost}; this should not "
+                "happen: please report it with what speclens prints when started from a terminal.")
+    if o.detail.startswith("no C++ compiler"):
+        remedy = "install one (Debian/Ubuntu: sudo apt-get install g++)"
+    elif o.detail.startswith("no space left"):
+        remedy = "free some disk space"
+    else:
+        remedy = f"see {build_dir() / build.LOG}"
+    again = " (it is tried again when that changes, or with SPECLENS_REBUILD_KERNELS=1)"
+    return f"The CPU kernels could not be compiled ({o.detail}), {cost}; {remedy}, then restart SpecLens{again}."
+
+
+def describe() -> str:
+    """Which kernels run, for logs and the benchmark: "AVX2 kernels (prebuilt)", "pure-torch fallback (...)"."""
+    mod = load()
+    o = _outcome
+    if mod is None:
+        return f"pure-torch fallback ({o.detail if o else 'not loaded'})"
+    return f"{dict(mod.isa_table())[mod.isa()]} kernels ({o.source if o else '?'})"
+
+
+def _import(path: Path) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(build.NAME, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _prebuilt(key: str) -> ModuleType | None:
+    """The module shipped beside this file, when it was built under this very key."""
+    if os.environ.get("SPECLENS_QUANT_PREBUILT", "1") == "0":
         return None
     try:
-        folder = build_dir()
-        mod = _built(folder)
-        if mod is None:
-            from torch.utils import cpp_extension
-
-            folder.mkdir(parents=True, exist_ok=True)
-            fresh = not any(folder.glob("*.so"))
-            t0 = time.perf_counter()
-            mod = cpp_extension.load(
-                name="speclens_quant", sources=[str(CSRC / s) for s in SOURCES], extra_cflags=list(CFLAGS),
-                extra_ldflags=list(LDFLAGS), build_directory=str(folder), verbose=False,
-            )
-            if fresh:
-                build_seconds = time.perf_counter() - t0
-                log.info("built the quantized kernels in %.1f s (%s)", build_seconds, folder)
-            (folder / BUILT).write_text(Path(mod.__file__).name)  # only after the module has loaded
-            prune(folder)
-        isa = os.environ.get("SPECLENS_QUANT_ISA")
-        if isa:
-            mod.set_isa(isa)
-        return mod
-    except Exception as e:  # no compiler, no ninja, a failed build: all mean "run the fallback"
-        first = next((ln for ln in str(e).splitlines() if ln.strip()), type(e).__name__)
-        log.warning("quantized kernels could not be built (%s); using the slow pure-torch fallback", first[:200])
-        log.debug("extension build failure", exc_info=True)
+        manifest = json.loads((PREBUILT / build.MANIFEST).read_text())
+    except (OSError, ValueError):
+        return None  # a source install: nothing shipped
+    if manifest.get("key") != key:
+        log.warning("the prebuilt kernels were built for other sources or another torch/python (%s, torch %s, "
+                 "python %s); building them here", manifest.get("key"), manifest.get("torch"), manifest.get("python"))
+        return None
+    try:
+        return _import(PREBUILT / manifest["module"])
+    except Exception:  # noqa: BLE001 - a damaged file: the cache or a build can still help
+        log.warning("the prebuilt kernels in %s do not load; trying a build instead", PREBUILT, exc_info=True)
         return None
 
 
 def _built(folder: Path) -> ModuleType | None:
     """The module a finished build left in `folder` (its hash covers sources, flags, torch and python), else None:
-    no build yet, or one that does not load (then cpp_extension builds it again)."""
+    no build yet, or one that does not load (then it is built again)."""
     try:
-        path = folder / (folder / BUILT).read_text().strip()
-        spec = importlib.util.spec_from_file_location("speclens_quant", path)
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
+        mod = _import(folder / (folder / BUILT).read_text().strip())
     except Exception:  # noqa: BLE001 - anything wrong with a previous build means "build it"
         log.debug("no usable build in %s", folder, exc_info=True)
         return None
@@ -111,7 +247,7 @@ def _built(folder: Path) -> ModuleType | None:
 
 def prune(current: Path, stale_s: float = STALE_S) -> list[Path]:
     """Remove the build folders beside `current` whose record (or, unfinished, the folder itself) is older than
-    stale_s; returns what was removed. Best effort: a folder that cannot be removed stays."""
+    stale_s, with their lock files; returns what was removed. Best effort: a folder that cannot be removed stays."""
     removed = []
     now = time.time()
     for other in current.parent.iterdir():
@@ -126,6 +262,7 @@ def prune(current: Path, stale_s: float = STALE_S) -> list[Path]:
             shutil.rmtree(other, ignore_errors=True)
             if not other.exists():
                 removed.append(other)
+                other.with_name(other.name + ".lock").unlink(missing_ok=True)
     if removed:
         log.info("removed %d old kernel build(s) from %s", len(removed), current.parent)
     return removed

@@ -19,4 +19,4 @@ def describe_error(e: BaseException) -> str:
 
 def info_of(engine: Any) -> EngineInfo:
     return EngineInfo(str(engine.target_name), engine.draft_name, str(getattr(engine, "device", "cpu")),
-                      str(getattr(engine, "dtype_name", "")))
+                      str(getattr(engine, "dtype_name", "")), str(getattr(engine, "kernels_notice", "")))

@@ -41,23 +41,32 @@ DEFAULT_LISTER = Factory("engine.service.loaders:default_lister")
 
 def default_loader(target: str | None, draft: str | None, device: str | None, progress: Progress,
                    cancelled: Callable[[], bool]) -> Any:
-    """Provision the embedded pair when no target is given, then load_engine."""
+    """Provision the embedded pair when no target is given, make sure of the CPU kernels (a compile, the first
+    time, with its elapsed time shown), then load_engine. Without kernels every later stage repeats the sentence
+    that says so, and the engine carries it (`kernels_notice`) for the window's status line."""
     from engine.io.loading import load_engine
+    from engine.quant import ext
 
     if target is None:
         from engine.io.provision import default_pair
 
         target_dir, draft_dir = default_pair(progress, cancelled)
         target, draft = str(target_dir), str(draft_dir)
-    return load_engine(target, draft, device=device, progress=progress)
+    ext.load(progress, cancelled)
+    notice = ext.notice()
+    shown = (lambda stage, fraction: progress(f"{stage}\n{notice}", fraction)) if notice else progress
+    engine = load_engine(target, draft, device=device, progress=shown)
+    engine.kernels_notice = notice if getattr(engine, "weights_format", None) else ""
+    return engine
 
 
 def warm_engine() -> None:
-    """Import torch and the engine and load the compiled kernels (~1.3 s): what every load starts with."""
+    """Import torch and the engine and load the compiled kernels when they are built (~1.3 s): what every load
+    starts with. A compile waits for the load, whose progress the window shows."""
     import engine.io.loading  # noqa: F401 - torch and the engine, imported for their side of the warm-up
     from engine.quant import ext
 
-    ext.load()
+    ext.find()
 
 
 def default_lister() -> list[Any]:
