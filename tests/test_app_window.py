@@ -259,3 +259,21 @@ def test_a_lone_surrogate_is_replaced_and_the_reply_runs(qtbot, window, engine_l
                                       {"role": "user", "content": "a\ufffdb"}]
     assert c.conversation[0] == {"role": "user", "content": "a\ufffdb"}
     assert c.stats.records[0].summary is not None
+
+
+def test_a_message_too_long_for_the_context_is_not_sent_and_says_so(qtbot, make_window, dialogs):
+    """Issue 22 item 19: the error named a Python class, and the refused message stayed in the chat as if sent."""
+    from tests.app_fixtures import tiny
+
+    w = make_window(tiny(max_seq_len=64), show=False)
+    send(qtbot, w, "hi")
+    before = (w.chat.toPlainText(), list(w.controller.conversation))
+    long = "x" * 200  # one token a character: far past 64
+    send(qtbot, w, long)
+    ((kind, title, text),) = dialogs
+    assert (kind, title) == ("critical", "Message not sent")
+    assert "Error" not in text and "does not fit" in text and "64" in text and "new chat" in text
+    assert "back in the message box" in text
+    assert w.input.toPlainText() == long
+    assert (w.chat.toPlainText(), w.controller.conversation) == before
+    assert w.send_button.isEnabled()

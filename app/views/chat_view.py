@@ -112,6 +112,17 @@ class ChatView(QTextEdit):
         turn = self._current()
         turn.footer, turn.tail = footer, tail
 
+    def withdraw_unanswered(self) -> str | None:
+        """Take back the last message when its reply never began (the engine refused the message), so the chat
+        does not show it as sent; returns its text. None (and nothing changes) once the reply has any round."""
+        if len(self.turns) < 2 or self.turns[-1].role != "assistant" or self.turns[-1].rounds \
+                or self.turns[-2].role != "user":
+            return None
+        self.turns.pop()
+        text = self.turns.pop().text
+        self._rebuild()
+        return text
+
     def clear_chat(self) -> None:
         self.turns.clear()
         self._rebuild()

@@ -8,6 +8,7 @@ from dataclasses import replace
 import torch
 
 from engine.api.config import NEEDS_DRAFT_MODEL, CacheConfig, SamplingParams, SpecParams
+from engine.api.errors import ContextFullError
 from engine.api.events import DraftToken, RoundEvent, Summary
 from engine.api.live import Controls
 from engine.api.messages import check_messages, check_prompt_ids
@@ -120,9 +121,9 @@ class Engine:
         if bad:
             raise ValueError(f"prompt token id {bad[0]} is outside the vocabulary (0..{self.vocab - 1})")
         if len(prompt) >= self.max_seq_len:
-            raise ValueError(
-                f"the prompt has {len(prompt)} tokens but the context holds {self.max_seq_len}; "
-                "start a new chat or shorten the message"
+            raise ContextFullError(
+                f"The message does not fit: with the system prompt and the conversation so far it is {len(prompt)} "
+                f"tokens, and the context holds {self.max_seq_len}. Start a new chat or shorten the message."
             )
         return prompt
 

@@ -6,7 +6,7 @@ from typing import Any
 from engine.api.protocol import EngineInfo
 
 # Errors whose message is written for the user: shown as they are, without their type's name
-SPEAKING_ERRORS = ("ModelLoadError", "ProvisionError", "FileNotFoundError")
+SPEAKING_ERRORS = ("ModelLoadError", "ProvisionError", "FileNotFoundError", "ContextFullError")
 
 
 def describe_error(e: BaseException) -> str:
