@@ -82,7 +82,9 @@ def death_sentence(exitcode: int | None, fatal: str | None) -> str:
         except ValueError:
             name = f"signal {-exitcode}"
         if -exitcode == getattr(signal, "SIGKILL", 9):
-            return "The engine process was killed (SIGKILL), most likely because the system ran out of memory."
+            # Known: the signal. Not known: who sent it (the OOM killer is one sender of several)
+            return ("The engine process was killed (SIGKILL). The system sends it when memory runs out; "
+                    "check free memory before reloading.")
         if name == "SIGSEGV":
             return "The engine process crashed (SIGSEGV: a fault in native code)."
         return f"The engine process was stopped by {name}."

@@ -10,7 +10,8 @@ from PySide6.QtCore import Qt
 from tests.app_fixtures import *  # noqa: F401,F403
 from tests.app_fixtures import LOAD_TIMEOUT_MS, tiny, wait_idle
 
-KILLED = "The engine process was killed (SIGKILL), most likely because the system ran out of memory."
+KILLED = ("The engine process was killed (SIGKILL). The system sends it when memory runs out; "
+          "check free memory before reloading.")
 
 
 def send(qtbot, w, text, max_tokens):

@@ -209,7 +209,8 @@ def test_killed_process_is_reported_once_in_one_sentence(qtbot, make_host):
     os.kill(host.pid, signal.SIGKILL)
     qtbot.waitUntil(lambda: bool(died), timeout=5000)
     qtbot.wait(50)
-    assert died == ["The engine process was killed (SIGKILL), most likely because the system ran out of memory."]
+    assert died == ["The engine process was killed (SIGKILL). The system sends it when memory runs out; "
+                    "check free memory before reloading."]
     assert "finished" not in rec.kinds(req.id)  # the controller decides what an interrupted request becomes
     assert not host.running and not host.ready and not host.busy
     assert host.last_load is not None  # what reload() loads again
@@ -334,7 +335,8 @@ def test_clean_shutdown_is_not_a_death(qtbot, make_host):
 
 
 @pytest.mark.parametrize("exitcode, fatal, text", [
-    (-9, None, "The engine process was killed (SIGKILL), most likely because the system ran out of memory."),
+    (-9, None, "The engine process was killed (SIGKILL). The system sends it when memory runs out; "
+               "check free memory before reloading."),
     (-11, None, "The engine process crashed (SIGSEGV: a fault in native code)."),
     (-15, None, "The engine process was stopped by SIGTERM."),
     (1, "MemoryError", "The engine process failed: MemoryError"),
