@@ -277,3 +277,17 @@ def test_a_message_too_long_for_the_context_is_not_sent_and_says_so(qtbot, make_
     assert w.input.toPlainText() == long
     assert (w.chat.toPlainText(), w.controller.conversation) == before
     assert w.send_button.isEnabled()
+
+
+def test_a_refused_target_stays_in_the_picker(qtbot, make_window, dialogs):
+    """Issue 22 item 21: after a refused --target the Target combo showed the embedded pair, as if that was asked."""
+    w = make_window(show=False)  # fake_loader: the default pair loads, a named path does not exist
+    w.load_models("/does/not/exist")
+    qtbot.waitUntil(lambda: bool(dialogs), timeout=5000)
+    assert w.controls.target_combo.currentData() == "/does/not/exist"
+    assert "exist" in w.controls.target_combo.currentText()
+    w.controls.set_local_models([])  # a rescan keeps it
+    assert w.controls.target_combo.currentData() == "/does/not/exist"
+    w.load_models(None)
+    qtbot.waitUntil(lambda: w.controller.ready and w.load_dialog is None, timeout=LOAD_TIMEOUT_MS)
+    assert w.controls.target_combo.currentData() is None  # the embedded pair, loaded

@@ -6,6 +6,7 @@ running request's Controls on every `changed` signal, so they take effect at the
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from PySide6.QtCore import QSettings, Qt, Signal
@@ -69,6 +70,7 @@ class ControlsPanel(QWidget):
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self._models: list[Any] = []
+        self._named: list[str] = []  # paths a load named that the scan did not list (--target, Open model folder)
         self.saved_pair: tuple[str | None, str | None] = (None, None)  # the picker's choice last session
         outer = QVBoxLayout(self)
         outer.setContentsMargins(6, 6, 6, 6)
@@ -239,6 +241,8 @@ class ControlsPanel(QWidget):
         for m in self._models:
             self.target_combo.addItem(describe_model(m), str(m.path))
             self.target_combo.setItemData(self.target_combo.count() - 1, str(m.path), Qt.ItemDataRole.ToolTipRole)
+        for path in self._unlisted():
+            self._add_named(self.target_combo, path)
         i = self.target_combo.findData(keep)
         self.target_combo.setCurrentIndex(max(i, 0))
         self.target_combo.blockSignals(False)
@@ -258,7 +262,26 @@ class ControlsPanel(QWidget):
         for m in self._models:
             if str(m.path) != target and (tm is None or m.vocab_size == tm.vocab_size):
                 self.draft_combo.addItem(describe_model(m), str(m.path))
+        for path in self._unlisted():
+            if path != target:
+                self._add_named(self.draft_combo, path)
         self.draft_combo.setCurrentIndex(max(self.draft_combo.findData(keep), 0))
+
+    def _unlisted(self) -> list[str]:
+        listed = {str(m.path) for m in self._models}
+        return [p for p in self._named if p not in listed]
+
+    @staticmethod
+    def _add_named(combo: QComboBox, path: str) -> None:
+        combo.addItem(f"{Path(path).name or path}  \u00b7 named path", path)
+        combo.setItemData(combo.count() - 1, path, Qt.ItemDataRole.ToolTipRole)
+
+    def show_requested(self, target: str | None, draft: str | None) -> None:
+        """Point the picker at the pair a load asks for, listed or not, so that it shows what was loaded (or
+        refused: Load then retries it, or the user picks another)."""
+        self._named += [p for p in (target, draft) if p is not None and p not in self._named]
+        self.set_local_models(self._models)
+        self.select_pair(target, draft)
 
     def _request_load(self) -> None:
         self.loadRequested.emit(self.target_combo.currentData(), self.draft_combo.currentData())

@@ -372,6 +372,7 @@ class MainWindow(QMainWindow, MainMenus):
     def load_models(self, target: str | None = None, draft: str | None = None, device: str | None = None) -> None:
         """Load in the background behind a progress dialog (None: the embedded pair)."""
         if self.controller.load(target, draft, device):
+            self.controls.show_requested(target, draft)  # a refused path stays in view, to retry or change
             self._open_load_dialog(target)
 
     def reload_models(self) -> None:

@@ -42,7 +42,7 @@ from engine.api.protocol import (
     UpdateControls,
     problem,
 )
-from engine.service.describe import describe_error, info_of
+from engine.service.describe import describe_error, info_of, log_failure
 from engine.service.loaders import Factory
 from engine.service.status import engine_status
 from engine.service.streaming import stream
@@ -183,7 +183,7 @@ class Service:
             if cancel.is_set():
                 self.send(LoadCancelled())
             else:
-                log.warning("model load failed:\n%s", traceback.format_exc())
+                log_failure(log, "model load failed", e)
                 self.send(LoadFailed(describe_error(e)))
             return
         if cancel.is_set():  # a load itself cannot be interrupted: drop what it built

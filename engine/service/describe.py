@@ -1,6 +1,7 @@
 """How the engine process puts what happened into words and values for the window."""
 from __future__ import annotations
 
+import traceback
 from typing import Any
 
 from engine.api.protocol import EngineInfo
@@ -15,6 +16,14 @@ def describe_error(e: BaseException) -> str:
     if name in SPEAKING_ERRORS:
         return str(e) or name
     return f"{name}: {e}" if str(e) else name
+
+
+def log_failure(log: Any, what: str, e: BaseException) -> None:
+    """A refusal written for the user is one line in the log; anything else keeps its traceback, for a bug report."""
+    if type(e).__name__ in SPEAKING_ERRORS:
+        log.warning("%s: %s", what, describe_error(e))
+    else:
+        log.warning("%s:\n%s", what, "".join(traceback.format_exception(e)))
 
 
 def info_of(engine: Any) -> EngineInfo:

@@ -3,14 +3,13 @@ from __future__ import annotations
 
 import logging
 import time
-import traceback
 from collections.abc import Callable
 from typing import Any
 
 from engine.api.events import PhaseEvent, RoundEvent, Summary
 from engine.api.live import Controls
 from engine.api.protocol import Errored, Generate, PhaseReached, RequestSummary, Rounds
-from engine.service.describe import describe_error
+from engine.service.describe import describe_error, log_failure
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +62,6 @@ def stream(engine: Any, cmd: Generate, controls: Controls, send: Send) -> None:
             else:
                 rounds.add(item)
     except Exception as e:  # noqa: BLE001 - a failed request is a message, never a dead engine
-        log.warning("generation failed:\n%s", traceback.format_exc())
+        log_failure(log, "generation failed", e)
         rounds.flush()  # the rounds that did complete still reach the GUI, before the error
         send(Errored(cmd.rid, describe_error(e)))
