@@ -189,6 +189,7 @@ class MainWindow(QMainWindow, MainMenus):
         c.replyFinished.connect(self._on_finished)
         c.chatCleared.connect(self._on_cleared)
         c.stateChanged.connect(self._update_actions)
+        c.stateChanged.connect(self._update_status)  # a pause or a step changes it with no round arriving
         c.loadProgress.connect(self._on_load_progress)
         c.loaded.connect(self._on_loaded)
         c.loadFailed.connect(self._on_load_failed)
@@ -302,13 +303,14 @@ class MainWindow(QMainWindow, MainMenus):
 
     def _update_status(self) -> None:
         ev, s, running = self.last_round, self.summary, self.controller.active is not None
+        going = "Paused (step-through: F10 next phase)" if self.controller.paused is not None else "Generating"
         if ev is None:
-            self.round_label.setText("Generating\u2026" if running else "Idle")
+            self.round_label.setText(f"{going}\u2026" if running else "Idle")
             return
         acc = f"{self._accepted / self._drafted:.0%}" if self._drafted else "\u2014"
         tps = s.tokens_per_s if s is not None else (ev.new_tokens / ev.elapsed_s if ev.elapsed_s > 0 else 0.0)
         k = f"K {ev.k}" if ev.mode == "speculative" else "plain"
-        state = "Generating" if running else ("Done" if s is not None else "Stopped")
+        state = going if running else ("Done" if s is not None else "Stopped")
         self.round_label.setText(f"{state} \u00b7 round {ev.round} \u00b7 {k} \u00b7 {tps:.1f} tok/s \u00b7 "
                                  f"acceptance {acc}")
 
