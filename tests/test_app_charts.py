@@ -163,3 +163,36 @@ def test_time_budget_limits_chart_work(panel, monkeypatch):
     budget.spend(1.0)
     assert panel.flush() is False
     assert panel.flush(full=True) is True
+
+
+def test_the_acceptance_lines_break_across_plain_rounds(panel):
+    """Issue 22 item 15: after a speculation-off reply the lines ran straight across its plain rounds."""
+    plain = [make_round(i, (), (), "p", Origin.PLAIN, mode="plain", drafter=None, draft_ms=0.0) for i in (3, 4)]
+    nothing = make_round(7, (), (), "n", Origin.PLAIN, k=4, drafter="ngram")  # speculative, drafted nothing
+    for ev in rounds()[:2] + plain + rounds()[2:] + [nothing]:
+        panel.feed(ev)
+    panel.flush(full=True)
+    for name in ("acceptance", "acceptance_mean"):
+        curve = panel.curves[name]
+        x, y = curve.getData()
+        assert list(x) == [1, 2, 3, 4, 5, 6], name  # round 7 drafted nothing: left out, the line runs over it
+        assert np.isnan(y[2]) and np.isnan(y[3]) and np.isfinite(y[[0, 1, 4, 5]]).all(), name
+        assert curve.opts["connect"] == "finite", name
+
+
+def test_positions_with_few_drafts_are_faded_and_counted(panel):
+    """Issue 22 item 21: one round at K = 16 drew sixteen full bars at 1.0."""
+    panel.feed(make_round(1, tuple("abcdefghijklmnop"), (), "q", Origin.BONUS, k=16))
+    panel.flush(full=True)
+    opts = panel.bars["position"].opts
+    assert list(opts["height"]) == [1.0] * 16
+    assert all(b.alphaF() < 0.5 for b in opts["brushes"])
+    title = panel.plots["position"].titleLabel.text
+    assert "n 1" in title and "faded" in title
+    for i in range(2, 7):
+        panel.feed(make_round(i, ("a",), ("x",), "q", k=2))
+    panel.flush(full=True)
+    opts = panel.bars["position"].opts
+    assert opts["brushes"][0].alphaF() == 1.0 and opts["brushes"][1].alphaF() == 1.0  # 6 drafts each
+    assert opts["brushes"][2].alphaF() < 0.5
+    assert "n 6\u20131" in panel.plots["position"].titleLabel.text

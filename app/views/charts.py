@@ -33,6 +33,7 @@ from engine.analysis.stats import SpeedTotals, round_tokens_per_s
 from engine.api.events import RoundEvent
 
 ROLLING_WINDOW = 8
+POSITION_MIN_SAMPLES = 5  # below this many drafts a position's acceptance rate is mostly noise: its bar is faded
 AXIS_WIDTH = 40
 TITLE_MIN_WIDTH = 120
 NAN = float("nan")
@@ -249,8 +250,8 @@ class ChartsPanel(QWidget):
         smooth = {"antialias": True}
         acc = self.plots["acceptance"]
         self.curves: dict[str, pg.PlotDataItem] = {
-            "acceptance": acc.plot(pen=pen("acceptance", 1.0)),
-            "acceptance_mean": acc.plot(pen=pen("rolling"), **smooth),
+            "acceptance": acc.plot(pen=pen("acceptance", 1.0), connect="finite"),  # NaN: a plain round, a break
+            "acceptance_mean": acc.plot(pen=pen("rolling"), connect="finite", **smooth),
             "tokens": self.plots["tokens"].plot(pen=pen("tokens", 1.0)),
             "tokens_mean": self.plots["tokens"].plot(pen=pen("rolling"), **smooth),
             "measured": self.plots["speedup"].plot(pen=pen("measured"), connect="finite", **smooth),
@@ -330,8 +331,13 @@ class ChartsPanel(QWidget):
     def _draw_acceptance(self, b: ChartBuffer, x: np.ndarray, x_hi: float) -> None:
         acc = np.asarray(b.acceptance, dtype=float)
         finite = np.isfinite(acc)
-        self.curves["acceptance"].setData(x[finite], acc[finite])
-        self.curves["acceptance_mean"].setData(x[finite], rolling_mean(acc[finite]))
+        # Plain rounds stay in, as NaN, so both lines break across them; a speculative round that drafted nothing
+        # (the n-gram drafter found no match) is left out, and the line runs on over it.
+        keep = finite | np.isnan(np.asarray(b.k, dtype=float))
+        mean = np.full(len(acc), NAN)
+        mean[finite] = rolling_mean(acc[finite])
+        self.curves["acceptance"].setData(x[keep], acc[keep])
+        self.curves["acceptance_mean"].setData(x[keep], mean[keep])
         self._range("acceptance", "x", 0, x_hi)
         t = b.totals
         alpha = f" \u00b7 \u03b1 {t.drafting.alpha:.0%}" if t.drafting.drafted else ""
@@ -362,13 +368,24 @@ class ChartsPanel(QWidget):
         self._title("histogram", "Accepted per round")
 
     def _draw_position(self, b: ChartBuffer, x: np.ndarray, x_hi: float) -> None:
-        rates = b.position_rates()
-        if self._shown.get(("position", "data")) != rates:
-            self._shown[("position", "data")] = rates
-            self.bars["position"].setOpts(x=np.arange(1, len(rates) + 1), height=np.asarray(rates), width=0.8)
+        rates, counts = b.position_rates(), list(b.pos_drafted)
+        if self._shown.get(("position", "data")) != (rates, counts):
+            self._shown[("position", "data")] = (rates, counts)
+            self.bars["position"].setOpts(x=np.arange(1, len(rates) + 1), height=np.asarray(rates), width=0.8,
+                                          brushes=[self._position_brush(n) for n in counts])
         self._range("position", "x", 0.4, max(len(rates), 2) + 0.6)
         self._integer_ticks("position", len(rates))
-        self._title("position", "Accepted by position")
+        # One round at K = 16 drew sixteen bars at 1.0: the counts say how much each bar stands on
+        n = f" \u00b7 n {counts[0]}" + (f"\u2013{counts[-1]}" if counts[-1] != counts[0] else "") if counts else ""
+        few = f", faded < {POSITION_MIN_SAMPLES}" if any(c < POSITION_MIN_SAMPLES for c in counts) else ""
+        self._title("position", f"Accepted by position{n}{few}")
+
+    @staticmethod
+    def _position_brush(drafted: int) -> QColor:
+        colour = QColor(SERIES["position"])
+        if drafted < POSITION_MIN_SAMPLES:
+            colour.setAlphaF(0.3)
+        return colour
 
     def _draw_speedup(self, b: ChartBuffer, x: np.ndarray, x_hi: float) -> None:
         measured, theory = b.measured(), np.asarray(b.theoretical, dtype=float)
