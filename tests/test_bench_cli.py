@@ -117,3 +117,14 @@ def test_good_arguments_reach_loading_and_run(tmp_path, prompts, monkeypatch):
     assert rc == 0
     results = json.loads(out.read_text())["results"]
     assert [(r["mode"], r["k"]) for r in results] == [("plain", 0), ("draft", 1), ("draft", 16)]
+    assert json.loads(out.read_text())["kernels"] == "none (dense weights)"  # which kernels ran, said
+
+
+def test_a_quantized_run_names_the_kernels_that_ran():
+    from engine.quant import ext
+
+    class Quantized:
+        weights_format = "Q4_K_M"
+
+    said = bench_mod.ran_kernels(Quantized())
+    assert said == ext.describe() and (said.endswith(("(prebuilt)", "(cache)", "(compiled)")) or "fallback" in said)

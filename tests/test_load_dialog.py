@@ -7,8 +7,7 @@ from engine.api.protocol import EngineInfo
 from tests.app_fixtures import *  # noqa: F401,F403
 from tests.app_fixtures import fake
 
-NOTICE = ("The CPU kernels could not be compiled (no C++ compiler (c++) on PATH), so replies run about 11\u00d7 slower "
-          "on the pure-torch fallback; install one (Debian/Ubuntu: sudo apt-get install g++), then restart SpecLens.")
+NOTICE = "No compiled CPU kernels (no C++ compiler found), so replies run about 11\u00d7 slower: install g++ and restart."
 
 
 def test_a_step_that_does_not_move_shows_its_elapsed_time_and_a_busy_bar(qtbot):

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from PySide6.QtCore import Qt, QTimer
-from PySide6.QtWidgets import QProgressDialog, QWidget
+from PySide6.QtWidgets import QLabel, QProgressDialog, QWidget
 
 STEPS = 1000  # the bar's resolution
 ELLIPSIS = "\u2026"
@@ -28,12 +28,16 @@ class LoadDialog(QProgressDialog):
     def __init__(self, target: str | None, parent: QWidget | None = None) -> None:
         first = f"Loading {describe_target(target)}\u2026"
         super().__init__(first, "Cancel", 0, STEPS, parent)
+        label = QLabel(first)
+        label.setWordWrap(True)  # the engine's sentence about missing kernels is longer than the dialog is wide
+        self.setLabel(label)
         self.setWindowTitle("Loading models")
         self.setWindowModality(Qt.WindowModality.WindowModal)
         self.setMinimumDuration(0)
         self.setAutoClose(False)
         self.setAutoReset(False)
         self.setMinimumWidth(480)
+        self.setMaximumWidth(560)
         self.setValue(0)
         self._stage, self._fraction = first, 0.0
         self._stage_since = self._moved_at = time.monotonic()

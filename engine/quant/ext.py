@@ -171,28 +171,30 @@ def _report(o: Outcome) -> None:
     elif o.source == "prebuilt":
         log.info("using the prebuilt quantized kernels (%s)", PREBUILT)
     elif o.source in ("disabled", "failed"):
-        log.warning("%s", notice())
+        again = (" (an earlier build's failure, not retried: it is when the compiler or the free space changes, "
+                 "or with SPECLENS_REBUILD_KERNELS=1)" if o.remembered else "")
+        log.warning("no quantized kernels: %s%s. %s", o.detail, again, notice())
 
 
 def notice() -> str:
-    """One sentence for the user when the kernels are missing (cost and remedy), else ""."""
+    """One sentence for the user when the kernels are missing, short enough for a status line: what, the cost, the
+    remedy. "" when they loaded. The cause in full is in the log (`_report`)."""
     o = _outcome
     if o is None or o.source not in ("disabled", "failed"):
         return ""
-    cost = f"so replies run {SLOWER} on the pure-torch fallback"
+    cost = f"so replies run {SLOWER}"
     if o.source == "disabled":
-        return f"The CPU kernels are turned off (SPECLENS_QUANT_EXT=0), {cost}; unset it to use them."
+        return f"CPU kernels turned off (SPECLENS_QUANT_EXT=0), {cost}: unset it and restart."
     if getattr(sys, "frozen", False):
-        return (f"This SpecLens bundle could not load its prebuilt CPU kernels ({o.detail}), {cost}; this should not "
-                "happen: please report it with what speclens prints when started from a terminal.")
+        return (f"This bundle's CPU kernels did not load, {cost}: that should not happen, please report it with "
+                "what speclens prints in a terminal.")
     if o.detail.startswith("no C++ compiler"):
-        remedy = "install one (Debian/Ubuntu: sudo apt-get install g++)"
+        why, remedy = "no C++ compiler found", "install g++ and restart"
     elif o.detail.startswith("no space left"):
-        remedy = "free some disk space"
+        why, remedy = "the disk was full", "free some disk space and restart"
     else:
-        remedy = f"see {build_dir() / build.LOG}"
-    again = " (it is tried again when that changes, or with SPECLENS_REBUILD_KERNELS=1)"
-    return f"The CPU kernels could not be compiled ({o.detail}), {cost}; {remedy}, then restart SpecLens{again}."
+        why, remedy = "their build failed", f"see {build_dir() / build.LOG}"
+    return f"No compiled CPU kernels ({why}), {cost}: {remedy}."
 
 
 def describe() -> str:

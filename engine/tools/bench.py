@@ -167,6 +167,16 @@ def load(target: str | None, draft: str | None, device: str | None) -> Engine:
         fail(str(e).replace("\n", " "))
 
 
+def ran_kernels(engine: Engine) -> str:
+    """Which kernels run the quantized matrices ("AVX2 kernels (prebuilt)", or the fallback with why), or "none"
+    when the models are dense: a rate means little without it (the fallback is ~11x slower)."""
+    if not getattr(engine, "weights_format", None):
+        return "none (dense weights)"
+    from engine.quant import ext
+
+    return ext.describe()
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = _Parser(prog=PROG, description=__doc__)
     ap.add_argument("--target", help="folder, .gguf or HF-cache repo id (default: the embedded pair)")
@@ -216,6 +226,8 @@ def main(argv: list[str] | None = None) -> int:
 
     engine = load(target, draft, a.device)
     print(f"loaded in {engine.load_seconds:.1f} s on {engine.device} ({engine.dtype_name})", file=sys.stderr)
+    kernels = ran_kernels(engine)
+    print(f"kernels: {kernels}", file=sys.stderr)
     ids = [engine.encode_chat(p["messages"]) for p in prompts]
     for _ in engine.generate(ids[0], sampling.with_(max_new_tokens=4), SpecParams(enabled=False)):
         pass  # warm-up: first-call allocations stay out of the timings
@@ -228,8 +240,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {mode} K={k}: {results[-1].tokens_per_s:.2f} tok/s", file=sys.stderr)
     print(table(results))
     if a.json_out:
-        out = {"device": str(engine.device), "target": engine.target_name, "draft": engine.draft_name,
-               "results": [asdict(r) for r in results]}
+        out = {"device": str(engine.device), "kernels": kernels, "target": engine.target_name,
+               "draft": engine.draft_name, "results": [asdict(r) for r in results]}
         Path(a.json_out).write_text(json.dumps(out, indent=1), encoding="utf-8")
     return 0
 
