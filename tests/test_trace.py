@@ -159,6 +159,27 @@ def test_a_failed_save_leaves_the_old_file(tmp_path, monkeypatch):
     assert path.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["t.json"]
 
 
+def test_reply_counts_say_what_they_hold():
+    """Issue 22 item 18: "Wrote session.json (8 replies)" beside a trace window's "3 replies"."""
+    from dataclasses import replace
+
+    from app.session.trace import count_replies
+
+    replies = hand_made_trace().replies
+    assert count_replies(replies) == "2 chat replies, 1 Compare replay"
+    more = replies + tuple(replace(replies[1], kind=k) for k in ("compare-speculative", "tune", "tune"))
+    assert count_replies(more) == "2 chat replies, 2 Compare replays, 2 Tune K replays"
+    assert count_replies(replies[:1]) == "1 chat reply"
+
+
+def test_the_trace_window_counts_replays_apart(qtbot):
+    from app.dialogs.trace_window import TraceWindow
+
+    viewer = TraceWindow(hand_made_trace())
+    qtbot.addWidget(viewer)
+    assert "2 chat replies, 1 Compare replay \u00b7" in viewer.header.text()
+
+
 # ---- in the app --------------------------------------------------------------------------------------------------
 def view_model(chat) -> list[tuple]:
     """What the chat shows, token by token, with the round each token's inspector reads."""
@@ -182,9 +203,11 @@ def test_saved_session_reopens_to_the_same_view(qtbot, make_window, tmp_path, di
     say("And one more.")
     path = tmp_path / "session.json"
     assert w.save_trace(str(path))
+    assert w.statusBar().currentMessage() == "Wrote session.json (3 chat replies)"
     viewer = w.open_trace(str(path))
     assert viewer is not None and not dialogs
     qtbot.waitExposed(viewer)
+    assert "3 chat replies \u00b7" in viewer.header.text()
     assert viewer.chat_select.count() == 2 and viewer.chat_select.currentData() == 2
     assert viewer.chat.toPlainText() == w.chat.toPlainText()
     assert view_model(viewer.chat) == view_model(w.chat)

@@ -23,7 +23,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.session.trace import Trace, TraceError, read_trace, write_trace
+from app.session.trace import Trace, TraceError, count_replies, read_trace, write_trace
 from app.views.charts import ChartsPanel
 from app.views.chat_view import ChatView
 from app.views.inspector_dock import InspectorDock
@@ -114,9 +114,8 @@ class TraceWindow(QMainWindow):
         models = t.models
         pair = (f"{models.target_name}" + (f" + {models.draft_name}" if models.draft_name else "")
                 + f" \u00b7 {models.device} \u00b7 {models.dtype_name}") if models else "models not recorded"
-        n = len(t.chat_replies)
         saved = f"saved {t.saved_at.replace('T', ' ')}" if t.saved_at else "save time not recorded"
-        return (f"<b>Trace</b> \u00b7 {pair} \u00b7 {n} repl{'y' if n == 1 else 'ies'} \u00b7 {saved}"
+        return (f"<b>Trace</b> \u00b7 {pair} \u00b7 {count_replies(t.replies)} \u00b7 {saved}"
                 + (f" \u00b7 SpecLens {t.app_version}" if t.app_version else ""))
 
     def show_chat(self, chat: int) -> None:

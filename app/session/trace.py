@@ -68,6 +68,24 @@ class Trace:
         return [r for r in self.replies if r.kind == "chat"]
 
 
+def count_replies(replies: tuple[MessageRecord, ...] | list[MessageRecord]) -> str:
+    """What a session's replies are, in words: the chat's, then the replays that ran in their own dialogs. One
+    bare count ("8 replies") read as the chat's, beside a trace window showing its 3."""
+    def n(count: int, one: str) -> str:
+        return f"{count} {one if count == 1 else _plural(one)}"
+
+    chat = sum(r.kind == "chat" for r in replies)
+    compare = sum(r.kind.startswith("compare") for r in replies)
+    tune = sum(r.kind == "tune" for r in replies)
+    parts = [n(chat, "chat reply")] + [n(c, what) for c, what in ((compare, "Compare replay"),
+                                                                  (tune, "Tune K replay")) if c]
+    return ", ".join(parts)
+
+
+def _plural(noun: str) -> str:
+    return noun[:-1] + "ies" if noun.endswith("y") and not noun.endswith("ay") else noun + "s"
+
+
 def session_trace(records: list[MessageRecord], conversation: list[dict[str, str]], models: EngineInfo | None,
                   settings: Settings, app_version: str) -> Trace:
     now = datetime.now(timezone.utc).isoformat(timespec="seconds")

@@ -34,7 +34,7 @@ from app.dialogs.load_dialog import LoadDialog, describe_target
 from app.dialogs.trace_window import TraceWindow, open_trace_dialog, save_trace_dialog
 from app.dialogs.tuner_dialog import TunerDialog
 from app.session.names import drafter_name
-from app.session.trace import Settings, session_trace
+from app.session.trace import Settings, count_replies, session_trace
 from app.views.attach_mode import AttachMode
 from app.views.charts import ChartsPanel
 from app.views.chat_view import ChatView
@@ -482,7 +482,7 @@ class MainWindow(QMainWindow, MainMenus):
                               Settings(ctl.sampling_params(), ctl.spec_params(), ctl.system_prompt()), __version__)
         written = save_trace_dialog(self, trace, self.settings, path)
         if written is not None:
-            self.statusBar().showMessage(f"Wrote {written.name} ({len(trace.replies)} replies)", 6000)
+            self.statusBar().showMessage(f"Wrote {written.name} ({count_replies(trace.replies)})", 6000)
         return written is not None
 
     def open_trace(self, path: str | None = None) -> TraceWindow | None:
