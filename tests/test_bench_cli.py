@@ -68,6 +68,7 @@ CASES = [
                                                                           b'"content": 5}]}\n')],
      "message 1 must be an object"),
     ("no-prompts", lambda t: ["--prompts", write(t, "e.jsonl", b"\n\n")], "holds no prompts"),
+    ("stop-below-one", lambda t: ["--stop-below", "1.0"], "stop_below must be in [0, 1), got 1.0"),
 ]
 
 
@@ -118,6 +119,31 @@ def test_good_arguments_reach_loading_and_run(tmp_path, prompts, monkeypatch):
     results = json.loads(out.read_text())["results"]
     assert [(r["mode"], r["k"]) for r in results] == [("plain", 0), ("draft", 1), ("draft", 16)]
     assert json.loads(out.read_text())["kernels"] == "none (dense weights)"  # which kernels ran, said
+
+
+def test_the_json_records_what_each_mode_drafted_and_cost(tmp_path, prompts, monkeypatch):
+    """Per mode: the app's early stop and adaptive K as run, drafted and accepted totals that add up to the
+    acceptance rate, alpha, rounds, c against the plain step, and the verify passes by width in plain steps."""
+    from tests.tiny import tiny_engine
+
+    eng = tiny_engine()
+    monkeypatch.setattr(engine.io.provision, "default_pair", lambda **kw: (tmp_path / "t", tmp_path / "d"))
+    monkeypatch.setattr(bench_mod, "load_engine", lambda target, draft, device=None: eng)
+    out = tmp_path / "out.json"
+    assert main(["--prompts", str(prompts), "--k", "3", "--max-new-tokens", "24", "--modes", "plain,draft,hybrid",
+                 "--stop-below", "0.7", "--adaptive", "--json", str(out)]) == 0
+    plain, draft, hybrid = json.loads(out.read_text())["results"]
+    assert plain["drafted_tokens"] == 0 and plain["alpha"] is None and set(plain["pass_steps"]) == {"1"}
+    assert plain["pass_steps"]["1"] == pytest.approx(1.0)
+    for r in (draft, hybrid):
+        assert (r["stop_below"], r["adaptive"]) == (0.7, True)
+        assert r["drafted_tokens"] > 0 and 0 <= r["accepted_tokens"] <= r["drafted_tokens"]
+        assert r["acceptance_rate"] == pytest.approx(r["accepted_tokens"] / r["drafted_tokens"])
+        assert 0 < r["alpha"] <= 1 and r["rounds"] > 0
+        assert r["tokens_per_s"] >= r["e2e_tokens_per_s"] > 0  # the decode rate leaves the prefills out
+        assert set(r["pass_steps"]) == set(r["verify_ms_by_width"]) and max(map(int, r["pass_steps"])) <= 4
+    assert draft["c"] == pytest.approx(draft["draft_ms_per_token"] / plain["verify_ms_by_width"]["1"])
+    assert hybrid["c"] is None  # its n-gram rounds cost nothing: c would mix two drafters
 
 
 def test_a_quantized_run_names_the_kernels_that_ran():

@@ -9,10 +9,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import NoReturn
 
-from engine.api.config import NEEDS_DRAFT_MODEL, SamplingParams, SpecParams
+from engine.api.config import NEEDS_DRAFT_MODEL, STOP_BELOW, SamplingParams, SpecParams
 from engine.runtime.engine import Engine
 from engine.io.loading import load_engine
-from engine.api.events import Summary
+from engine.api.events import RoundEvent, Summary
 
 DRAFTER_OF = {"draft": "model", "ngram": "ngram", "hybrid": "hybrid"}  # mode -> SpecParams.drafter
 MODES = ("plain", *DRAFTER_OF)
@@ -29,12 +29,22 @@ class Result:
     mode: str
     k: int
     temperature: float
-    tokens_per_s: float
+    tokens_per_s: float  # decode rate: the target's and the draft's prompt prefills left out, as llama.cpp does
     new_tokens: int
-    acceptance_rate: float
+    acceptance_rate: float  # accepted / drafted
     mean_accepted_length: float  # tokens committed per round (accepted drafts + correction/bonus)
     seconds: float
     rounds: int
+    e2e_tokens_per_s: float = 0.0  # wall clock from request to last token, everything included
+    stop_below: float = 0.0
+    adaptive: bool = False
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
+    alpha: float | None = None  # per-token acceptance: accepted / (accepted + rejections)
+    draft_ms_per_token: float | None = None  # drafting time per drafted token (the draft model's prefill left out)
+    c: float | None = None  # draft_ms_per_token / the plain mode's ms per step (when plain ran)
+    verify_ms_by_width: dict[int, float] = field(default_factory=dict)  # mean verify pass ms by K + 1
+    pass_steps: dict[int, float] = field(default_factory=dict)  # the same in plain steps (when plain ran)
     outputs: list[list[int]] = field(default_factory=list)
 
 
@@ -104,20 +114,49 @@ def check_device(device: str | None) -> None:
         fail(f"--device {device!r}: CUDA is not available on this machine")
 
 
-def run_mode(engine: Engine, prompts: list[list[int]], mode: str, k: int, sampling: SamplingParams) -> Result:
+def run_mode(engine: Engine, prompts: list[list[int]], mode: str, k: int, sampling: SamplingParams,
+             stop_below: float = 0.0, adaptive: bool = False) -> Result:
     drafter = DRAFTER_OF.get(mode)
-    spec = SpecParams(enabled=False) if drafter is None else SpecParams(k=k, drafter=drafter)
-    outputs, new, rounds, drafted, accepted, seconds = [], 0, 0, 0, 0, 0.0
+    spec = (SpecParams(enabled=False) if drafter is None
+            else SpecParams(k=k, drafter=drafter, stop_below=stop_below, adaptive=adaptive))
+    outputs, summaries, rounds, seconds = [], [], [], 0.0
     for ids in prompts:
         engine.reset()  # no cross-prompt prefix reuse: every prompt pays its own prefill
         t = time.perf_counter()
-        *_, s = engine.generate(ids, sampling, spec)
+        *events, s = engine.generate(ids, sampling, spec)
         seconds += time.perf_counter() - t
         assert isinstance(s, Summary)
         outputs.append(list(s.token_ids))
-        new, rounds, drafted, accepted = new + s.new_tokens, rounds + s.rounds, drafted + s.drafted, accepted + s.accepted
-    return Result(mode, 0 if mode == "plain" else k, sampling.temperature, new / seconds, new,
-                  accepted / drafted if drafted else 0.0, new / rounds if rounds else 0.0, seconds, rounds, outputs)
+        summaries.append(s)
+        rounds += [e for e in events if isinstance(e, RoundEvent)]
+    new = sum(s.new_tokens for s in summaries)
+    decode_s = sum(s.total_s - s.prefill_s - s.draft_prefill_ms / 1e3 for s in summaries)
+    drafted, accepted = sum(s.drafted for s in summaries), sum(s.accepted for s in summaries)
+    spec_rounds = [e for e in rounds if e.drafted]
+    rejections = sum(e.accepted < len(e.drafted) for e in spec_rounds)
+    widths: dict[int, list[float]] = {}
+    for e in rounds:
+        widths.setdefault(len(e.drafted) + 1, []).append(e.verify_ms)
+    return Result(
+        mode, 0 if mode == "plain" else k, sampling.temperature, new / decode_s if decode_s > 0 else 0.0, new,
+        accepted / drafted if drafted else 0.0, new / len(rounds) if rounds else 0.0, seconds, len(rounds),
+        e2e_tokens_per_s=new / seconds, stop_below=spec.stop_below, adaptive=spec.adaptive, drafted_tokens=drafted,
+        accepted_tokens=accepted, alpha=accepted / (accepted + rejections) if spec_rounds else None,
+        draft_ms_per_token=sum(e.draft_ms for e in spec_rounds) / drafted if drafted else None,
+        verify_ms_by_width={w: sum(v) / len(v) for w, v in sorted(widths.items())}, outputs=outputs,
+    )
+
+
+def relate_to_plain(results: list[Result]) -> None:
+    """c and the pass costs in plain steps, for every mode, once the plain mode's step time is known."""
+    plain = next((r for r in results if r.mode == "plain"), None)
+    step = plain.verify_ms_by_width.get(1) if plain else None
+    if not step:
+        return
+    for r in results:
+        r.pass_steps = {w: ms / step for w, ms in r.verify_ms_by_width.items()}
+        if r.draft_ms_per_token is not None and r.mode == "draft":  # the hybrid's n-gram rounds cost ~0
+            r.c = r.draft_ms_per_token / step
 
 
 def parse_ks(text: str) -> list[int]:
@@ -186,6 +225,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--k", default="4", help="K, or a list to sweep: 1,2,4,8")
     ap.add_argument("--temperature", type=float, default=0.0)
     ap.add_argument("--top-p", type=float, default=1.0)
+    ap.add_argument("--stop-below", type=float, default=0.0, help="the draft model stops drafting once its confidence "
+                    f"that the whole draft passes falls below this (the app's default: {STOP_BELOW}; 0: always K)")
+    ap.add_argument("--adaptive", action="store_true", help="adaptive K: K is a ceiling, chosen each round")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--modes", default="plain,draft,ngram")
     ap.add_argument("--device", default=None)
@@ -213,6 +255,10 @@ def main(argv: list[str] | None = None) -> int:
                                   seed=a.seed)
     except ValueError as e:
         fail(f"bad sampling settings: {e}")
+    try:
+        SpecParams(stop_below=a.stop_below, adaptive=a.adaptive)
+    except ValueError as e:
+        fail(f"--stop-below {a.stop_below}: {e}")
     prompts = read_prompts(a.prompts)
     if a.json_out:
         check_writable(a.json_out)
@@ -236,8 +282,9 @@ def main(argv: list[str] | None = None) -> int:
     results: list[Result] = []
     for mode in modes:
         for k in ([ks[0]] if mode == "plain" else ks):
-            results.append(run_mode(engine, ids, mode, k, sampling))
+            results.append(run_mode(engine, ids, mode, k, sampling, a.stop_below, a.adaptive))
             print(f"  {mode} K={k}: {results[-1].tokens_per_s:.2f} tok/s", file=sys.stderr)
+    relate_to_plain(results)
     print(table(results))
     if a.json_out:
         out = {"device": str(engine.device), "kernels": kernels, "target": engine.target_name,
