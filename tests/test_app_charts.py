@@ -196,3 +196,51 @@ def test_positions_with_few_drafts_are_faded_and_counted(panel):
     assert opts["brushes"][0].alphaF() == 1.0 and opts["brushes"][1].alphaF() == 1.0  # 6 drafts each
     assert opts["brushes"][2].alphaF() < 0.5
     assert "n 6\u20131" in panel.plots["position"].titleLabel.text
+
+
+def _speedup_title(panel) -> str:
+    return panel.plots["speedup"].titleLabel.text
+
+
+def test_theory_is_redone_when_the_plain_rate_arrives(panel):
+    """Issue 22 item 17: the live window kept the theory computed before the plain rate was known (1.04x) while
+    the reopened trace computed it after (1.06x). One computation: under the reference in force now."""
+    from engine.analysis.stats import SpeedTotals
+
+    for ev in rounds():
+        panel.feed(ev)
+    panel.flush(full=True)
+    panel.set_plain_reference(7.0)  # Run > Compare finished after the reply
+    panel.flush(full=True)
+    totals = SpeedTotals()
+    expect = []
+    for ev in rounds():
+        totals.add(ev)
+        expect.append(totals.theoretical_speedup(7.0))
+    assert panel.buffer.theoretical == pytest.approx(expect)
+    assert f"theory {expect[-1]:.2f}\u00d7" in _speedup_title(panel)
+
+
+def test_a_trace_shows_the_theory_the_window_showed(qtbot):
+    from app.dialogs.trace_window import TraceWindow
+    from app.session.trace import Trace
+    from engine.analysis.stats import MessageRecord, SpeedTotals
+
+    chat = MessageRecord(1, 1, "chat", "q", rounds(), None)
+    plain = [make_round(i, (), (), "p", Origin.PLAIN, mode="plain", drafter=None, draft_ms=0.0, verify_ms=6.0)
+             for i in (1, 2)]
+    compare = MessageRecord(1, 2, "compare-plain", "q", plain, None)  # after the last chat reply
+    viewer = TraceWindow(Trace((chat, compare)))
+    qtbot.addWidget(viewer)
+    live = ChartsPanel()
+    qtbot.addWidget(live)
+    for ev in rounds():
+        live.feed(ev)
+    live.set_plain_reference(6.0)  # what the main window had once Compare was done
+    live.flush(full=True)
+    totals = SpeedTotals()
+    for ev in rounds():
+        totals.add(ev)
+    expect = f"theory {totals.theoretical_speedup(6.0):.2f}\u00d7"
+    assert expect in _speedup_title(live) and expect in _speedup_title(viewer.charts)
+    assert viewer.charts.buffer.theoretical == pytest.approx(live.buffer.theoretical)

@@ -123,9 +123,12 @@ class TraceWindow(QMainWindow):
         self.chat.clear_chat()
         self.charts.clear()
         self.inspector.clear()
-        running = SessionStats()
-        for record in self.trace.replies:  # in session order: the charts' plain reference grows as it did
-            running.records.append(record)
+        # The plain rate of the whole session, as the main window had it when the trace was saved: the charts'
+        # theory and measured speedup then come out as they were shown there
+        session = SessionStats()
+        session.records.extend(self.trace.replies)
+        self.charts.set_plain_reference(session.totals().plain_ms_per_token)
+        for record in self.trace.replies:
             if record.kind != "chat" or record.chat != chat:
                 continue
             self.chat.add_user(record.prompt)
@@ -136,7 +139,6 @@ class TraceWindow(QMainWindow):
                 self.charts.feed(ev)
             self.chat.finish(*footer_of(record))
             self.chat.flush()
-            self.charts.set_plain_reference(running.totals().plain_ms_per_token)
         self.charts.flush(full=True)
 
 

@@ -104,6 +104,7 @@ class ChartBuffer:
         self.pos_accepted: list[int] = []
         self.message_starts: list[int] = []
         self.totals = SpeedTotals()
+        self.events: list[RoundEvent] = []  # to redo the theory curve when the plain reference changes
         self.version = 0
 
     def start_message(self) -> None:
@@ -113,7 +114,22 @@ class ChartBuffer:
     def set_plain_reference(self, ms_per_token: float | None) -> None:
         if ms_per_token and ms_per_token > 0 and ms_per_token != self.plain_reference_ms:
             self.plain_reference_ms = ms_per_token
+            self._redo_theory()
             self.version += 1
+
+    def _redo_theory(self) -> None:
+        """The theory curve under the reference now, from the first round: one computation for every round, so
+        a window that replays the rounds (a trace) draws the same curve as the one that saw them arrive."""
+        totals, ref = SpeedTotals(), self.plain_ms
+        self.theoretical = []
+        for ev in self.events:
+            totals.add(ev)
+            theory = totals.theoretical_speedup(ref)
+            self.theoretical.append(NAN if theory is None else theory)
+
+    def theory_now(self) -> float | None:
+        """Leviathan's speedup for every round so far, under the current plain reference."""
+        return self.totals.theoretical_speedup(self.plain_ms)
 
     @property
     def plain_ms(self) -> float | None:
@@ -122,6 +138,7 @@ class ChartBuffer:
     def feed(self, ev: RoundEvent) -> None:
         self.x.append(len(self.x) + 1)
         self.totals.add(ev)
+        self.events.append(ev)
         drafted = len(ev.drafted)
         self.acceptance.append(ev.accepted / drafted if drafted else NAN)
         self.tokens_per_s.append(round_tokens_per_s(ev))
@@ -396,7 +413,7 @@ class ChartsPanel(QWidget):
         top = float(np.nanmax(both)) if np.isfinite(both).any() else 1.0
         self._range("speedup", "x", 0, x_hi)
         self._range("speedup", "y", 0, max(nice_ceiling(top * 1.1), 2.0))
-        m, th = _last(list(measured)), _last(b.theoretical)
+        m, th = _last(list(measured)), b.theory_now()
         ts = _span("theoretical", f"theory {th:.2f}\u00d7" if th is not None else "theory")
         if b.plain_ms:
             ms = _span("measured", f"{m:.2f}\u00d7" if m is not None else "measured")
