@@ -244,3 +244,55 @@ def test_a_trace_shows_the_theory_the_window_showed(qtbot):
     expect = f"theory {totals.theoretical_speedup(6.0):.2f}\u00d7"
     assert expect in _speedup_title(live) and expect in _speedup_title(viewer.charts)
     assert viewer.charts.buffer.theoretical == pytest.approx(live.buffer.theoretical)
+
+
+def _titles_fit(panel) -> list[str]:
+    """The plots whose title text is wider than the plot."""
+    return [name for name, p in panel.plots.items() if p.titleLabel.item.boundingRect().width() > p.width() + 1]
+
+
+def test_a_narrow_panel_reflows_to_one_scrolled_column(qtbot):
+    """Issue 22 item 14: beside the inspector the panel is ~360 px wide, and two columns clipped every title."""
+    from app.views.charts import PLOT_MIN_HEIGHT
+
+    panel = ChartsPanel()
+    qtbot.addWidget(panel)
+    hybrid = [make_round(i, ("a", "b"), ("x",), "d", k=3, drafter="model" if i % 2 else "ngram") for i in range(1, 9)]
+    for ev in hybrid:
+        panel.feed(ev)
+    panel.set_plain_reference(9.0)
+    for width, columns in ((360, 1), (700, 2), (360, 1)):
+        panel.resize(width, 780)
+        panel.show()
+        qtbot.waitUntil(lambda: panel.columns == columns, timeout=2000)
+        panel.flush(full=True)
+        qtbot.wait(50)
+        assert _titles_fit(panel) == [], (width, _titles_fit(panel))
+        if columns == 1:
+            assert all(p.height() >= PLOT_MIN_HEIGHT - 20 for p in panel.plots.values())
+            assert panel.scroll.verticalScrollBar().maximum() > 0  # the rest is a scroll away
+        else:
+            assert panel.scroll.verticalScrollBar().maximum() == 0
+
+
+@pytest.mark.parametrize("width", [360, 800])
+def test_the_speedup_note_stays_above_the_curves(qtbot, width):
+    """Issue 22 item 14: the formula's note ran across the curve (its peak comes in the first rounds)."""
+    panel = ChartsPanel()
+    qtbot.addWidget(panel)
+    panel.resize(width, 780)
+    panel.show()
+    early = [make_round(i, ("a", "b", "c", "d"), (), "e", Origin.BONUS, k=4, draft_ms=0.5, verify_ms=10.0)
+             for i in range(1, 4)]
+    late = [make_round(i, (), ("x", "y"), "d", k=2, draft_ms=4.0, verify_ms=10.0) for i in range(4, 30)]
+    for ev in early + late:  # no plain rate: the note has its longest text, three lines
+        panel.feed(ev)
+    panel.flush(full=True)
+    qtbot.wait(50)
+    panel.flush(full=True)
+    vb = panel.plots["speedup"].vb
+    note_bottom = panel.speedup_note.pos().y() + panel.speedup_note.boundingRect().height()
+    (_, y_hi) = vb.viewRange()[1]
+    top = np.nanmax(np.asarray(panel.buffer.theoretical, dtype=float))
+    top_px = vb.height() * (1 - top / y_hi)  # pixels from the top of the plot
+    assert top_px > note_bottom, (top_px, note_bottom)

@@ -14,7 +14,11 @@ c = (mean draft ms per drafted token) / (mean plain-decode ms per token) once th
 took turns (the hybrid), each has its own a, K and c, and the theory is their rounds' mix. The measured
 figure is speculative tokens/s over plain tokens/s, and only that: before the session has a plain rate the panel
 says it needs one instead of showing an estimate (a stand-in that could exceed the bound it is compared with).
-When a plain rate arrives, the whole measured curve is drawn from it. See engine.analysis.stats.SpeedTotals.
+When a plain rate arrives, the whole measured curve is drawn from it and the theory curve is redone under it, so
+a trace reopened later shows the same figures. See engine.analysis.stats.SpeedTotals.
+
+Layout: two columns of plots, or one scrolled column when the panel is too narrow for their titles (beside the
+inspector); the speedup plot's y range leaves the formula's note a band of its own above the curves.
 """
 from __future__ import annotations
 
@@ -25,7 +29,7 @@ import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import QEvent, Qt
 from PySide6.QtGui import QColor, QPalette
-from PySide6.QtWidgets import QGraphicsItem, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QGraphicsItem, QScrollArea, QVBoxLayout, QWidget
 
 from app.session.names import drafter_name
 from app.views.theme import SERIES, mix
@@ -33,6 +37,8 @@ from engine.analysis.stats import SpeedTotals, round_tokens_per_s
 from engine.api.events import RoundEvent
 
 ROLLING_WINDOW = 8
+TWO_COLUMNS_MIN_WIDTH = 540  # narrower, a two-column grid clips the titles ("Speedup 1.21x vs theory 1.35x")
+PLOT_MIN_HEIGHT = 190  # in one column: the least height at which a plot still reads
 POSITION_MIN_SAMPLES = 5  # below this many drafts a position's acceptance rate is mostly noise: its bar is faded
 AXIS_WIDTH = 40
 TITLE_MIN_WIDTH = 120
@@ -231,9 +237,15 @@ class ChartsPanel(QWidget):
         self.view = _View(self, self.budget.spend)
         self.view.ci.setContentsMargins(4, 4, 4, 4)
         self.view.ci.setSpacing(6)
+        self.scroll = QScrollArea()  # scrolls only in one column (a narrow panel), where the plots keep a height
+        self.scroll.setWidget(self.view)
+        self.scroll.setWidgetResizable(True)
+        self.scroll.setFrameShape(QScrollArea.Shape.NoFrame)
+        self.scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         lay = QVBoxLayout(self)
         lay.setContentsMargins(0, 0, 0, 0)
-        lay.addWidget(self.view)
+        lay.addWidget(self.scroll)
+        self.columns = 2
 
         self.plots: dict[str, pg.PlotItem] = {}
         for name, row, col in (("acceptance", 0, 0), ("tokens", 0, 1), ("histogram", 1, 0),
@@ -294,10 +306,34 @@ class ChartsPanel(QWidget):
         self.speedup_note.setPos(4, 2)
         # Wrapped to the plot's width: the hybrid's note has a line per drafter, and a narrow window cut lines off.
         vb = self.plots["speedup"].vb
-        vb.sigResized.connect(lambda: self.speedup_note.setTextWidth(max(vb.width() - 8, 60)))
+        vb.sigResized.connect(self._on_speedup_resized)
         self._markers: list[tuple[pg.PlotItem, pg.InfiniteLine]] = []
         self._restyle()
         self.flush(full=True)
+
+    # ---- layout ----------------------------------------------------------------------------------------------
+    def resizeEvent(self, event) -> None:  # noqa: N802 - Qt naming
+        super().resizeEvent(event)
+        self._reflow(1 if self.width() < TWO_COLUMNS_MIN_WIDTH else 2)
+
+    def _reflow(self, columns: int) -> None:
+        """Two columns of plots when the panel is wide enough for their titles, else one, scrolled: squeezed
+        beside the inspector, two columns clipped every title and pressed the plots flat."""
+        if columns == self.columns:
+            return
+        self.columns = columns
+        names = [name for group in self.GROUPS for name in group]
+        for name in names:
+            self.view.ci.removeItem(self.plots[name])
+        for i, name in enumerate(names):
+            self.view.ci.addItem(self.plots[name], row=i // columns, col=i % columns)
+        self.view.setMinimumHeight(0 if columns == 2 else PLOT_MIN_HEIGHT * len(names))
+        self._drawn = [-1] * len(self.GROUPS)  # every plot's size changed
+
+    def _on_speedup_resized(self) -> None:
+        vb = self.plots["speedup"].vb
+        self.speedup_note.setTextWidth(max(vb.width() - 8, 60))  # wrapped: the hybrid's note has a line per drafter
+        self._drawn[self.GROUPS.index(("speedup",))] = -1  # its headroom under the note depends on the height
 
     # ---- data in ---------------------------------------------------------------------------------------------
     def feed(self, ev: RoundEvent) -> None:
@@ -409,10 +445,6 @@ class ChartsPanel(QWidget):
         finite = np.isfinite(measured)
         self.curves["measured"].setData(x[finite], measured[finite])
         self.curves["theoretical"].setData(x, theory)
-        both = np.concatenate([measured, theory])
-        top = float(np.nanmax(both)) if np.isfinite(both).any() else 1.0
-        self._range("speedup", "x", 0, x_hi)
-        self._range("speedup", "y", 0, max(nice_ceiling(top * 1.1), 2.0))
         m, th = _last(list(measured)), b.theory_now()
         ts = _span("theoretical", f"theory {th:.2f}\u00d7" if th is not None else "theory")
         if b.plain_ms:
@@ -420,6 +452,26 @@ class ChartsPanel(QWidget):
             self._title("speedup", f"Speedup {ms} vs {ts}")
         else:
             self._title("speedup", f"Speedup: {ts}")
+        inputs = self._speedup_inputs(b)
+        if self._shown.get(("speedup", "note")) != inputs:
+            self._shown[("speedup", "note")] = inputs
+            self.speedup_note.setText(inputs)
+        both = np.concatenate([measured, theory])
+        top = float(np.nanmax(both)) if np.isfinite(both).any() else 1.0
+        self._range("speedup", "x", 0, x_hi)
+        self._range("speedup", "y", 0, self._below_note(top))
+
+    def _below_note(self, top: float) -> float:
+        """A y range whose data stays under the note in the plot's top left corner: the note sits over every x
+        (a curve peaks early as often as late), so the headroom is taken from the top of the range."""
+        vb_height = self.plots["speedup"].vb.height()
+        note = self.speedup_note.boundingRect().height() + 6 if self._shown.get(("speedup", "note")) else 0.0
+        free = 1.0 - note / vb_height if vb_height > 0 else 1.0
+        return max(nice_ceiling(top * 1.1 / max(free, 0.2)), 2.0)
+
+    @staticmethod
+    def _speedup_inputs(b: ChartBuffer) -> str:
+        """The formula's inputs, per drafter under the hybrid, and what the measured figure needs."""
         t = b.totals
         inputs = ""
         if t.drafting.rounds:
@@ -436,9 +488,7 @@ class ChartsPanel(QWidget):
             inputs = "\n".join(lines)
         if t.spec_rounds and not b.plain_ms:
             inputs += "\nmeasured speedup: needs a plain run \u2014 Run \u203a Compare"
-        if self._shown.get(("speedup", "note")) != inputs:
-            self._shown[("speedup", "note")] = inputs
-            self.speedup_note.setText(inputs)
+        return inputs
 
     def _draw_k(self, b: ChartBuffer, x: np.ndarray, x_hi: float) -> None:
         ks = np.asarray(b.k, dtype=float)
