@@ -280,3 +280,25 @@ def test_token_without_inspector_data(qtbot):
     qtbot.addWidget(panel)
     panel.show_token(TokenInfo(Origin.ACCEPTED.value, 1, 0, 100, "Hello", 0.8, 0.5, make_round()))  # noqa: F405
     assert "no distribution data" in panel.note.text() and panel.pair.isHidden()
+
+
+def test_a_long_token_title_fits_the_dock_at_its_narrowest(qtbot):
+    """Issue 22 item 14: a token with no place to wrap (a run of spaces, a long identifier) was cut off."""
+    from PySide6.QtCore import Qt
+    from PySide6.QtWidgets import QMainWindow
+
+    from app.views.inspector_dock import InspectorDock
+    from app.views.tokens import TokenInfo
+
+    win = QMainWindow()
+    qtbot.addWidget(win)
+    dock = InspectorDock(win)
+    win.addDockWidget(Qt.DockWidgetArea.RightDockWidgetArea, dock)
+    win.resize(900, 600)
+    win.show()
+    token = "very_long_identifier_name_without_any_break_at_all"
+    dock.show_token(TokenInfo(Origin.ACCEPTED.value, 1, 0, 100, token, 0.8, 0.5, make_round()))  # noqa: F405
+    qtbot.wait(50)
+    title = dock.panel.title
+    assert title.sizeHint().width() <= title.width() + 1 and title.width() <= dock.width()
+    assert f"({len(token)} chars)" in title.text() and token[:12] in title.text()

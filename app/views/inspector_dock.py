@@ -178,6 +178,17 @@ class DrawGauge(QWidget):
         painter.end()
 
 
+TITLE_TOKEN_CHARS = 24  # a token this long still fits the title line of a dock at its narrowest
+
+
+def _short(text: str) -> str:
+    """A long token (a run of spaces or underscores, a long identifier) has no place to wrap, and was cut off at
+    the dock's edge: show its start and its length."""
+    if len(text) <= TITLE_TOKEN_CHARS:
+        return text
+    return f"{text[:TITLE_TOKEN_CHARS - 4]}\u2026 ({len(text)} chars)"
+
+
 class InspectorPanel(QWidget):
     """The inspector's content for one token (`show_token`); `clear()` shows the hint again."""
 
@@ -283,7 +294,7 @@ class InspectorPanel(QWidget):
             hue, name = REJECTED_HUE, "Rejected draft" if info.kind == REJECTED else "Discarded draft"
         else:
             hue, name = ORIGIN_HUE[Origin(info.kind)], ORIGIN_LABEL[Origin(info.kind)]
-        token = html.escape(visible(info.text))
+        token = html.escape(_short(visible(info.text)))
         return (f"<span style='color:{hue}; font-size:large'>\u25a0</span> <b>{name}</b> &nbsp;"
                 f"<span style='font-family:monospace'>\u00ab{token}\u00bb</span> "
                 f"<span style='color:gray'>id {info.token_id}</span>")
