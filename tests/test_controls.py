@@ -208,6 +208,32 @@ def test_cancel_before_the_first_round(engine, prompt):
     assert_consistent(engine)
 
 
+def test_cancel_during_a_long_prefill_stops_between_its_chunks(engine, prompt, plain, monkeypatch):
+    """Issue 22 item 16: a cancel waited out the whole prefill of a long prompt (~25 s on the embedded pair)."""
+    import engine.model.forward as fwd
+
+    monkeypatch.setattr(fwd, "PREFILL_CHUNK", 4)
+    engine.reset()
+    controls = Controls(GREEDY, SPEC)
+    calls = []
+    real = engine.target.forward
+
+    def forward(*args, **kwargs):  # the cancel arrives while the first chunk runs
+        calls.append(1)
+        controls.cancel()
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(engine.target, "forward", forward)
+    events, summary = drive(engine, prompt, GREEDY, SPEC, controls, lambda ev: None)
+    assert len(calls) == 1 < (len(prompt) - 1) // 4  # one chunk of many
+    assert events == [] and (summary.stop_reason, summary.new_tokens) == ("cancelled", 0)
+    assert engine.ids == prompt[:5] and engine.target_pool.manager.length(0) == 4
+    monkeypatch.undo()
+    *_, again = engine.generate(prompt, GREEDY, SpecParams(enabled=False))  # the chunk done is reused
+    assert again.reused_prefix_tokens == 4 and again.token_ids == plain.token_ids
+    assert_consistent(engine)
+
+
 @pytest.mark.parametrize("close_after", [1, 3])
 def test_closing_the_generator_leaves_caches_consistent(engine, prompt, plain, close_after):
     engine.reset()

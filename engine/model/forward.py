@@ -1,6 +1,8 @@
 """Feeding tokens into a model's paged cache: the longest reusable prefix, and prompt-length feeds in chunks."""
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from engine.model.kv_cache import KVPool
@@ -17,14 +19,19 @@ def common_prefix(a: list[int], b: list[int]) -> int:
     return i
 
 
-def forward_chunked(model: Transformer, pool: KVPool, seq: int, ids: list[int], device) -> torch.Tensor:
+def forward_chunked(model: Transformer, pool: KVPool, seq: int, ids: list[int], device,
+                    stop: Callable[[], bool] | None = None) -> torch.Tensor | None:
     """Append ids to seq's cache and return the last position's logits (V,).
 
     If a chunk's forward pass fails (e.g. out of memory), that chunk's positions are given back before the
     error propagates: the cache never claims positions whose KV was not written. Earlier chunks stay.
+    `stop` is asked before every chunk after the first (a long prompt takes many seconds): when it says so, the
+    chunks done stay in the cache and None is returned.
     """
     logits = None
     for s in range(0, len(ids), PREFILL_CHUNK):
+        if s and stop is not None and stop():
+            return None
         chunk = ids[s : s + PREFILL_CHUNK]
         start, end = pool.manager.append(seq, len(chunk))
         x = torch.tensor(chunk, dtype=torch.long, device=device)

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import secrets
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 
 import torch
@@ -127,19 +127,21 @@ class Engine:
             )
         return prompt
 
-    def _prefill(self, prompt: list[int]) -> int:
+    def _prefill(self, prompt: list[int], stop: Callable[[], bool] | None = None) -> int:
         """Bring the target cache to prompt[:-1], reusing the longest cached prefix. Returns tokens reused.
 
         If the forward pass fails (e.g. out of memory on a long paste), `ids` is cut back to what the cache
         really holds, so a retry recomputes the rest instead of reusing positions that were never written.
+        A `stop` between chunks (a cancel) leaves the chunks done cached, with `ids` one past them as always.
         """
         m = self.target_pool.manager
         reused = min(common_prefix(self.ids[: m.length(0)], prompt), len(prompt) - 1)
         m.truncate_to(0, reused)
         feed = prompt[reused:-1]
         try:
-            if feed:
-                forward_chunked(self.target, self.target_pool, 0, feed, self.device)
+            if feed and forward_chunked(self.target, self.target_pool, 0, feed, self.device, stop) is None:
+                self.ids = list(prompt[: m.length(0) + 1])
+                return reused
         except BaseException:
             self.ids = list(prompt[: m.length(0)])  # forward_chunked gave back the failed chunk's positions
             raise
@@ -189,7 +191,7 @@ class Engine:
         for drafter in self.drafters:
             drafter.start()
         t0 = self.clock.now()
-        reused = self._prefill(prompt_ids)
+        reused = self._prefill(prompt_ids, lambda: controls.cancelled)  # a long prompt stops between its chunks
         tally = RoundTally(len(prompt_ids), reused, self.clock.now() - t0, prefilled=len(prompt_ids) - 1 > reused)
         transcript = Transcript(self.tokenizer, self.ids, sampling.stop, self.eos_ids, sampling.max_new_tokens,
                                 self.max_seq_len)
