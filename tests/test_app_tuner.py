@@ -56,6 +56,12 @@ def test_sweep_equals_separate_bench_runs(qtbot, make_window, tmp_path):
     with tuner_path(tmp_path / "s.csv").open(encoding="utf-8") as f:
         rows = list(csv.DictReader(f))
     assert len(rows) == len(sweep.runs) and sum(int(r["best"]) for r in rows) == 1
+    # One rate: the tuner's CSV, the session's summary CSV and the dialog agree on each replay's
+    with (tmp_path / "s_summary.csv").open(encoding="utf-8") as f:
+        summaries = {int(r["message"]): float(r["tokens_per_s"]) for r in csv.DictReader(f) if r["kind"] == KIND}
+    for row, r in zip(rows, sweep.runs):
+        assert float(row["tokens_per_s"]) == pytest.approx(summaries[r.message], abs=0.01) == r.tokens_per_s
+    assert "less both prompt prefills" in dlg.findChild(type(dlg.status), "intro").text()
     assert [int(r["accepted"]) for r in rows] == [r.accepted for r in sweep.runs]
     # One click applies the best K.
     w.controls.k_slider.setValue(1)
@@ -75,6 +81,8 @@ def test_cancel_stops_the_sweep(qtbot, make_window):
     qtbot.waitUntil(lambda: len(dlg.tuner.runs) >= 1, timeout=30000)
     assert 0 < dlg.progress.value() < 1000 and "Replay" in dlg.status.text()
     dlg.cancel_button.click()
+    # Issue 22 item 16: nothing changed for ~25 s while the running replay's prefill went on
+    assert dlg.tuner.done or ("Cancelling" in dlg.status.text() and not dlg.cancel_button.isEnabled())
     qtbot.waitUntil(lambda: dlg.tuner.done, timeout=10000)
     wait_idle(qtbot, w)
     assert not dlg.complete and len(dlg.sweep.runs) < len(dlg.tuner.plan)
@@ -130,3 +138,24 @@ def test_tuner_requires_a_seed(seedless, qtbot):
 
     with pytest.raises(ValueError, match="seed"):
         KTuner(Dummy(), [], SamplingParams(), SpecParams(), True)
+
+
+def test_apply_from_one_replay_each_says_it_is_one_sample(qtbot):
+    """Issue 22 item 16: Apply was offered from single replays whose timing spread nobody knew."""
+    from app.dialogs.tuner_dialog import TunerDialog
+    from engine.analysis.sweep import Sweep, SweepRun
+    from engine.api.config import SamplingParams, SpecParams
+
+    def run(drafter, k, accepted, decode_s):
+        drafted = 20 if drafter else 0
+        return SweepRun(drafter, k, 40, 20, drafted, accepted, max(accepted, drafted), decode_s, 10.0, 3000.0,
+                        "length")
+
+    dlg = TunerDialog(None, [{"role": "user", "content": "q"}], SamplingParams(seed=3), SpecParams(), True)
+    qtbot.addWidget(dlg)
+    dlg._on_finished(Sweep((run(None, 0, 0, 4.0), run("model", 1, 15, 3.0), run("model", 2, 12, 2.5))), True)
+    assert dlg.apply_button.isEnabled() and "one replay" in dlg.apply_button.text()
+    assert "timing spread is unknown" in dlg.result.text()
+    spread = Sweep((run(None, 0, 0, 4.0), run("model", 1, 15, 3.0), run("model", 2, 0, 4.1)))  # accepted nothing
+    dlg._on_finished(spread, True)
+    assert "one replay" not in dlg.apply_button.text() and "timing spread is unknown" not in dlg.result.text()

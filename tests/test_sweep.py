@@ -44,6 +44,23 @@ def test_run_of_counts_decided_tests_and_leaves_prefills_out():
     assert r.decode_s == pytest.approx(1.0) and r.tokens_per_s == pytest.approx(s.new_tokens / 1.0)
 
 
+def test_one_rate_definition_in_the_summary_and_the_tuner():
+    """Issue 22 item 16: the reply's rate (the chat footer, the session CSV) kept the draft's prefill in while the
+    K tuner's (its dialog, NAME_tuner.csv) left it out; a replay then showed two rates."""
+    from engine.runtime.tally import RoundTally
+
+    from dataclasses import replace
+
+    rounds = [replace(make_round(1, accepted=("a", "b"), rejected=("c",)), draft_prefill_ms=400.0),
+              make_round(2, accepted=("e",), origin=Origin.BONUS)]
+    tally = RoundTally(prompt_tokens=30, prefill_s=0.5)
+    for i, ev in enumerate(rounds):
+        tally.add(ev, 0.6 + i)
+    s = tally.summary(total_s=2.0, stop_reason="length")
+    assert s.tokens_per_s == pytest.approx(s.new_tokens / (2.0 - 0.5 - 0.4))
+    assert run_of("model", 3, s, rounds).tokens_per_s == pytest.approx(s.tokens_per_s)
+
+
 def test_speedup_alpha_c_leviathan_and_best():
     plain = run(None, 0, new=40, decode_s=4.0, verify_ms=4000.0)  # 10 tok/s, 100 ms a target step
     m1 = run("model", 1, new=40, drafted=20, accepted=15, trials=20, decode_s=2.5, draft_ms=200.0)  # 16 tok/s

@@ -25,6 +25,11 @@ from engine.analysis.sweep import KS, Sweep, SweepRun
 HUE = {"model": SERIES["measured"], "ngram": OKABE_ITO["blue"], "leviathan": SERIES["theoretical"],
        "plain": SERIES["plain"], "best": OKABE_ITO["orange"]}
 NOISE = 1.05  # a best speedup under this is no clear win: single replays' rates vary by a few percent
+# What a rate is, here and in every CSV column named tokens_per_s (engine/runtime/tally.py computes it)
+RATE_DEFINITION = ("A rate is new tokens over the replay's time less both prompt prefills (the target's and the "
+                   "draft's), the same definition as the CSV export's tokens_per_s.")
+ONE_SAMPLE = ("one replay per K, and none accepted nothing, so the timing spread is unknown: a K a few percent "
+              "ahead may be chance (run Tune K again to compare)")
 
 
 def curve_points(sweep: Sweep, drafter: str) -> tuple[list[int], list[float]]:
@@ -52,8 +57,10 @@ class TunerDialog(QDialog):
         drafters = "the draft model and the n-gram drafter" if has_draft_model else "the n-gram drafter"
         intro = QLabel(f"The last prompt replayed with plain decoding, then at K = {ks[0]}\u2026{ks[-1]} with "
                        f"{drafters}: seed {sampling.seed}, {temp}, {sampling.max_new_tokens} new tokens, each "
-                       "from an empty cache. Speedup is each replay's decode rate over plain decoding's.")
+                       f"from an empty cache. Speedup is each replay's decode rate over plain decoding's. "
+                       f"{RATE_DEFINITION}")
         intro.setWordWrap(True)
+        intro.setObjectName("intro")
         self.plot = pg.PlotWidget()
         self.plot.setMenuEnabled(False)
         self.plot.setMouseEnabled(x=False, y=False)
@@ -94,7 +101,7 @@ class TunerDialog(QDialog):
         buttons = QDialogButtonBox()
         self.cancel_button = QPushButton("Cancel")
         self.cancel_button.setToolTip("Stop the sweep after the current round")
-        self.cancel_button.clicked.connect(self.tuner.cancel)
+        self.cancel_button.clicked.connect(self.cancel)
         self.apply_button = QPushButton("Apply best K")
         self.apply_button.setEnabled(False)
         self.apply_button.clicked.connect(self.apply_best)
@@ -119,10 +126,17 @@ class TunerDialog(QDialog):
     def running(self) -> bool:
         return self.tuner.running
 
+    def cancel(self) -> None:
+        """Say so at once: the running replay ends at its next round, or between chunks of a long prompt."""
+        self.tuner.cancel()
+        if not self.tuner.done:
+            self.cancel_button.setEnabled(False)
+            self.status.setText("Cancelling\u2026 the running replay stops at its next round.")
+
     # ---- tuner signals ---------------------------------------------------------------------------------------
     def _on_progress(self, done: float, total: int, label: str) -> None:
         self.progress.setValue(int(1000 * done / total) if total else 0)
-        if not self.tuner.done:
+        if not self.tuner.done and not self.tuner.cancelled:
             self.status.setText(f"Replay {min(int(done) + 1, total)} of {total}: {label}\u2026")
 
     def _on_run(self, _run: SweepRun) -> None:
@@ -136,7 +150,10 @@ class TunerDialog(QDialog):
         best = sweep.best
         self.apply_button.setEnabled(best is not None)
         if best is not None:
-            self.apply_button.setText(f"Apply K={best.k} ({drafter_name(best.drafter)})")
+            # One replay per K: without replays that accepted nothing, the timing spread is not measured
+            sample = ", one replay" if sweep.noise is None else ""
+            self.apply_button.setText(f"Apply K={best.k} ({drafter_name(best.drafter)}{sample})")
+            self.apply_button.setToolTip(ONE_SAMPLE if sweep.noise is None else "")
         if complete:
             self.status.setText(f"Done: {len(sweep.runs)} replays. The sweep is in File \u203a Export session "
                                 "stats (NAME_tuner.csv).")
@@ -182,6 +199,8 @@ class TunerDialog(QDialog):
             if s.speedup(best) - 1.0 <= noise:
                 parts.append(f"within timing noise of plain decoding (\u00b1{noise:.0%}: replays that accepted "
                              "nothing spread that far): no K clearly pays for this prompt here")
+            elif s.noise is None:
+                parts.append(ONE_SAMPLE)
         return " \u00b7 ".join(parts)
 
     def apply_best(self) -> None:

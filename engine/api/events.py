@@ -87,7 +87,7 @@ class Summary:
     acceptance_rate: float  # accepted / drafted (0 when nothing was drafted)
     mean_tokens_per_round: float
     per_position_acceptance: tuple[float, ...]  # P(draft position i accepted | it was drafted)
-    tokens_per_s: float  # decode rate: new tokens / (total time - prefill time)
+    tokens_per_s: float  # decode rate: new tokens / (total time - the target's and the draft's prompt prefills)
     ttft_s: float  # time to first token (includes the prefill)
     total_s: float
     prompt_tokens: int

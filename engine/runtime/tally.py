@@ -47,7 +47,9 @@ class RoundTally:
     def summary(self, total_s: float, stop_reason: str, tail: str = "") -> Summary:
         """tail: text released at a cancel that no RoundEvent carried."""
         new = len(self.token_ids)
-        decode_s = total_s - self.prefill_s
+        # The decode rate: both prompt prefills left out (the draft's is lazy, inside round 1), as the bench,
+        # the K tuner and llama.cpp's figures leave them out; one definition wherever a rate is shown or written
+        decode_s = total_s - self.prefill_s - self.draft_prefill_ms / 1e3
         return Summary(
             new_tokens=new, rounds=self.rounds, target_forwards=self.rounds + self.prefilled, drafted=self.drafted,
             accepted=self.accepted, acceptance_rate=self.accepted / self.drafted if self.drafted else 0.0,
