@@ -157,6 +157,25 @@ def test_a_lock_held_by_a_live_process_is_waited_for_with_a_bound(tmp_path):
         holder.kill()
 
 
+def test_a_build_that_hangs_is_stopped_at_its_bound(fresh, monkeypatch):
+    """A compiler that never returns (a hung NFS mount, a starved machine): the build is killed, with its
+    compilers, at the bound, and the load goes on without kernels."""
+    cxx = fake_compiler(fresh, "never")
+    pids = fresh / "sleepers"
+    cxx.write_text(cxx.read_text().replace('echo "never" >&2', f"echo $$ >> {pids}; exec sleep 300"))
+    monkeypatch.setenv("CXX", str(cxx))
+    t0 = time.monotonic()
+    with pytest.raises(build.BuildError, match="did not finish within 3 s"):
+        build.compile_module(fresh / "build", None, timeout_s=3)
+    assert time.monotonic() - t0 < 40
+    sleepers = [int(p) for p in pids.read_text().split()]
+    assert sleepers
+    time.sleep(0.5)
+    for pid in sleepers:  # gone, or a zombie waiting for its (killed) parent's reaper
+        stat = Path(f"/proc/{pid}/stat")
+        assert not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] == "Z", f"compiler {pid} runs on"
+
+
 # ---- real builds, killed ----------------------------------------------------------------------------------------
 def start(cache: Path) -> subprocess.Popen:
     """A process that loads the kernels as the engine does, printing each progress stage."""
@@ -221,7 +240,8 @@ def test_a_build_killed_mid_compile_is_built_again_at_the_next_start(tmp_path):
     cache = tmp_path / "cache"
     first = start(cache)
     child = compiling(first, cache)
-    os.killpg(child, signal.SIGKILL)
+    for pid in build._session(child):  # the build child, ninja and the compilers (ninja gives each its own group)
+        os.kill(pid, signal.SIGKILL)
     first.kill()
     first.wait()
     folder = ext_folder(cache)

@@ -33,7 +33,8 @@ SOURCES = ("bindings.cpp", "decoder.cpp", "isa.cpp", "repack.cpp", "kernels_scal
 # scale blocks into the row loop doubles the live weight registers and spills them (measured 3x slower).
 # Tuples, handed to cpp_extension as fresh lists: it appends torch's own flags to the lists it is given, which
 # would change the key for the rest of a process that built.
-CFLAGS = ("-O3", "-DNDEBUG", "-fopenmp", "-ffp-contract=off", "-fno-math-errno", "-fno-loop-unroll-and-jam", "-std=c++17")
+CFLAGS = ("-O3", "-DNDEBUG", "-fopenmp", "-ffp-contract=off", "-fno-math-errno", "-fno-loop-unroll-and-jam",
+          "-std=c++17")
 LDFLAGS = ("-fopenmp",)
 BUILT = "built"  # written into a build folder once its module has loaded: names the module file
 MANIFEST = "build.json"  # beside a prebuilt module: its key and what it was built with
@@ -43,6 +44,7 @@ BUILD_TIMEOUT_S = 15 * 60  # ~1 min on 2 cores; a build still running after this
 SPACE_CHANGE = 256 << 20  # this much more free space than at a disk-full failure: worth another try
 
 Progress = Callable[[str, float], None]
+POSIX = os.name == "posix"  # elsewhere the build child neither shares the lock nor leads its own session
 
 
 class BuildError(Exception):
@@ -196,7 +198,7 @@ def compile_module(folder: Path, lock_fd: int | None, progress: Progress | None 
             [sys.executable, "-c", CHILD, str(folder), str(-1 if lock_fd is None else lock_fd)], cwd=root,
             stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
             env=dict(os.environ, PATH=_child_path()),
-            pass_fds=(lock_fd,) if lock_fd is not None else (), start_new_session=True)
+            pass_fds=(lock_fd,) if lock_fd is not None and POSIX else (), start_new_session=POSIX)
     while True:
         try:
             rc = child.wait(timeout=0.25)
@@ -207,7 +209,7 @@ def compile_module(folder: Path, lock_fd: int | None, progress: Progress | None 
             raise InterruptedError("cancelled")
         if time.monotonic() - tick.t0 > timeout_s:
             _kill(child)
-            raise BuildError(f"the build did not finish within {timeout_s / 60:.0f} min (see {folder / LOG})")
+            raise BuildError(f"the build did not finish within {timeout_s:.0f} s (see {folder / LOG})")
         tick()
     output = (folder / LOG).read_text(errors="replace")
     if rc != 0:
@@ -219,14 +221,39 @@ def compile_module(folder: Path, lock_fd: int | None, progress: Progress | None 
 
 
 def _kill(child: subprocess.Popen) -> None:
-    """The child and the compilers it started (its own session)."""
+    """The child and the compilers it started. ninja puts each compile in a process group of its own, so a signal
+    to the child's group does not reach them: SIGTERM first (ninja then interrupts its compiles), then SIGKILL to
+    whatever is left in the child's session."""
     import signal
 
-    try:
-        os.killpg(child.pid, signal.SIGKILL)
-    except OSError:
+    if not POSIX:
         child.kill()
+        child.wait(timeout=30)
+        return
+    try:
+        os.killpg(child.pid, signal.SIGTERM)
+        child.wait(timeout=5)
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+    for pid in _session(child.pid) + [child.pid]:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
     child.wait(timeout=30)
+
+
+def _session(sid: int) -> list[int]:
+    """The processes of session `sid` (Linux /proc; elsewhere none are found)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[3]) == sid:
+            found.append(int(stat.parent.name))
+    return found
 
 
 CHILD = "import sys; from engine.quant.build import child; child(sys.argv[1], int(sys.argv[2]))"

@@ -59,6 +59,7 @@ class Outcome:
 _module: ModuleType | None = None
 _outcome: Outcome | None = None
 _guard = threading.Lock()
+_said: dict[str, str] = {}  # what was logged once already
 
 
 def build_dir() -> Path:
@@ -222,6 +223,9 @@ def _prebuilt(key: str) -> ModuleType | None:
     except (OSError, ValueError):
         return None  # a source install: nothing shipped
     if manifest.get("key") != key:
+        if _said.get("prebuilt") == manifest.get("key"):
+            return None  # said once (find() and load() both look)
+        _said["prebuilt"] = manifest.get("key")
         log.warning("the prebuilt kernels were built for other sources or another torch/python (%s, torch %s, "
                  "python %s); building them here", manifest.get("key"), manifest.get("torch"), manifest.get("python"))
         return None
