@@ -37,21 +37,34 @@ def fused(parts: list[QuantLinear]) -> nn.Module:
         return Concat(parts)
 
 
-def _arena(gf: GGUFFile) -> Arena | None:
+# Block types with more bits per weight than Q4_0 (4.5), which a re-quantized model runs as Q4_0. Q4_K stays: as
+# many bits, finer scales.
+HEAVIER_THAN_Q4_0 = {formats.T.Q5_0, formats.T.Q5_K, formats.T.Q6_K, formats.T.Q8_0, formats.T.F16, formats.T.F32}
+
+
+def run_type(qtype: int, requant: int | None) -> int:
+    """The block type a matrix stored as `qtype` runs as."""
+    return requant if requant is not None and qtype in HEAVIER_THAN_Q4_0 else qtype
+
+
+def _arena(gf: GGUFFile, requant: int | None) -> Arena | None:
     """Room for every matrix of the file, packed (engine.model.pages: what stays unused, like an untied embedding's
     share, is never touched, so costs nothing); None without the compiled kernels."""
     if ext.load() is None:
         return None
-    total = sum(formats.packed_bytes(t.qtype, *t.shape) + Arena.ALIGN
+    total = sum(formats.packed_bytes(run_type(t.qtype, requant), *t.shape) + Arena.ALIGN
                 for t in gf.tensors.values() if len(t.shape) == 2 and t.qtype in formats.FORMATS)
     return Arena(total) if total else None
 
 
-def build_model(gf: GGUFFile, max_len: int, act: Act = "int8", head_rows: np.ndarray | None = None) -> Transformer:
-    """head_rows: the vocabulary ids the LM head scores (a trimmed draft head, engine.spec.draft_vocab); default all."""
+def build_model(gf: GGUFFile, max_len: int, act: Act = "int8", head_rows: np.ndarray | None = None,
+                requant: int | None = None) -> Transformer:
+    """head_rows: the vocabulary ids the LM head scores (a trimmed draft head, engine.spec.draft_vocab); default all.
+    requant: Q4_0 to run every matrix with more bits per weight as Q4_0 (a cheaper draft model); needs the kernels."""
     cfg = gf.config()
     model = Transformer(cfg, max_len)
-    arena = _arena(gf)
+    requant = requant if ext.load() is not None else None
+    arena = _arena(gf, requant)
     take = arena.take if arena is not None else None
 
     def vector(name: str) -> nn.Parameter:
@@ -60,19 +73,23 @@ def build_model(gf: GGUFFile, max_len: int, act: Act = "int8", head_rows: np.nda
     def matrix(name: str, bias: str | None = None, out: torch.Tensor | None = None,
                rows: np.ndarray | None = None) -> QuantLinear:
         t = gf.tensors[name]
+        kind = run_type(t.qtype, requant)
         b = torch.from_numpy(gf.read_raw(bias)) if bias and bias in gf.tensors else None
         if out is None and take is not None:
             n = len(rows) if rows is not None else t.shape[0]
-            out = packed_slices([(t.qtype, n, t.shape[1])], take)[0]
+            out = packed_slices([(kind, n, t.shape[1])], take)[0]
         gf.prefault(name)
-        lin = QuantLinear(gf.blocks(name), t.qtype, t.shape[1], bias=b, act=act, out=out, rows=rows)
+        if kind != t.qtype:  # packed as stored into a temporary buffer, then re-quantized into its place
+            lin = QuantLinear(gf.blocks(name), t.qtype, t.shape[1], bias=b, act=act, rows=rows).requantized(kind, out)
+        else:
+            lin = QuantLinear(gf.blocks(name), t.qtype, t.shape[1], bias=b, act=act, out=out, rows=rows)
         if lin.packed is not None:  # repacked: the file's copy is no longer needed in memory
             gf.release(name)
         return lin
 
     def matrices(names: list[str], biases: list[str | None]) -> nn.Module:
         """Parts that run as one matrix: repacked straight into one buffer when their types agree."""
-        specs = [(gf.tensors[n].qtype, *gf.tensors[n].shape) for n in names]  # (qtype, N, K)
+        specs = [(run_type(gf.tensors[n].qtype, requant), *gf.tensors[n].shape) for n in names]  # (qtype, N, K)
         outs = packed_slices(specs, take) if len({q for q, *_ in specs}) == 1 else None
         return fused([matrix(n, b, outs[i] if outs else None) for i, (n, b) in enumerate(zip(names, biases))])
 

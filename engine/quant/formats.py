@@ -9,6 +9,7 @@ A GGUF tensor of shape (N, K) (N output features, K inputs) is N rows of K / blo
 | Q6_K | 256 | 210 | ql[128] (low 4 bits), qh[64] (high 2 bits), scales[16] int8, d f16 | d*sc_j*(q - 32) |
 | Q8_0 | 32 | 34 | d f16, qs[32] int8 | d*q |
 | Q5_0 | 32 | 22 | d f16, qh u32 (5th bits), qs[16] (4-bit) | d*(q - 16) |
+| Q4_0 | 32 | 18 | d f16, qs[16] (4-bit) | d*(q - 8) |
 | F16 / F32 | 1 | 2 / 4 | the value | |
 
 Sub-blocks j are 32 inputs for Q4_K/Q5_K and 16 for Q6_K. The weights are `gguf.quants.dequantize`'s: the
@@ -59,7 +60,7 @@ class Format:
 
 FORMATS = {f.qtype: f for f in (
     Format(T.Q4_K, 256, 1184), Format(T.Q5_K, 256, 1440), Format(T.Q6_K, 256, 1680),
-    Format(T.Q8_0, 32, 272), Format(T.Q5_0, 32, 176), Format(T.F16, 32, 512), Format(T.F32, 32, 1024),
+    Format(T.Q8_0, 32, 272), Format(T.Q5_0, 32, 176), Format(T.Q4_0, 32, 144), Format(T.F16, 32, 512), Format(T.F32, 32, 1024),
 )}
 
 
@@ -86,7 +87,7 @@ def packed_bytes(qtype: int, n: int, k: int) -> int:
 
 # --- valid random blocks (tests, benchmarks) ------------------------------------------------------------
 
-_F16_FIELDS = {T.Q4_K: (0, 2), T.Q5_K: (0, 2), T.Q6_K: (208,), T.Q8_0: (0,), T.Q5_0: (0,)}
+_F16_FIELDS = {T.Q4_K: (0, 2), T.Q5_K: (0, 2), T.Q6_K: (208,), T.Q8_0: (0,), T.Q5_0: (0,), T.Q4_0: (0,)}
 
 
 def random_rows(qtype: int, n: int, k: int, rng: np.random.Generator, scale: float = 0.02) -> np.ndarray:

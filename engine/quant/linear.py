@@ -140,6 +140,23 @@ class QuantLinear(nn.Module):
             out._dense = torch.cat([p.dequantize() for p in parts])
         return out
 
+    def requantized(self, qtype: int, out: torch.Tensor | None = None) -> QuantLinear:
+        """The same layer with its weights re-quantized to `qtype` (Q4_0 only): each output's blocks of 32 exact
+        weights quantized by ggml's reference rule. A cheaper draft model costs acceptance, never exactness.
+        out: a uint8 slice to write the new units into (see `packed_slices`)."""
+        if T(qtype) != T.Q4_0 or self._mod is None:
+            raise ValueError(f"re-quantizing needs the compiled kernels and Q4_0 (asked for {T(qtype).name})")
+        new = type(self).__new__(type(self))
+        nn.Module.__init__(new)
+        new.format, new.qtype = fmt(qtype), int(qtype)
+        new.in_features, new.out_features = self.in_features, self.out_features
+        new.act = self.act if self.format.quantized else "int8"  # F16/F32 had no integer path; Q4_0 has
+        new.register_buffer("bias", self.bias, persistent=False)
+        new._mod, new._raw, new._rows, new._dense = self._mod, None, None, None
+        packed = self._mod.requant_q40(self.packed, self.qtype, self.out_features, self.in_features, _threads(), out)
+        new.register_buffer("packed", packed, persistent=False)
+        return new
+
     @property
     def nbytes(self) -> int:
         """Bytes the layer keeps for its weight (packed, or the fallback's fp32 copy once made)."""

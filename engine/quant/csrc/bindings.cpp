@@ -104,6 +104,24 @@ at::Tensor py_repack(const pybind11::buffer& raw, int64_t qtype, int64_t N, int6
     return packed;
 }
 
+// packed: units of qtype for an (N, K) matrix -> the same matrix as packed Q4_0 units (sq::requant_q40)
+at::Tensor py_requant_q40(const at::Tensor& packed, int64_t qtype, int64_t N, int64_t K, int64_t nthreads,
+                          std::optional<at::Tensor> out) {
+    checked_layout(qtype, K);
+    require(K % 32 == 0, "Q4_0 needs input features in multiples of 32, got ", K);
+    require(packed.dtype() == at::kByte && packed.is_contiguous() && packed.numel() == packed_bytes(qtype, N, K),
+            "packed: (", packed_bytes(qtype, N, K), ",) contiguous uint8");
+    const int64_t n = packed_bytes(sq::Q4_0, N, K);
+    at::Tensor dst = out ? *out : at::empty({n}, at::kByte);
+    require(dst.dtype() == at::kByte && dst.is_contiguous() && dst.numel() == n, "out: (", n, ",) contiguous uint8");
+    {
+        pybind11::gil_scoped_release nogil;
+        sq::requant_q40(static_cast<int>(qtype), packed.data_ptr<uint8_t>(), N, K, dst.data_ptr<uint8_t>(),
+                        static_cast<int>(nthreads));
+    }
+    return dst;
+}
+
 at::Tensor py_dequant_cols(const at::Tensor& packed, int64_t qtype, int64_t N, int64_t K, const at::Tensor& idx) {
     checked_layout(qtype, K);
     require(idx.dtype() == at::kLong && idx.dim() == 1, "idx: (n,) int64");
@@ -240,6 +258,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           pybind11::arg("qtype"), pybind11::arg("N"), pybind11::arg("K"), pybind11::arg("rows"),
           pybind11::arg("nthreads"), pybind11::arg("out") = pybind11::none());
     m.def("dequant_cols", &py_dequant_cols, "exact fp32 weights of the given output features");
+    m.def("requant_q40", &py_requant_q40, "packed units -> the same matrix as packed Q4_0 units", pybind11::arg("packed"),
+          pybind11::arg("qtype"), pybind11::arg("N"), pybind11::arg("K"), pybind11::arg("nthreads"),
+          pybind11::arg("out") = pybind11::none());
     m.def("matmul", &matmul, "y = x W^T (+ bias)");
     pybind11::class_<PyStack>(m, "Stack")
         .def(pybind11::init<int64_t, int64_t, int64_t, int64_t, int64_t, double, const at::Tensor&, const at::Tensor&,

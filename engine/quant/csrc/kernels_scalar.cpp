@@ -5,7 +5,7 @@
 //              S = fma(I, dx_b, S); Mn = fma(m_j, xs_b, Mn);  then acc = fma(d, S, acc); acc = fma(-dmin, Mn, acc)
 //   Q6_K       S = 0; per block b: I = sum over its two 16-sub-blocks of sc_j * sum((q - 32) * xq)
 //              S = fma(I, dx_b, S);  then acc = fma(d, S, acc)
-//   Q8_0/Q5_0  I = sum(w * xq) (Q5_0: w = q - 16); acc = fma(I, d * dx_b, acc)
+//   Q8_0/Q5_0/Q4_0  I = sum(w * xq) (Q5_0: w = q - 16, Q4_0: w = q - 8); acc = fma(I, d * dx_b, acc)
 // All integer sums are exact (|I| < 2^24), so only the float steps above round, in this order, whatever
 // the number of rows or threads. That is what makes the kernels batch-invariant.
 //
@@ -87,8 +87,9 @@ float unit_q8(int qtype, const uint8_t* u, int c, const RowView& xv, float acc) 
             return std::fma(unit_d(qtype, u, c), S, acc);
         }
         case Q8_0:
-        case Q5_0: {
-            const int off = qtype == Q5_0 ? 16 : 0;
+        case Q5_0:
+        case Q4_0: {
+            const int off = qtype == Q5_0 ? 16 : qtype == Q4_0 ? 8 : 0;
             int I = 0;
             for (int k = 0; k < 32; ++k) I += (unit_q(qtype, u, c, k) - off) * xv.x(k);
             return std::fma(static_cast<float>(I), unit_d(qtype, u, c) * xv.d(0), acc);

@@ -333,6 +333,24 @@ static void tile_q50(const V& v, const void* unit, const Tile& x, int RT, typena
     }
 }
 
+template <class V>
+static void tile_q40(const V& v, const void* unit, const Tile& x, int RT, typename V::F* acc) {
+    using I = typename V::I;
+    const UnitQ40& u = *static_cast<const UnitQ40*>(unit);
+    I w[8];
+    for (int t = 0; t < 4; ++t) {  // steps t and t + 4
+        const I q = v.ld(u.qs[t]);
+        w[t] = nib<V>(q, 0);
+        w[t + 4] = nib<V>(q, 1);
+    }
+    const typename V::F d = v.ph(u.d);
+    for (int r = 0; r < RT; ++r) {
+        // 4-bit quants: 8 steps of int16 pair sums stay below 2^15 (8 * 2 * 15 * 128), as for Q4_K
+        const I dot = V::sub32(dot8<V, 8>(w, x.q + r * 32, V::set1_16(1)), V::set1_32(8 * x.bs32[r]));
+        acc[r] = V::fma(V::cvt(dot), V::mul(d, V::set1(x.dx[r])), acc[r]);
+    }
+}
+
 // ---- exact (fp32-activation) path: decode a unit to fp32, then FMA ----------------------------------
 
 // Unit -> w[unit_k][8] floats, each exactly gguf's value (see unit.h's unit_w for the operation order).
@@ -402,6 +420,16 @@ static void decode_unit(int qtype, const void* unit, float* w) {
             }
             break;
         }
+        case Q4_0: {
+            const UnitQ40& u = *static_cast<const UnitQ40*>(unit);
+            const __m256 d = V::ph(u.d);
+            for (int t = 0; t < 4; ++t) {
+                const __m256i q = V::ld(u.qs[t]);
+                put_step(nib<V>(q, 0), 4 * t, d, zero, false, 8, w);
+                put_step(nib<V>(q, 1), 4 * t + 16, d, zero, false, 8, w);
+            }
+            break;
+        }
         case F16: {
             const UnitF16& u = *static_cast<const UnitF16*>(unit);
             for (int k = 0; k < UnitF16::K; ++k) _mm256_store_ps(w + 8 * k, V::ph(u.w[k]));
@@ -440,6 +468,7 @@ static TileFn<V> tile_fn(int qtype) {
         case Q6_K: return tile_q6k<V>;
         case Q8_0: return tile_q80<V>;
         case Q5_0: return tile_q50<V>;
+        case Q4_0: return tile_q40<V>;
         default: return nullptr;
     }
 }

@@ -20,7 +20,7 @@
 namespace sq {
 
 // GGML type ids (gguf.GGMLQuantizationType)
-enum QType : int { F32 = 0, F16 = 1, Q5_0 = 6, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14 };
+enum QType : int { F32 = 0, F16 = 1, Q4_0 = 2, Q5_0 = 6, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14 };
 
 constexpr int GROUP = 8;   // output columns per group
 constexpr int ABLK = 32;   // inputs per activation-quantization block
@@ -60,6 +60,11 @@ struct UnitQ50 {
     uint8_t qs[4][STEP];  // [t]: low nibble = step t, high nibble = step t + 4
     uint8_t qh[STEP];     // bit s = 5th bit of step s
 };
+struct UnitQ40 {  // Q5_0's unit without the 5th bits
+    static constexpr int K = 32;
+    uint16_t d[GROUP];    // f16
+    uint8_t qs[4][STEP];  // [t]: low nibble = step t, high nibble = step t + 4
+};
 struct UnitF16 {
     static constexpr int K = 32;
     uint16_t w[K][GROUP];  // f16
@@ -76,6 +81,7 @@ static_assert(sizeof(UnitQ5K) == 1440 && offsetof(UnitQ5K, k) == 0 && offsetof(U
 static_assert(sizeof(UnitQ6K) == 1680 && offsetof(UnitQ6K, sc) == 16 && offsetof(UnitQ6K, qv) == 144, "Q6_K unit layout");
 static_assert(sizeof(UnitQ80) == 272 && offsetof(UnitQ80, q) == 16, "Q8_0 unit layout");
 static_assert(sizeof(UnitQ50) == 176 && offsetof(UnitQ50, qs) == 16 && offsetof(UnitQ50, qh) == 144, "Q5_0 unit layout");
+static_assert(sizeof(UnitQ40) == 144 && offsetof(UnitQ40, qs) == 16, "Q4_0 unit layout");
 static_assert(sizeof(UnitF16) == 512 && sizeof(UnitF32) == 1024, "F16/F32 unit layout");
 
 // Threads take output groups in chunks, about 8 per thread, first come first served: a thread the OS
@@ -129,8 +135,9 @@ struct AttnArgs {
     int nthreads;
 };
 
-// f16 <-> f32 without F16C (exact; used by scalar code and repacking)
+// f16 <-> f32 without F16C (exact; used by scalar code and repacking); float_to_half rounds to nearest even
 float half_to_float(uint16_t h);
+uint16_t float_to_half(float f);
 
 // Repacking and exact (file-identical) dequantization, in repack.cpp
 int64_t packed_bytes(int qtype, int64_t N, int64_t K);
@@ -139,6 +146,9 @@ void repack(int qtype, const uint8_t* raw, int64_t raw_rows, int64_t N, int64_t 
             uint8_t* packed, int nthreads);
 void dequant_cols(int qtype, const uint8_t* packed, int64_t N, int64_t K, const int64_t* idx, int64_t n_idx,
                   float* out);
+// Packed units of any type -> packed Q4_0 units of the same matrix: each column's 32-input blocks of exact
+// weights quantized by ggml's reference rule (d = the signed value of largest magnitude / -8).
+void requant_q40(int qtype, const uint8_t* packed, int64_t N, int64_t K, uint8_t* out, int nthreads);
 
 // One namespace per instruction set; all produce bitwise identical results (same integer sums, same
 // float operations in the same order per output element).

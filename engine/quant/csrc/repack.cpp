@@ -2,6 +2,8 @@
 // Runs once per tensor at load: plain C++, parallel over groups.
 #include <omp.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <type_traits>
 
@@ -43,6 +45,11 @@ struct BlockQ50 {
     uint8_t qh[4];   // u32: bit i = 5th bit of input i
     uint8_t qs[16];  // low nibbles inputs 0-15, high nibbles 16-31
 };
+struct BlockQ40 {
+    static constexpr int K = 32;
+    uint8_t d[2];
+    uint8_t qs[16];  // low nibbles inputs 0-15, high nibbles 16-31
+};
 struct BlockF16 {
     static constexpr int K = 1;
     uint8_t w[2];
@@ -52,7 +59,7 @@ struct BlockF32 {
     uint8_t w[4];
 };
 static_assert(sizeof(BlockQ4K) == 144 && sizeof(BlockQ5K) == 176 && sizeof(BlockQ6K) == 210 && sizeof(BlockQ80) == 34 &&
-              sizeof(BlockQ50) == 22, "GGUF block sizes (gguf.GGML_QUANT_SIZES)");
+              sizeof(BlockQ50) == 22 && sizeof(BlockQ40) == 18, "GGUF block sizes (gguf.GGML_QUANT_SIZES)");
 
 template <class U, class B>
 constexpr Layout layout() {
@@ -68,6 +75,7 @@ bool layout_of(int qtype, Layout* out) {
         case Q6_K: *out = layout<UnitQ6K, BlockQ6K>(); return true;
         case Q8_0: *out = layout<UnitQ80, BlockQ80>(); return true;
         case Q5_0: *out = layout<UnitQ50, BlockQ50>(); return true;
+        case Q4_0: *out = layout<UnitQ40, BlockQ40>(); return true;
         case F16: *out = layout<UnitF16, BlockF16>(); return true;
         case F32: *out = layout<UnitF32, BlockF32>(); return true;
         default: return false;
@@ -91,6 +99,28 @@ float half_to_float(uint16_t h) {
     float f;
     std::memcpy(&f, &bits, 4);
     return f;
+}
+
+// Round to nearest even: add the exponent bias difference and half an ulp (plus the kept bit, for ties) to the
+// float's bits, or, below the half range's normals, let one float addition of a power of two do the rounding.
+uint16_t float_to_half(float f) {
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    const uint32_t sign = (u >> 16) & 0x8000u;
+    u &= 0x7FFFFFFFu;
+    if (u >= 0x47800000u) return static_cast<uint16_t>(sign | (u > 0x7F800000u ? 0x7E00u : 0x7C00u));  // inf, nan
+    if (u < 0x38800000u) {  // below 2^-14: a half subnormal, or zero
+        const uint32_t magic_bits = 0x3F000000u;  // 0.5: its ulp is 2^-24, the half subnormals' step
+        float x, magic;
+        std::memcpy(&x, &u, 4);
+        std::memcpy(&magic, &magic_bits, 4);
+        x += magic;
+        uint32_t r;
+        std::memcpy(&r, &x, 4);
+        return static_cast<uint16_t>(sign | (r - magic_bits));
+    }
+    u += 0xC8000FFFu + ((u >> 13) & 1u);  // (15 - 127) << 23, wrapping, plus half an ulp less one, plus odd
+    return static_cast<uint16_t>(sign | (u >> 13));
 }
 
 int64_t packed_bytes(int qtype, int64_t N, int64_t K) {
@@ -194,6 +224,16 @@ void pack_q50(const uint8_t* blk, void* unit, int c) {
     st32(u.qh + 4 * c, h);
 }
 
+void pack_q40(const uint8_t* blk, void* unit, int c) {
+    const auto& b = *reinterpret_cast<const BlockQ40*>(blk);
+    auto& u = *static_cast<UnitQ40*>(unit);
+    u.d[c] = rd16(b.d);
+    for (int t = 0; t < 4; ++t) {  // steps t (inputs 4t..) and t + 4 (inputs 16 + 4t..)
+        const uint32_t v = ld32(b.qs + 4 * t);
+        st32(u.qs[t] + 4 * c, (v & LO4) | (v >> 4 & LO4) << 4);
+    }
+}
+
 // The 32 inputs of one F16/F32 column: w[k][c]
 template <class U>
 void pack_plain(const uint8_t* blk, void* unit, int c) {
@@ -210,6 +250,7 @@ PackFn pack_fn(int qtype) {
         case Q6_K: return pack_q6k;
         case Q8_0: return pack_q80;
         case Q5_0: return pack_q50;
+        case Q4_0: return pack_q40;
         case F16: return pack_plain<UnitF16>;
         case F32: return pack_plain<UnitF32>;
         default: return nullptr;
@@ -238,6 +279,72 @@ void repack(int qtype, const uint8_t* raw, int64_t raw_rows, int64_t N, int64_t 
             }
         }
     }
+}
+
+namespace {
+
+// Column c's exact weights at inputs k0..k0+31 of a unit: unit_w's operations, with each block's scales read once
+// (per weight, they made re-quantizing the embedded draft take ~1 s).
+void column_block(int qtype, const uint8_t* u, int c, int k0, float* x) {
+    switch (qtype) {
+        case Q4_K:
+        case Q5_K: {
+            const int j = k0 / 32;
+            const float D = unit_d(qtype, u, c) * static_cast<float>(unit_sc(qtype, u, j, c));
+            const float M = unit_dmin(u, c) * static_cast<float>(unit_m(u, j, c));
+            for (int i = 0; i < 32; ++i) x[i] = D * static_cast<float>(unit_q(qtype, u, c, k0 + i)) - M;
+            return;
+        }
+        case Q6_K:
+            for (int h = 0; h < 2; ++h) {
+                const float D = unit_d(qtype, u, c) * static_cast<float>(unit_sc(qtype, u, k0 / 16 + h, c));
+                for (int i = 16 * h; i < 16 * h + 16; ++i) x[i] = D * static_cast<float>(unit_q(qtype, u, c, k0 + i) - 32);
+            }
+            return;
+        case Q8_0: {
+            const float d = unit_d(qtype, u, c);
+            for (int i = 0; i < 32; ++i) x[i] = static_cast<float>(unit_q(qtype, u, c, i)) * d;
+            return;
+        }
+        case Q5_0:
+        case Q4_0: {
+            const float d = unit_d(qtype, u, c);
+            const int off = qtype == Q5_0 ? 16 : 8;
+            for (int i = 0; i < 32; ++i) x[i] = d * static_cast<float>(unit_q(qtype, u, c, i) - off);
+            return;
+        }
+        default:
+            for (int i = 0; i < 32; ++i) x[i] = unit_w(qtype, u, c, k0 + i);
+    }
+}
+
+}  // namespace
+
+void requant_q40(int qtype, const uint8_t* packed, int64_t N, int64_t K, uint8_t* out, int nthreads) {
+    Layout L;
+    layout_of(qtype, &L);
+    const int64_t groups = (N + GROUP - 1) / GROUP, units = K / L.unit_k, blocks = K / UnitQ40::K;
+#pragma omp parallel for schedule(dynamic, chunk_of(groups, nthreads)) num_threads(nthreads)
+    for (int64_t g = 0; g < groups; ++g)
+        for (int64_t b = 0; b < blocks; ++b) {
+            const int64_t k0 = b * UnitQ40::K;
+            const uint8_t* src = packed + (g * units + k0 / L.unit_k) * L.unit_bytes;
+            auto& dst = *reinterpret_cast<UnitQ40*>(out + (g * blocks + b) * sizeof(UnitQ40));
+            std::memset(&dst, 0, sizeof(UnitQ40));
+            for (int c = 0; c < GROUP; ++c) {
+                float x[UnitQ40::K], amax = 0.0f, max = 0.0f;
+                column_block(qtype, src, c, static_cast<int>(k0 % L.unit_k), x);
+                for (int i = 0; i < UnitQ40::K; ++i)
+                    if (amax < std::fabs(x[i])) amax = std::fabs(x[i]), max = x[i];
+                const float d = max / -8.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+                dst.d[c] = float_to_half(d);
+                for (int i = 0; i < UnitQ40::K; ++i) {
+                    const int q = std::min(15, static_cast<int>(static_cast<int8_t>(x[i] * id + 8.5f)));
+                    const int s = (i % 16) / 4;  // inputs 0-15: low nibble of step s; 16-31: high nibble
+                    dst.qs[s][step_byte(c, i % 4)] |= static_cast<uint8_t>(q << (i < 16 ? 0 : 4));
+                }
+            }
+        }
 }
 
 void dequant_cols(int qtype, const uint8_t* packed, int64_t N, int64_t K, const int64_t* idx, int64_t n_idx,

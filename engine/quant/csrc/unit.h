@@ -8,7 +8,7 @@ namespace sq {
 // Byte of step s (4 inputs from 4*s) for column c, input e = 0..3 within the step.
 inline int step_byte(int c, int e) { return 4 * c + e; }
 
-// Unsigned quant of column c at input k of the unit: Q4_K 0..15, Q5_K/Q5_0 0..31, Q6_K 0..63,
+// Unsigned quant of column c at input k of the unit: Q4_K/Q4_0 0..15, Q5_K/Q5_0 0..31, Q6_K 0..63,
 // Q8_0 the signed int8 value.
 inline int unit_q(int qtype, const void* u, int c, int k) {
     const int b = step_byte(c, k & 3);
@@ -31,6 +31,10 @@ inline int unit_q(int qtype, const void* u, int c, int k) {
         }
         case Q8_0:
             return static_cast<const UnitQ80*>(u)->q[k / 4][b];
+        case Q4_0: {
+            const int s = k / 4;
+            return (static_cast<const UnitQ40*>(u)->qs[s & 3][b] >> (s & 4)) & 15;
+        }
         case Q5_0: {
             const auto* q5 = static_cast<const UnitQ50*>(u);
             const int s = k / 4;
@@ -48,6 +52,7 @@ inline float unit_d(int qtype, const void* u, int c) {
         case Q6_K: return half_to_float(static_cast<const UnitQ6K*>(u)->d[c]);
         case Q8_0: return half_to_float(static_cast<const UnitQ80*>(u)->d[c]);
         case Q5_0: return half_to_float(static_cast<const UnitQ50*>(u)->d[c]);
+        case Q4_0: return half_to_float(static_cast<const UnitQ40*>(u)->d[c]);
         default: return 0.0f;
     }
 }
@@ -76,6 +81,8 @@ inline float unit_w(int qtype, const void* u, int c, int k) {
             return static_cast<float>(unit_q(qtype, u, c, k)) * unit_d(qtype, u, c);
         case Q5_0:
             return unit_d(qtype, u, c) * static_cast<float>(unit_q(qtype, u, c, k) - 16);
+        case Q4_0:
+            return unit_d(qtype, u, c) * static_cast<float>(unit_q(qtype, u, c, k) - 8);
         case F16:
             return half_to_float(static_cast<const UnitF16*>(u)->w[k][c]);
         case F32:
