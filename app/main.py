@@ -172,6 +172,7 @@ def report_attach(app, window, url: str, result: dict[str, int]) -> None:
     def ok(_info) -> None:
         server = window.controller.remote.server
         k = f", K {server.k}" if server.k else ""
+        k += {True: ", a draft model in its slots", False: ", no draft model"}.get(server.speculative, "")
         counters = server.counters
         spec = (f"{counters.draft_tokens} drafted / {counters.accepted_tokens} accepted so far" if counters else
                 "no speculation counters in /metrics" if server.metrics_ok else "no /metrics")

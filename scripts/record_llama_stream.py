@@ -5,8 +5,8 @@
 Starts llama-server through ../shared/bench/llama_server.sh on 127.0.0.1 with the embedded pair (the target and
 draft GGUFs from the cache): once speculative (draft-simple, K = 4), once with the draft loaded but no
 `--spec-type` (it never drafts), and records a few short greedy chat requests with `"timings_per_token": true`:
-every SSE line as sent, and the server's /v1/models, /props and the speculation lines of /metrics before and after
-each request. Small on purpose (a few dozen tokens a reply): the tests replay them byte for byte.
+every SSE line as sent, and the server's /v1/models, /props, /slots and the speculation lines of /metrics before
+and after each request. Small on purpose (a few dozen tokens a reply): the tests replay them byte for byte.
 """
 from __future__ import annotations
 
@@ -24,10 +24,14 @@ import httpx
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "bench"
-CASES = {  # name -> (server, prompt, max_tokens)
+CASES = {  # name -> (server, prompt, max_tokens[, extra request fields])
     "spec_code": ("spec", "Write a Python function that returns the n-th Fibonacci number iteratively.", 48),
     "spec_short_eos": ("spec", "Answer with one word: what colour is the sky on a clear day?", 32),
     "spec_length": ("spec", "List the numbers from 1 to 30, separated by commas.", 21),
+    "spec_greeting": ("spec", "Say hello in one short sentence.", 32),
+    "spec_yes": ("spec", "Is Python a programming language? Answer yes or no, in lower case.", 16),
+    # a stop string met inside a round: the server ends the reply there, mid-round
+    "spec_stop_midround": ("spec", "List the numbers from 1 to 30, separated by commas.", 40, {"stop": ["8,"]}),
     "nodraft_code": ("nodraft", "Write a Python function that returns the n-th Fibonacci number iteratively.", 24),
 }
 
@@ -39,9 +43,10 @@ def free_port() -> int:
 
 
 def start_server(kind: str, target: Path, draft: Path, port: int) -> subprocess.Popen:
-    """spec: llama_server.sh with the draft (draft-simple, K = 4); nodraft: the draft loaded, no --spec-type."""
-    if kind == "spec":
-        cmd = [str(SHARED / "llama_server.sh"), str(target), str(draft), str(port)]
+    """spec: llama_server.sh with the draft (draft-simple, K = 4); plain: no draft; nodraft: the draft loaded but no
+    --spec-type (such a server never drafts)."""
+    if kind in ("spec", "plain"):
+        cmd = [str(SHARED / "llama_server.sh"), str(target), str(draft) if kind == "spec" else "-", str(port)]
     else:
         binary = subprocess.run([str(SHARED / "llama_cpp_build.sh")], check=True, capture_output=True,
                                 text=True).stdout.strip()
@@ -69,9 +74,9 @@ def spec_metrics(url: str) -> str:
     return "\n".join(line for line in text.splitlines() if "spec_decode" in line) + "\n"
 
 
-def record(url: str, prompt: str, max_tokens: int) -> dict:
+def record(url: str, prompt: str, max_tokens: int, extra: dict | None = None) -> dict:
     body = {"messages": [{"role": "user", "content": prompt}], "stream": True, "max_tokens": max_tokens,
-            "temperature": 0.0, "seed": 0, "timings_per_token": True}
+            "temperature": 0.0, "seed": 0, "timings_per_token": True, **(extra or {})}
     before = spec_metrics(url)
     lines = []
     with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=120) as r:
@@ -85,6 +90,7 @@ def record(url: str, prompt: str, max_tokens: int) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=str(ROOT / "tests" / "data" / "remote"))
+    ap.add_argument("--only", nargs="*", help="record just these cases")
     a = ap.parse_args()
     sys.path.insert(0, str(ROOT))
     from engine.io.provision import DRAFT, TARGET, model_file
@@ -93,18 +99,21 @@ def main() -> int:
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     for server in ("spec", "nodraft"):
+        if a.only and not any(CASES[n][0] == server for n in a.only):
+            continue
         port = free_port()
         url = f"http://127.0.0.1:{port}"
         proc = start_server(server, target, draft, port)
         try:
             wait_ready(url, proc)
             meta = {"models": httpx.get(f"{url}/v1/models", timeout=10).json(),
-                    "props": httpx.get(f"{url}/props", timeout=10).json()}
+                    "props": httpx.get(f"{url}/props", timeout=10).json(),
+                    "slots": httpx.get(f"{url}/slots", timeout=10).json()}
             meta["props"].pop("chat_template", None)  # long, and nothing reads it
-            for name, (kind, prompt, max_tokens) in CASES.items():
-                if kind != server:
+            for name, (kind, prompt, max_tokens, *extra) in CASES.items():
+                if kind != server or (a.only and name not in a.only):
                     continue
-                rec = {**meta, **record(url, prompt, max_tokens)}
+                rec = {**meta, **record(url, prompt, max_tokens, *extra)}
                 (out / f"{name}.json").write_text(json.dumps(rec, indent=1) + "\n", encoding="utf-8")
                 print(f"{name}: {len(rec['lines'])} lines", flush=True)
         finally:

@@ -40,6 +40,7 @@ class ReplayServer:
         rec = rec or {}
         self.models = rec.get("models", {"object": "list", "data": [{"id": "test-model", "owned_by": "llamacpp"}]})
         self.props = rec.get("props") if props else None
+        self.slots = rec.get("slots") if props else None
         self.metrics = [rec.get("metrics_before", ""), rec.get("metrics_after", "")]
         self.script = Script(lines=list(rec.get("lines", [])))
         self.requests: list[tuple[str, dict[str, str], bytes]] = []  # (path, headers, body)
@@ -82,6 +83,8 @@ class ReplayServer:
                     self._send(200, json.dumps(srv.models).encode())
                 elif self.path == "/props" and srv.props is not None:
                     self._send(200, json.dumps(srv.props).encode())
+                elif self.path == "/slots" and srv.slots is not None:
+                    self._send(200, json.dumps(srv.slots).encode())
                 elif self.path == "/metrics" and any(srv.metrics):
                     self._send(200, srv.metrics[min(srv.served, 1)].encode(), "text/plain; version=0.0.4")
                 else:

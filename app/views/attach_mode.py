@@ -28,6 +28,8 @@ NO_TUNE = "Tune K needs K per request; this server's K is a start-up flag"
 NO_STEP = "A server does not pause between a round's phases"
 NO_INSPECTOR = "A server sends no p or q for its tokens: there is nothing to inspect"
 NO_REJECTED = "A server never sends its rejected drafts, only how many there were"
+NO_DRAFTING = ("The server drafted nothing for this reply: a llama-server started with a draft model (-md) but "
+               "without --spec-type draft-simple loads the draft and never drafts")
 NO_COMPARE = "Compare needs a plain server URL (File \u203a Attach to server\u2026): the server's speculation is a " \
              "start-up flag"
 
@@ -50,6 +52,15 @@ class AttachMode(QObject):
         c = self.window.controller
         c.stateChanged.connect(self.refresh)
         c.loaded.connect(lambda _info: self.refresh())
+        c.replyDone.connect(self._check_drafting)
+
+    def _check_drafting(self, s) -> None:
+        """A server with a draft model that drafted nothing: llama-server loads a draft and never uses it unless
+        started with --spec-type; say so rather than show a reply of plain steps without a word."""
+        remote = self.attached
+        if remote is not None and remote.server is not None and remote.server.speculative \
+                and s.stop_reason != "cancelled" and s.new_tokens > 2 and s.drafted == 0:
+            self.window.statusBar().showMessage(NO_DRAFTING, 15000)
 
     # ---- attach / detach -------------------------------------------------------------------------------------
     def open_dialog(self) -> QDialog:

@@ -57,8 +57,8 @@ def token_tooltip(info: TokenInfo) -> str:
         origin = Origin(info.kind)
         title, note = ORIGIN_LABEL[origin], ORIGIN_HELP[origin]
 
-    def num(v: float | None) -> str:
-        return "\u2014" if v is None else f"{v:.4f}"
+    def num(v: float | None) -> str:  # NaN: a value the source never sent (an attached server's p and q)
+        return "\u2014" if v is None or v != v else f"{v:.4f}"
 
     rows = [
         ("round", str(info.round)),
@@ -66,7 +66,7 @@ def token_tooltip(info: TokenInfo) -> str:
         ("q(t) draft", num(info.q)),
         ("p(t) target", num(info.p)),
         ("min(1, p/q)", num(info.accept_prob)),
-        ("token", f"{info.token_id} \u00ab{html.escape(visible(info.text))}\u00bb"),
+        ("token", f"{info.token_id if info.token_id >= 0 else ''} \u00ab{html.escape(visible(info.text))}\u00bb"),
     ]
     body = "".join(f"<tr><td>{k}</td><td align='right'><tt>{v}</tt></td></tr>" for k, v in rows)
     hint = "<br><small>Click for its distributions</small>" if info.dist is not None else ""

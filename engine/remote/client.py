@@ -39,7 +39,8 @@ class ServerInfo:
     version: str  # a build or version string, "" when the server gives none
     models: tuple[str, ...]
     draft_model: str | None  # llama.cpp: the draft it loaded, when /props names it
-    k: int | None  # the server's draft limit (llama.cpp: speculative.n_max), when it says
+    k: int | None  # the server's draft limit (llama.cpp: speculative.n_max), when it says (this build does not)
+    speculative: bool | None  # llama.cpp: its slots have a draft (/slots); None: the server does not say
     counters: metrics.SpecCounters | None  # /metrics at probe time; None without speculation counters
     metrics_ok: bool  # /metrics answered
     per_request_spec: bool | None = None  # K / on-off per request honoured (None: not checked)
@@ -124,7 +125,7 @@ class ServerClient:
         owners = {str(m.get("owned_by", "")) for m in data if isinstance(m, dict)}
         props = self.get("/props", required=False)
         props_json = _json(props, "/props") if props is not None else None
-        kind, version, k, draft = "openai", "", None, None
+        kind, version, k, draft, speculative = "openai", "", None, None, None
         if isinstance(props_json, dict) and ("default_generation_settings" in props_json or "llamacpp" in owners):
             kind = "llama.cpp"
             version = str(props_json.get("build_info", ""))
@@ -132,15 +133,28 @@ class ServerClient:
             n_max = params.get("speculative.n_max")
             k = int(n_max) if isinstance(n_max, int) and not isinstance(n_max, bool) else None
             draft = props_json.get("model_path_draft") or None
+            speculative = self._slots_draft()
         elif "vllm" in owners:
             kind = "vllm"
             ver = self.get("/version", required=False)
             version = str((_json(ver, "/version") or {}).get("version", "")) if ver is not None else ""
         counters, metrics_ok = self._metrics(kind)
-        info = ServerInfo(self.public, kind, version, models, draft, k, counters, metrics_ok,
-                          notes=tuple(_notes(kind, counters, metrics_ok)))
+        info = ServerInfo(self.public, kind, version, models, draft, k, speculative, counters, metrics_ok,
+                          notes=tuple(_notes(kind, speculative, metrics_ok)))
         self.info = info
         return info
+
+    def _slots_draft(self) -> bool | None:
+        """llama-server's /slots says per slot whether it has a draft model ("speculative"); it drafts only when
+        also started with --spec-type, which nothing but its counters reveals."""
+        try:
+            r = self.get("/slots", required=False)
+            slots = _json(r, "/slots") if r is not None else None
+        except RemoteError:  # /slots is a convenience: a server that refuses it is still attached
+            return None
+        if isinstance(slots, list) and slots and isinstance(slots[0], dict) and "speculative" in slots[0]:
+            return bool(slots[0]["speculative"])
+        return None
 
     def _metrics(self, kind: str) -> tuple[metrics.SpecCounters | None, bool]:
         r = self.get("/metrics", required=False)
@@ -278,8 +292,10 @@ def status_sentence(r: httpx.Response, where: str, path: str) -> str:
             f"{': ' + detail if detail else ''}")
 
 
-def _notes(kind: str, counters: metrics.SpecCounters | None, metrics_ok: bool) -> list[str]:
+def _notes(kind: str, speculative: bool | None, metrics_ok: bool) -> list[str]:
     notes = []
+    if kind == "llama.cpp" and speculative is False:
+        notes.append("this llama-server has no draft model (-md): every token is a plain target step")
     if kind == "llama.cpp" and not metrics_ok:
         notes.append("/metrics is off (start llama-server with --metrics): the totals cannot be checked against "
                      "the server's own counters")

@@ -52,7 +52,7 @@ class RoundBuilder:
 
     def __init__(self, temperature: float, k: int | None, speculative: bool, *, stop_strings: bool = False,
                  clock: Callable[[], float] = time.perf_counter) -> None:
-        """k: the server's draft limit when known (each round's K), else the round's own drafted count.
+        """k: the server's draft limit when known (each round's K), else the most any round of this reply drafted.
         speculative: the server drafts (mode "speculative"); False for a plain server (mode "plain")."""
         self.temperature, self.k, self.speculative = temperature, k, speculative
         self.stop_strings = stop_strings
@@ -68,6 +68,7 @@ class RoundBuilder:
         self.draft_n = self.accepted_n = 0
         self.timings: dict[str, Any] = {}
         self.finish_reason: str | None = None
+        self.most_drafted = 0  # K as far as this reply shows it, where the server does not say
 
     # ---- llama.cpp ---------------------------------------------------------------------------------------------
     def feed(self, chunk: dict[str, Any]) -> list[RoundEvent]:
@@ -124,7 +125,9 @@ class RoundBuilder:
         if len(o.texts) > o.accepted:
             final = Origin.BONUS if o.accepted == o.drafted else Origin.CORRECTED
             committed.append(CommittedToken(NO_ID, o.texts[o.accepted], final, o.accepted, UNKNOWN))
-        return self._event("speculative", "model", self.k or o.drafted, drafted, tuple(committed), stop_reason)
+        self.most_drafted = max(self.most_drafted, o.drafted)
+        return self._event("speculative", "model", self.k or self.most_drafted, drafted, tuple(committed),
+                           stop_reason)
 
     def _event(self, mode: str, drafter: str | None, k: int, drafted: tuple[DraftToken, ...],
                committed: tuple[CommittedToken, ...], stop_reason: str | None) -> RoundEvent:
