@@ -233,13 +233,15 @@ class ChatController(QObject):
         return messages, sampling, spec
 
     # ---- models --------------------------------------------------------------------------------------------
-    def load(self, target: str | None = None, draft: str | None = None, device: str | None = None) -> bool:
-        """Load in the engine process (None: the embedded pair); False while a load runs already."""
+    def load(self, target: str | None = None, draft: str | None = None, device: str | None = None,
+             context: int | None = None) -> bool:
+        """Load in the engine process (None: the embedded pair; context None: the default length); False while a
+        load runs already."""
         if self.loading:
             return False
         if not self.host.running:
             self.host.start()
-        self.host.load(target, draft, device)
+        self.host.load(target, draft, device, context)
         self.stateChanged.emit()
         return True
 

@@ -72,6 +72,7 @@ class LoadRequest:
     target: str | None  # None: the embedded default pair (provisioned on first use)
     draft: str | None
     device: str | None
+    context: int | None = None  # KV cache tokens; None: the models' limit, at most engine.api.config.DEFAULT_CONTEXT
 
 
 def death_sentence(exitcode: int | None, fatal: str | None) -> str:
@@ -180,7 +181,7 @@ class EngineHost(QObject):
         self.shutdown(1.0)
         self.start()
         last = self.last_load or LoadRequest(None, None, None)
-        return self.load(last.target, last.draft, last.device)
+        return self.load(last.target, last.draft, last.device, last.context)
 
     def _forget_process(self) -> None:
         if self._conn is not None:
@@ -243,12 +244,13 @@ class EngineHost(QObject):
         if self.pending:
             self.cancel(None)
 
-    def load(self, target: str | None = None, draft: str | None = None, device: str | None = None) -> LoadRequest:
+    def load(self, target: str | None = None, draft: str | None = None, device: str | None = None,
+             context: int | None = None) -> LoadRequest:
         """Load in the engine process (target None: the embedded pair). The current engine stays until the new
         one is loaded."""
-        req = LoadRequest(target, draft, device)
+        req = LoadRequest(target, draft, device, context)
         self.loading = req
-        self.send(Load(target, draft, device))
+        self.send(Load(target, draft, device, context))
         return req
 
     def cancel_load(self) -> None:

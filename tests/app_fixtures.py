@@ -236,7 +236,7 @@ def tiny(**kw) -> Factory:
 
 
 def tiny_loader(target, draft, device, progress, cancelled, *, max_seq_len: int = 256, no_eos: bool = True,
-                round_delay: float = 0.0, draft_name: str | None = None):
+                round_delay: float = 0.0, draft_name: str | None = None, context: int | None = None):
     """Runs in the engine process: the tiny random pair of tests/tiny.py on one thread (tiny models only pay
     for more). `no_eos`: a random model says EOS early, run to the token limit instead. `round_delay`: sleep
     that long after each round, so that a test can act mid-reply. `draft_name`: what the window is told the draft
@@ -246,7 +246,7 @@ def tiny_loader(target, draft, device, progress, cancelled, *, max_seq_len: int 
     from tests.tiny import tiny_engine
 
     torch.set_num_threads(1)
-    engine = tiny_engine(max_seq_len=max_seq_len, draft_name=draft_name)
+    engine = tiny_engine(max_seq_len=context or max_seq_len, draft_name=draft_name)  # context: the app's setting
     if no_eos:
         engine.eos_ids = set()
     if round_delay:

@@ -291,3 +291,19 @@ def test_a_refused_target_stays_in_the_picker(qtbot, make_window, dialogs):
     w.load_models(None)
     qtbot.waitUntil(lambda: w.controller.ready and w.load_dialog is None, timeout=LOAD_TIMEOUT_MS)
     assert w.controls.target_combo.currentData() is None  # the embedded pair, loaded
+
+
+def test_the_context_setting_reaches_the_engine_at_the_next_load(qtbot, make_window):
+    """Issue 22 item 20: the window's context setting sizes the engine's caches when the models load."""
+    from tests.app_fixtures import tiny
+
+    w = make_window(tiny(max_seq_len=256), show=False)
+    assert w.controller.info.context == 256  # what the engine reports, shown beside the models
+    assert "context 256 tokens" in w.model_label.text()
+    w.controls.context.spin.setValue(512)  # the tiny pair's limit; the scan knows nothing of it here
+    assert w.controls.context_tokens() == 512
+    assert w.controller.info.context == 256  # nothing changes before the next load
+    w.load_models(None)
+    qtbot.waitUntil(lambda: w.controller.ready and w.load_dialog is None and w.controller.info.context == 512,
+                    timeout=LOAD_TIMEOUT_MS)
+    assert "context 512 tokens" in w.model_label.text()

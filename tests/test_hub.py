@@ -170,10 +170,12 @@ def test_list_finds_compatible_cache_models_and_skips_the_rest(cache, no_embedde
     llama = models["tiny/llama"]
     expect = sum(p.numel() for p in make_hf_model("llama", len(tok)).parameters())
     assert llama == LocalModel("tiny/llama", cache / "models--tiny--llama" / "snapshots" / "abc123", "hf-cache",
-                               "llama", len(tok), 2, 32, float(f"{expect / 1e9:.3g}"))
+                               "llama", len(tok), 2, 32, float(f"{expect / 1e9:.3g}"),
+                               128, 2 * 2 * 2 * 8)  # context; K and V x 2 layers x 2 KV heads x head dim 8
     assert (models["tiny/qwen"].arch, models["tiny/qwen"].source) == ("qwen2", "hf-cache")
     g = models["tiny/qwen-gguf/q8.gguf"]
     assert (g.source, g.arch, g.vocab_size, g.num_layers, g.hidden_size) == ("gguf", "qwen2", len(tok), 2, 32)
+    assert (g.context_limit, g.kv_values_per_token) == (128, 64)  # issue 22 item 20: what a context costs
     assert g.path == gsnap / "q8.gguf"
 
 
@@ -270,3 +272,13 @@ def test_an_unforeseen_error_skips_only_its_entry(cache, no_embedded, monkeypatc
     with caplog.at_level("WARNING", logger="engine.io.hub"):
         assert [m.name for m in list_local_models()] == ["good/llama"]
     assert "ArithmeticError: something nobody foresaw" in " ".join(r.getMessage() for r in caplog.records)
+
+
+def test_load_engine_takes_the_context_asked_for_within_the_models_limit(tmp_path):
+    """Issue 22 item 20: the cache was 4096 tokens (or the models' limit), whatever the user wanted."""
+    from engine.io.loading import load_engine
+
+    folder, _ = save_hf_folder(tmp_path / "m")  # max_position_embeddings 128
+    assert load_engine(str(folder), context=64).max_seq_len == 64
+    assert load_engine(str(folder), context=100_000).max_seq_len == 128  # never past what the model allows
+    assert load_engine(str(folder)).max_seq_len == 128

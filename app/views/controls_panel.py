@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from PySide6.QtCore import QSettings, Qt, Signal
@@ -27,6 +28,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app.views.context_setting import ContextSetting
 from engine.api.config import NEEDS_DRAFT_MODEL, STOP_BELOW, SamplingParams, SpecParams
 
 K_MIN, K_MAX = 1, 16
@@ -105,8 +107,10 @@ class ControlsPanel(QWidget):
         self.loaded_label = QLabel("No model loaded")
         self.loaded_label.setWordWrap(True)
         self.loaded_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.context = ContextSetting()
         form.addRow("Target", self.target_combo)
         form.addRow("Draft", self.draft_combo)
+        form.addRow("Context", self.context)
         form.addRow(buttons)
         form.addRow(self.loaded_label)
         return box
@@ -187,6 +191,7 @@ class ControlsPanel(QWidget):
                     self.drafter_combo.currentIndexChanged):
             sig.connect(self._on_live_change)
         self.target_combo.currentIndexChanged.connect(self._refill_drafts)
+        self.draft_combo.currentIndexChanged.connect(self._update_context)
         self.load_button.clicked.connect(self._request_load)
         self.rescan_button.clicked.connect(self.rescanRequested)
 
@@ -247,6 +252,7 @@ class ControlsPanel(QWidget):
         self.target_combo.setCurrentIndex(max(i, 0))
         self.target_combo.blockSignals(False)
         self._refill_drafts()
+        self._update_context()
 
     def _refill_drafts(self, *_: object) -> None:
         keep = self.draft_combo.currentData()
@@ -266,6 +272,20 @@ class ControlsPanel(QWidget):
             if path != target:
                 self._add_named(self.draft_combo, path)
         self.draft_combo.setCurrentIndex(max(self.draft_combo.findData(keep), 0))
+        self._update_context()
+
+    def _update_context(self, *_: object) -> None:
+        """The context setting follows the chosen pair: its limit, and what its caches cost."""
+        target, draft = self.target_combo.currentData(), self.draft_combo.currentData()
+        if target is None:  # the embedded pair: both of its models, as the scan described them
+            self.context.set_pair([m for m in self._models if getattr(m, "source", "") == "embedded"] or [_UNKNOWN])
+            return
+        by_path = {str(m.path): m for m in self._models}
+        self.context.set_pair([by_path.get(p, _UNKNOWN) for p in (target, draft) if p is not None])
+
+    def context_tokens(self) -> int | None:
+        """The context length the next load asks for; None: the default."""
+        return self.context.tokens()
 
     def _unlisted(self) -> list[str]:
         listed = {str(m.path) for m in self._models}
@@ -314,6 +334,7 @@ class ControlsPanel(QWidget):
         s.setValue("system_prompt", self.system_edit.toPlainText())
         s.setValue("target", self.target_combo.currentData() or "")
         s.setValue("draft", self.draft_combo.currentData() or "")
+        s.setValue("context", self.context.wanted)
         s.endGroup()
 
     def load_settings(self, s: QSettings) -> None:
@@ -332,6 +353,7 @@ class ControlsPanel(QWidget):
             self.stop_check.setChecked(_bool(s.value("stop_when_unsure", True)))
             self.system_edit.setPlainText(str(s.value("system_prompt", "")))
             self.saved_pair = (str(s.value("target", "")) or None, str(s.value("draft", "")) or None)
+            self.context.set_wanted(int(s.value("context", self.context.wanted)))
         except (TypeError, ValueError):
             pass  # a hand-edited or stale settings file: keep the defaults
         finally:
@@ -346,6 +368,9 @@ class ControlsPanel(QWidget):
             j = self.draft_combo.findData(draft)
             if j >= 0:
                 self.draft_combo.setCurrentIndex(j)
+
+
+_UNKNOWN = SimpleNamespace(context_limit=0, kv_values_per_token=0)  # a model no scan described (a named path)
 
 
 def _bool(v: object) -> bool:

@@ -373,7 +373,7 @@ class MainWindow(QMainWindow, MainMenus):
     # ---- models and the engine process ---------------------------------------------------------------------
     def load_models(self, target: str | None = None, draft: str | None = None, device: str | None = None) -> None:
         """Load in the background behind a progress dialog (None: the embedded pair)."""
-        if self.controller.load(target, draft, device):
+        if self.controller.load(target, draft, device, self.controls.context_tokens()):
             self.controls.show_requested(target, draft)  # a refused path stays in view, to retry or change
             self._open_load_dialog(target)
 
@@ -414,7 +414,8 @@ class MainWindow(QMainWindow, MainMenus):
         self.banner.hide()
         self.controls.set_loaded(info.target_name, info.draft_name, info.device, info.dtype_name)
         pair = info.target_name + (f" + {info.draft_name}" if info.draft_name else "")
-        self.model_label.setText(f"{pair} \u00b7 {info.device} \u00b7 {info.dtype_name}")
+        context = f" \u00b7 context {info.context:,} tokens" if info.context else ""
+        self.model_label.setText(f"{pair} \u00b7 {info.device} \u00b7 {info.dtype_name}{context}")
         self.notice_label.setText(info.notice)
         self.notice_label.setToolTip(info.notice)
         self.notice_label.setVisible(bool(info.notice))

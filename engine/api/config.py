@@ -201,6 +201,12 @@ class SpecParams:
 STOP_BELOW = 0.7
 
 
+# The KV cache's length when nothing else is asked for: the embedded pair's caches then take ~0.35 GB (float32 on
+# the CPU), well within the app's 2.5 GB budget; its target allows 32k tokens (~2.7 GB), a setting away.
+DEFAULT_CONTEXT = 4096
+KV_BYTES_PER_VALUE = 4  # float32: what the caches hold on the CPU (bf16 on a GPU: half)
+
+
 @dataclass(frozen=True)
 class CacheConfig:
     block_size: int = 16

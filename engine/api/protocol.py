@@ -4,7 +4,7 @@ processes import this.
 Commands (window -> engine). Load, Scan, Generate and Reset run one at a time in the order sent; the others act
 at once, so they reach a running request between two of its rounds.
 
-    Load(target, draft, device)        target None: the embedded default pair
+    Load(target, draft, device, context)   target None: the embedded default pair; context: KV cache tokens
     CancelLoad()                       the running load stops at its next progress check
     Scan()                             list the local models for the picker
     Generate(rid, messages, sampling, spec, stepping)   stepping: pause after each phase of a round
@@ -70,6 +70,7 @@ class Load(_Checked):
     target: str | None
     draft: str | None
     device: str | None
+    context: int | None = None  # the KV cache's length in tokens; None: the models' limit, at most 4096
 
 
 @dataclass(frozen=True)
@@ -148,6 +149,7 @@ class EngineInfo:
     device: str
     dtype_name: str
     notice: str = ""  # a sentence the window keeps in view (no compiled CPU kernels: slow, and the remedy)
+    context: int = 0  # the tokens the conversation may hold (the KV cache's length); 0: not reported
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,8 @@ class LocalModel:
     num_layers: int
     hidden_size: int
     params_b: float  # approximate, in billions
+    context_limit: int = 0  # max_position_embeddings: the longest context its cache may hold
+    kv_values_per_token: int = 0  # K and V over every layer: what one token of context costs, in values
 
 
 def hf_cache_dir() -> Path:
@@ -159,7 +161,8 @@ def describe(path: Path, source: str, name: str | None = None) -> LocalModel:
             raise ModelLoadError(f"{path}: {e}") from e
         n = sum(safetensors_params(f) for f in safetensors_files(path))
     return LocalModel(name or label(path, path), path, source, c.arch, c.vocab_size, c.num_layers, c.hidden_size,
-                      float(f"{n / 1e9:.3g}"))
+                      float(f"{n / 1e9:.3g}"), c.max_position_embeddings,
+                      2 * c.num_layers * c.num_kv_heads * c.head_dim)
 
 
 def list_local_models() -> list[LocalModel]:

@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import torch
 
-from engine.api.config import CacheConfig
+from engine.api.config import DEFAULT_CONTEXT, CacheConfig
 from engine.quant.formats import T
 from engine.spec.draft_vocab import DRAFT_VOCAB, head_rows
 from engine.model.transformer import Transformer
@@ -79,13 +79,15 @@ def eos_ids(ckpt: Checkpoint) -> set[int]:
 def load_engine(
     target: str, draft: str | None = None, *, device: str | None = None, progress: Progress | None = None,
     cache: CacheConfig | None = None, draft_int8: bool | None = None, draft_vocab: int | None = DRAFT_VOCAB,
-    draft_requant: int | None = DRAFT_REQUANT,
+    context: int | None = None, draft_requant: int | None = DRAFT_REQUANT,
 ) -> Engine:
     """An Engine over the target (and draft) checkpoints: HF folders, .gguf files or cached repo ids.
 
     draft_vocab: how many of the most common token ids a GGUF draft's LM head scores (engine.spec.draft_vocab;
     None: all). draft_requant: the block type a GGUF draft's heavier matrices run as on the CPU (None: as stored).
-    Both are lossless (the target decides every token) and make draft steps cheaper."""
+    Both are lossless (the target decides every token) and make draft steps cheaper.
+    context: the KV cache's length in tokens (the app's setting), at most the models' limit; None: the limit,
+    at most DEFAULT_CONTEXT. `cache` overrides both."""
     report = progress or (lambda stage, frac: None)
     dev, dtype = pick_device(device)
     cpu = dev.type == "cpu"
@@ -97,7 +99,7 @@ def load_engine(
     if dft is not None:
         check_pair(tgt, dft)
     contexts = [c.config.max_position_embeddings for c in (tgt, dft) if c is not None]
-    max_len = (cache or CacheConfig(max_seq_len=min(*contexts, 4096))).max_seq_len
+    max_len = (cache or CacheConfig(max_seq_len=min(*contexts, context or DEFAULT_CONTEXT))).max_seq_len
     # The tokenizer (~0.6 s of mostly Python) is built while the weights are repacked (C++, GIL released)
     with ThreadPoolExecutor(1, thread_name_prefix="speclens-tokenizer") as pool:
         tokenizer = pool.submit(lambda: tgt.tokenizer)

@@ -178,7 +178,8 @@ class Service:
 
     def load(self, cmd: Load, cancel: threading.Event) -> None:
         try:
-            engine = self.loader(cmd.target, cmd.draft, cmd.device, self._progress(), cancel.is_set)
+            extra = {"context": cmd.context} if cmd.context is not None else {}  # older loaders take none
+            engine = self.loader(cmd.target, cmd.draft, cmd.device, self._progress(), cancel.is_set, **extra)
         except Exception as e:  # noqa: BLE001 - every failure becomes a message, never a crash
             if cancel.is_set():
                 self.send(LoadCancelled())

@@ -28,4 +28,5 @@ def log_failure(log: Any, what: str, e: BaseException) -> None:
 
 def info_of(engine: Any) -> EngineInfo:
     return EngineInfo(str(engine.target_name), engine.draft_name, str(getattr(engine, "device", "cpu")),
-                      str(getattr(engine, "dtype_name", "")), str(getattr(engine, "kernels_notice", "")))
+                      str(getattr(engine, "dtype_name", "")), str(getattr(engine, "kernels_notice", "")),
+                      int(getattr(engine, "max_seq_len", 0) or 0))

@@ -23,7 +23,7 @@ class Factory:
 
     def resolve(self) -> Callable[..., Any]:
         fn = _named(self.path)
-        return lambda *args: fn(*args, **self.kwargs)
+        return lambda *args, **kw: fn(*args, **self.kwargs, **kw)
 
     def warm_up(self) -> None:
         if self.warm is not None:
@@ -40,7 +40,7 @@ DEFAULT_LISTER = Factory("engine.service.loaders:default_lister")
 
 
 def default_loader(target: str | None, draft: str | None, device: str | None, progress: Progress,
-                   cancelled: Callable[[], bool]) -> Any:
+                   cancelled: Callable[[], bool], context: int | None = None) -> Any:
     """Provision the embedded pair when no target is given, make sure of the CPU kernels (a compile, the first
     time, with its elapsed time shown), then load_engine. Without kernels every later stage repeats the sentence
     that says so, and the engine carries it (`kernels_notice`) for the window's status line."""
@@ -55,7 +55,7 @@ def default_loader(target: str | None, draft: str | None, device: str | None, pr
     ext.load(progress, cancelled)
     notice = ext.notice()
     shown = (lambda stage, fraction: progress(f"{stage}\n{notice}", fraction)) if notice else progress
-    engine = load_engine(target, draft, device=device, progress=shown)
+    engine = load_engine(target, draft, device=device, progress=shown, context=context)
     engine.kernels_notice = notice if getattr(engine, "weights_format", None) else ""
     return engine
 
