@@ -24,6 +24,8 @@ from engine.api.config import SamplingParams
 from engine.api.events import Summary
 from engine.remote.client import ServerClient
 from engine.remote.errors import RemoteError
+from tests.app_fixtures import *  # noqa: F401,F403 - make_window and the settings isolation
+from tests.app_fixtures import fake, wait_idle
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "bench"
@@ -115,8 +117,6 @@ def test_bench_totals_equal_the_servers_metrics(servers, tmp_path):
 
 
 def test_compare_in_the_window(servers, qtbot, make_window):
-    from tests.app_fixtures import fake, wait_idle
-
     spec, plain = servers
     window = make_window(fake())
     with qtbot.waitSignal(window.controller.loaded, timeout=20000):
