@@ -80,6 +80,7 @@ class ContextSetting(QWidget):
 
     def _describe(self) -> None:
         tokens, limit, cost = self.spin.value(), self.limit(), self.kv_bytes(self.spin.value())
-        memory = f"KV caches {cost / 1e9:.2f} GB" if cost is not None else "KV cache size unknown for this pair"
+        # Up to: on the CPU the caches' pages are only touched, so only paid for, as the conversation grows
+        memory = f"KV caches up to {cost / 1e9:.2f} GB" if cost is not None else "KV cache size unknown for this pair"
         ceiling = f" (this pair allows {limit:,})" if limit else ""
         self.note.setText(f"{memory} at {tokens:,} tokens{ceiling}; applied at the next Load.")
