@@ -234,18 +234,7 @@ class ChartsPanel(QWidget):
         self._group = -1
         self.repaints = 0
         self._shown: dict[tuple[str, str], object] = {}  # what each title / range shows now
-        self.view = _View(self, self.budget.spend)
-        self.view.ci.setContentsMargins(4, 4, 4, 4)
-        self.view.ci.setSpacing(6)
-        self.scroll = QScrollArea()  # scrolls only in one column (a narrow panel), where the plots keep a height
-        self.scroll.setWidget(self.view)
-        self.scroll.setWidgetResizable(True)
-        self.scroll.setFrameShape(QScrollArea.Shape.NoFrame)
-        self.scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
-        lay = QVBoxLayout(self)
-        lay.setContentsMargins(0, 0, 0, 0)
-        lay.addWidget(self.scroll)
-        self.columns = 2
+        self._build_view()
 
         self.plots: dict[str, pg.PlotItem] = {}
         for name, row, col in (("acceptance", 0, 0), ("tokens", 0, 1), ("histogram", 1, 0),
@@ -312,6 +301,20 @@ class ChartsPanel(QWidget):
         self.flush(full=True)
 
     # ---- layout ----------------------------------------------------------------------------------------------
+    def _build_view(self) -> None:
+        self.view = _View(self, self.budget.spend)
+        self.view.ci.setContentsMargins(4, 4, 4, 4)
+        self.view.ci.setSpacing(6)
+        self.scroll = QScrollArea()  # scrolls only in one column (a narrow panel), where the plots keep a height
+        self.scroll.setWidget(self.view)
+        self.scroll.setWidgetResizable(True)
+        self.scroll.setFrameShape(QScrollArea.Shape.NoFrame)
+        self.scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        lay = QVBoxLayout(self)
+        lay.setContentsMargins(0, 0, 0, 0)
+        lay.addWidget(self.scroll)
+        self.columns = 2
+
     def resizeEvent(self, event) -> None:  # noqa: N802 - Qt naming
         super().resizeEvent(event)
         self._reflow(1 if self.width() < TWO_COLUMNS_MIN_WIDTH else 2)
