@@ -110,6 +110,20 @@ def test_a_remembered_failure_is_retried_when_its_cause_changes(fresh, monkeypat
     assert ext.outcome().detail.startswith("error writing to") and not ext.outcome().remembered
 
 
+def test_a_build_killed_from_outside_is_not_remembered(fresh, monkeypatch):
+    """kill -9 of the build (a shutdown, the OOM killer) is no cause to give up on these sources: the next start
+    builds again. (Found by the app-level check: a killed build was remembered as "failed with no message".)"""
+    cxx = fake_compiler(fresh, "unused")
+    session_leader = "$(cut -d' ' -f6 /proc/$$/stat)"  # the build child: it leads its session
+    cxx.write_text(cxx.read_text().replace('echo "unused" >&2', f"kill -9 {session_leader}; sleep 1"))
+    monkeypatch.setenv("CXX", str(cxx))
+    assert ext.load() is None and ext.outcome().detail.startswith("the build was stopped by signal 9")
+    assert not (ext.build_dir() / build.FAILED).exists()
+    n = calls(fresh)
+    ext.forget()
+    assert ext.load() is None and calls(fresh) > n
+
+
 def test_no_compiler_is_said_without_trying(fresh, monkeypatch):
     monkeypatch.setenv("CXX", "no-such-c++")
     assert ext.load() is None

@@ -51,6 +51,10 @@ class BuildError(Exception):
     """A build that did not produce a module; str() is the cause in one line."""
 
 
+class BuildInterrupted(BuildError):
+    """A build killed from outside: no fault of the sources or the machine's tools, so not remembered."""
+
+
 def key() -> str:
     """What a module must have been built from to load here: the sources, the flags, torch and Python."""
     import torch
@@ -212,6 +216,8 @@ def compile_module(folder: Path, lock_fd: int | None, progress: Progress | None 
             raise BuildError(f"the build did not finish within {timeout_s:.0f} s (see {folder / LOG})")
         tick()
     output = (folder / LOG).read_text(errors="replace")
+    if rc < 0:  # killed (a shutdown, kill -9, the OOM killer): nothing to remember, the next start builds again
+        raise BuildInterrupted(f"the build was stopped by signal {-rc} (see {folder / LOG})")
     if rc != 0:
         raise BuildError(cause_of(output, folder)[0])
     built = [ln.split("=", 1)[1] for ln in output.splitlines() if ln.startswith("module=")]

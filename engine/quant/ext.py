@@ -156,8 +156,8 @@ def _build(folder: Path, progress: Progress | None,
             path = build.compile_module(folder, lock.fd, progress, cancelled)
             mod = _import(path)
         except build.BuildError as e:
-            disk_full = str(e).startswith("no space left")
-            build.remember(folder, str(e), disk_full)
+            if not isinstance(e, build.BuildInterrupted):
+                build.remember(folder, str(e), disk_full=str(e).startswith("no space left"))
             return None, Outcome("failed", str(e))
         (folder / BUILT).write_text(path.name)  # only after the module has loaded here
         prune(folder)
