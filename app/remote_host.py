@@ -36,9 +36,15 @@ POST_S = 1 / 60  # rounds are gathered and posted to the GUI thread at most this
 
 
 def engine_info(info: ServerInfo) -> EngineInfo:
-    """How the window names an attached server: its model where the local target's name goes."""
-    draft = info.draft_model.rsplit("/", 1)[-1] if info.draft_model else None
-    return EngineInfo(info.model, draft, info.label, "remote: " + info.kind)
+    """How the window names an attached server: its model where the local target's name goes (a file path, as
+    llama-server names its model, by its file name), and its draft when it has one."""
+    draft = _file_name(info.draft_model) if info.draft_model else ("its draft model" if info.speculative else None)
+    return EngineInfo(_file_name(info.model), draft, info.label, "remote: " + info.kind)
+
+
+def _file_name(model: str) -> str:
+    """A model file's name without its folders; a hub id such as "org/model" stays whole."""
+    return model.replace("\\", "/").rsplit("/", 1)[-1] if model.startswith(("/", ".")) or ":\\" in model else model
 
 
 class RemoteHost(QObject):

@@ -32,7 +32,9 @@ def test_attached_reply_is_coloured_and_its_totals_equal_the_servers_metrics(qtb
     rec = recording("spec_code")
     with ReplayServer(rec) as srv:
         attach(qtbot, window, srv.url)
-        assert rec["models"]["data"][0]["id"] in window.model_label.text()
+        model = rec["models"]["data"][0]["id"]  # llama-server names its model by the file's path
+        assert model.rsplit("/", 1)[-1] + " + its draft model" in window.model_label.text()
+        assert window.controls.drafter_combo.currentData() == "model"  # a server with a draft: not n-gram
         assert "llama.cpp" in window.model_label.text() and srv.url in window.model_label.text()
         send(qtbot, window, "Write fib")
     s = window.controller.stats.records[-1].summary

@@ -21,7 +21,7 @@ from engine.remote.metrics import SpecCounters
 class ServerResult:
     mode: str
     server: str  # URL, without credentials
-    k: int  # the server's draft limit (0 for plain)
+    k: int  # the server's draft limit, or the most it drafted in a round when it does not say (0 for plain)
     temperature: float
     tokens_per_s: float  # decode rate: the server's own predicted_n / predicted_ms, over all prompts
     new_tokens: int
@@ -67,7 +67,9 @@ def _result(info: ServerInfo, mode: str, sampling: SamplingParams, summaries: li
     drafted = sum(s.drafted for s in summaries)
     accepted = sum(s.accepted for s in summaries)
     decode_s = sum(s.verify_ms for s in summaries) / 1000.0
-    r = ServerResult(mode, info.url, 0 if mode == "plain" else (info.k or 0), sampling.temperature,
+    # K: the server's own when it says; else the most it drafted in a round of this run (llama-server's
+    # /props names no K)
+    r = ServerResult(mode, info.url, 0 if mode == "plain" else (info.k or len(per_pos)), sampling.temperature,
                      new / decode_s if decode_s > 0 else 0.0, new, rounds, drafted, accepted,
                      accepted / drafted if drafted else 0.0, new / rounds if rounds else 0.0, per_pos,
                      sum(s.total_s for s in summaries), [s.text for s in summaries])
