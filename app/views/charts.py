@@ -433,7 +433,7 @@ class ChartsPanel(QWidget):
         self._integer_ticks("position", len(rates))
         # One round at K = 16 drew sixteen bars at 1.0: the counts say how much each bar stands on
         n = f" \u00b7 n {counts[0]}" + (f"\u2013{counts[-1]}" if counts[-1] != counts[0] else "") if counts else ""
-        few = f", faded < {POSITION_MIN_SAMPLES}" if any(c < POSITION_MIN_SAMPLES for c in counts) else ""
+        few = f", faded &lt; {POSITION_MIN_SAMPLES}" if any(c < POSITION_MIN_SAMPLES for c in counts) else ""  # HTML
         self._title("position", f"Accepted by position{n}{few}")
 
     @staticmethod
