@@ -224,3 +224,23 @@ def test_acceptance_frequency_matches_overlap_mass():
     assert torch.allclose(seen, expect, atol=0.05), (seen, expect)
     # And the committed token is distributed as p (Leviathan et al., Theorem 1).
     assert torch.allclose(committed / n, p_row, atol=0.025), committed / n
+
+
+def test_argmax_is_torch_argmax_first_of_ties_included():
+    from engine.spec.sampling import argmax
+
+    x = torch.randn(6, 300)
+    x[1, 7] = x[1, 200] = x[1].max() + 1  # a tie: the first one wins, as in torch
+    x[2, :] = float("-inf")
+    x[3, 50:] = float("-inf")  # a trimmed head
+    assert torch.equal(argmax(x), x.argmax(-1))
+    assert int(argmax(x[1])) == 7 and argmax(x[1]).dim() == 0
+
+
+def test_logsumexp_matches_torch_on_rows_with_minus_infinity():
+    from engine.spec.sampling import logsumexp
+
+    x = torch.randn(4, 151936) * 4
+    x[1, 65600:] = float("-inf")
+    torch.testing.assert_close(logsumexp(x), torch.logsumexp(x, -1, keepdim=True), rtol=4e-6, atol=1e-5)  # fp32
+    torch.testing.assert_close(logsumexp(x[1]), torch.logsumexp(x[1], -1, keepdim=True), rtol=4e-6, atol=1e-5)

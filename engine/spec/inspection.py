@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from engine.api.dists import TOP_K, PositionDist
-from engine.spec.sampling import residual
+from engine.spec.sampling import logsumexp, residual
 
 
 def inspect_round(
@@ -78,7 +78,7 @@ class _Shown:
 
     def __init__(self, rows: torch.Tensor, probs: bool = False) -> None:
         self.ranked = rows if probs else rows.float()
-        self.lse = None if probs else torch.logsumexp(self.ranked, -1, keepdim=True)  # (N, 1)
+        self.lse = None if probs else logsumexp(self.ranked)  # (N, 1)
 
     def at(self, ids: torch.Tensor, first: int) -> torch.Tensor:
         """Values at ids (n, m) of rows first .. first + n."""
