@@ -180,6 +180,28 @@ def test_the_trace_window_counts_replays_apart(qtbot):
     assert "2 chat replies, 1 Compare replay \u00b7" in viewer.header.text()
 
 
+def test_a_long_chat_is_painted_over_several_frames(qtbot, monkeypatch):
+    """Issue 22 item 5: after a large trace was read, painting its chat held the window for seconds more."""
+    import app.dialogs.trace_window as tw
+    from PySide6.QtCore import QTimer
+
+    at_once = tw.TraceWindow(hand_made_trace())
+    qtbot.addWidget(at_once)
+    assert not at_once.painting
+    monkeypatch.setattr(tw, "PAINT_AT_ONCE_ROUNDS", 0)
+    monkeypatch.setattr(tw, "PAINT_SLICE_ROUNDS", 1)
+    sliced = tw.TraceWindow(hand_made_trace())
+    qtbot.addWidget(sliced)
+    assert sliced.painting and sliced.chat.toPlainText() != at_once.chat.toPlainText()
+    fired = []
+    QTimer.singleShot(0, lambda: fired.append(sliced.painting))
+    qtbot.waitUntil(lambda: not sliced.painting, timeout=5000)
+    assert fired  # the event loop ran between slices
+    assert sliced.chat.toPlainText() == at_once.chat.toPlainText()
+    assert view_model(sliced.chat) == view_model(at_once.chat)
+    assert sliced.charts.buffer.theoretical == pytest.approx(at_once.charts.buffer.theoretical, nan_ok=True)
+
+
 # ---- in the app --------------------------------------------------------------------------------------------------
 def view_model(chat) -> list[tuple]:
     """What the chat shows, token by token, with the round each token's inspector reads."""

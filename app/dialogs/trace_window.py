@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 from PySide6.QtCore import QObject, QSettings, Qt, QTimer, Signal
@@ -33,6 +34,8 @@ from app.views.resources import app_icon
 from engine.analysis.stats import MessageRecord, SessionStats
 
 FILTER = "SpecLens traces (*.json);;All files (*)"
+PAINT_AT_ONCE_ROUNDS = 4000  # a chat up to this long is painted before the window shows (about 0.3 s)
+PAINT_SLICE_ROUNDS = 300  # longer ones, this many rounds a frame
 
 
 def footer_of(record: MessageRecord) -> tuple[str, str]:
@@ -82,6 +85,11 @@ class TraceWindow(QMainWindow):
         self.setCentralWidget(split)
         self._build_menus()
 
+        self._painting: Iterator[int] | None = None
+        self._paint_total = 0
+        self.paint_timer = QTimer(self)
+        self.paint_timer.setInterval(0)  # a slice at a time, with the event loop run between slices
+        self.paint_timer.timeout.connect(self._paint_next)
         self.chats = sorted({r.chat for r in trace.chat_replies})
         for n in self.chats:
             self.chat_select.addItem(f"Chat {n}", n)
@@ -91,7 +99,8 @@ class TraceWindow(QMainWindow):
         if self.chats:
             self.chat_select.setCurrentIndex(len(self.chats) - 1)  # the chat on screen when it was saved
             self.show_chat(self.chats[-1])
-        self.statusBar().showMessage("Click any token for its distributions.", 8000)
+        if not self.painting:
+            self.statusBar().showMessage("Click any token for its distributions.", 8000)
 
     def _build_menus(self) -> None:
         m = self.menuBar().addMenu("&File")
@@ -119,7 +128,8 @@ class TraceWindow(QMainWindow):
                 + (f" \u00b7 SpecLens {t.app_version}" if t.app_version else ""))
 
     def show_chat(self, chat: int) -> None:
-        """Paint one chat of the session as the main window did, charts included."""
+        """Paint one chat of the session as the main window did, charts included. A long one is painted over
+        several frames (a 20,000-round reply took 1.5 s at once): the window is live, and says how far it is."""
         self.chat.clear_chat()
         self.charts.clear()
         self.inspector.clear()
@@ -128,18 +138,49 @@ class TraceWindow(QMainWindow):
         session = SessionStats()
         session.records.extend(self.trace.replies)
         self.charts.set_plain_reference(session.totals().plain_ms_per_token)
-        for record in self.trace.replies:
-            if record.kind != "chat" or record.chat != chat:
-                continue
+        records = [r for r in self.trace.replies if r.kind == "chat" and r.chat == chat]
+        self._painting = self._paint_steps(records)
+        self._paint_total = sum(len(r.rounds) for r in records)
+        if self._paint_total <= PAINT_AT_ONCE_ROUNDS:
+            for _ in self._painting:
+                pass
+            self._painting = None
+        else:
+            self.paint_timer.start()
+
+    def _paint_steps(self, records: list[MessageRecord]) -> Iterator[int]:
+        """Paint the records; yields the rounds painted so far after every PAINT_SLICE_ROUNDS of them."""
+        done = 0
+        for record in records:
             self.chat.add_user(record.prompt)
             self.chat.begin_assistant(record.target or "Assistant")
             self.charts.start_message()
-            for ev in record.rounds:
-                self.chat.feed(ev)
-                self.charts.feed(ev)
+            for i in range(0, len(record.rounds), PAINT_SLICE_ROUNDS):
+                for ev in record.rounds[i:i + PAINT_SLICE_ROUNDS]:
+                    self.chat.feed(ev)
+                    self.charts.feed(ev)
+                self.chat.flush()
+                done += len(record.rounds[i:i + PAINT_SLICE_ROUNDS])
+                yield done
             self.chat.finish(*footer_of(record))
             self.chat.flush()
         self.charts.flush(full=True)
+
+    def _paint_next(self) -> None:
+        if self._painting is None:
+            self.paint_timer.stop()
+            return
+        done = next(self._painting, None)
+        if done is None:
+            self._painting = None
+            self.paint_timer.stop()
+            self.statusBar().showMessage("Click any token for its distributions.", 8000)
+        else:
+            self.statusBar().showMessage(f"Painting the chat: {done:,} of {self._paint_total:,} rounds\u2026")
+
+    @property
+    def painting(self) -> bool:
+        return self._painting is not None
 
 
 # ---- dialogs ---------------------------------------------------------------------------------------------------
