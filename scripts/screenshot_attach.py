@@ -39,6 +39,11 @@ def main() -> int:
 
 
 def shoot(url: str, plain_url: str) -> int:
+    from engine.remote.client import ServerClient
+
+    counters = ServerClient(url)
+    counters.probe()
+    before = counters.counters()
     qa, controller, w = xvfb_window.open_window()
     wait = xvfb_window.wait
     wait_until = functools.partial(xvfb_window.wait_until, timeout=900)
@@ -74,8 +79,15 @@ def shoot(url: str, plain_url: str) -> int:
     print("shot taken", flush=True)
     wait_until(idle)
     report("turn2", record.summary)
-    if os.environ.get("CSV"):
+    if os.environ.get("CSV"):  # its drafted / accepted totals against the server's own /metrics over the session
         w.export_stats(os.environ["CSV"])
+        import csv
+
+        with open(os.environ["CSV"], newline="", encoding="utf-8") as f:
+            rows = [r for r in csv.DictReader(f) if r["kind"] != "compare-plain"]
+        d = counters.counters().minus(before)
+        print(f"CSV: drafted {sum(int(r['drafted']) for r in rows)}, accepted {sum(int(r['accepted']) for r in rows)}; "
+              f"/metrics delta: drafted {d.draft_tokens}, accepted {d.accepted_tokens}, drafts {d.drafts}", flush=True)
     w.close()
     controller.shutdown()
     return 0

@@ -153,7 +153,8 @@ def test_recorded_rounds_have_every_origin_and_plain_steps():
     _, events, _ = _recorded_events("spec_code")
     kinds = {c.origin for ev in events for c in ev.committed}
     assert {Origin.ACCEPTED, Origin.CORRECTED, Origin.PLAIN} <= kinds
-    assert events[0].committed[0].origin == Origin.PLAIN  # the token the prompt's pass sampled
+    assert events[0].committed[0].origin == Origin.PLAIN  # the token the prompt's pass sampled ...
+    assert events[0].verify_ms == 0.0  # ... whose time is the prefill's, not a decode step's
 
 
 def test_recorded_reply_that_ends_mid_round():

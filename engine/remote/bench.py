@@ -32,6 +32,7 @@ class ServerResult:
     mean_accepted_length: float  # tokens committed per round
     per_position_accepted: list[int] = field(default_factory=list)  # rounds in which position i was accepted
     seconds: float = 0.0  # end to end, client side
+    e2e_tokens_per_s: float = 0.0  # new tokens / seconds: prompt processing and the network included
     outputs: list[str] = field(default_factory=list)  # the texts (a chat stream carries no token ids)
     metrics_delta: dict | None = None  # the server's /metrics counters over this run (None: no /metrics)
     matches_metrics: bool | None = None
@@ -72,7 +73,9 @@ def _result(info: ServerInfo, mode: str, sampling: SamplingParams, summaries: li
     r = ServerResult(mode, info.url, 0 if mode == "plain" else (info.k or len(per_pos)), sampling.temperature,
                      new / decode_s if decode_s > 0 else 0.0, new, rounds, drafted, accepted,
                      accepted / drafted if drafted else 0.0, new / rounds if rounds else 0.0, per_pos,
-                     sum(s.total_s for s in summaries), [s.text for s in summaries])
+                     sum(s.total_s for s in summaries))
+    r.e2e_tokens_per_s = new / r.seconds if r.seconds > 0 else 0.0
+    r.outputs = [s.text for s in summaries]
     if before is not None and after is not None:
         d = after.minus(before)
         r.metrics_delta = {"drafts": d.drafts, "drafted_tokens": d.draft_tokens, "accepted_tokens": d.accepted_tokens,

@@ -111,6 +111,8 @@ class RoundBuilder:
         return [self._close(None)] if len(self.open.texts) == self.open.expected else []
 
     def _plain(self, text: str, stop_reason: str | None = None) -> RoundEvent:
+        if not self.rounds:  # the prompt's pass sampled it: its time is the Summary's prefill_s, not a decode step's
+            self.round_start_ms = self.ms
         tok = CommittedToken(NO_ID, text, Origin.PLAIN, 0, UNKNOWN)
         mode = "speculative" if self.speculative else "plain"
         return self._event(mode, None, 0, (), (tok,), stop_reason)
