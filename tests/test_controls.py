@@ -234,6 +234,32 @@ def test_cancel_during_a_long_prefill_stops_between_its_chunks(engine, prompt, p
     assert_consistent(engine)
 
 
+def test_cancel_during_the_draft_models_prefill_stops_between_its_chunks(engine, prompt, plain, monkeypatch):
+    """Issue 22 item 16: the draft model's lazy prefill of the prompt (round 1) also ran to its end first."""
+    import engine.model.forward as fwd
+
+    monkeypatch.setattr(fwd, "PREFILL_CHUNK", 4)
+    engine.reset()
+    controls = Controls(GREEDY, SPEC)
+    calls = []
+    real = engine.draft.forward
+
+    def forward(*args, **kwargs):  # the cancel arrives while the draft's first chunk runs
+        calls.append(1)
+        controls.cancel()
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(engine.draft, "forward", forward)
+    events, summary = drive(engine, prompt, GREEDY, SPEC, controls, lambda ev: None)
+    assert len(calls) == 1 and events == [] and (summary.stop_reason, summary.new_tokens) == ("cancelled", 0)
+    assert engine.model_drafter.cached == prompt[:4]  # the chunk done stays
+    assert_consistent(engine)
+    monkeypatch.undo()
+    *_, again = engine.generate(prompt, GREEDY, SPEC)
+    assert again.token_ids == plain.token_ids
+    assert_consistent(engine)
+
+
 @pytest.mark.parametrize("close_after", [1, 3])
 def test_closing_the_generator_leaves_caches_consistent(engine, prompt, plain, close_after):
     engine.reset()

@@ -24,6 +24,7 @@ from engine.runtime.transcript import Transcript
 from engine.runtime.verify import decide, inspector_rows, score
 from engine.spec.accept import Verdict
 from engine.spec.drafters import Drafter, HybridDrafter, ModelDrafter, NGramDrafter, Outcome, Proposal
+from engine.spec.drafters.base import DraftStopped
 
 
 class Engine:
@@ -190,6 +191,8 @@ class Engine:
         gen.manual_seed(sampling.seed if sampling.seed is not None else secrets.randbits(63))  # global RNG untouched
         for drafter in self.drafters:
             drafter.start()
+        if self.model_drafter is not None:  # its lazy prefill of a long prompt stops between chunks too
+            self.model_drafter.stop = lambda: controls.cancelled
         t0 = self.clock.now()
         reused = self._prefill(prompt_ids, lambda: controls.cancelled)  # a long prompt stops between its chunks
         tally = RoundTally(len(prompt_ids), reused, self.clock.now() - t0, prefilled=len(prompt_ids) - 1 > reused)
@@ -201,7 +204,11 @@ class Engine:
                 if controls.cancelled:
                     stop, tail = "cancelled", transcript.release()  # what was held back belongs to the reply
                     break
-                event = self._round(tally.rounds + 1, controls, sampling, transcript, gen, t0, tally)
+                try:
+                    event = self._round(tally.rounds + 1, controls, sampling, transcript, gen, t0, tally)
+                except DraftStopped:  # a cancel reached the draft model's prompt prefill: no round
+                    stop, tail = "cancelled", transcript.release()
+                    break
                 stop = event.stop_reason
                 yield event
         finally:

@@ -11,6 +11,10 @@ from engine.api.config import SamplingParams, SpecParams
 from engine.spec.adaptive import AdaptiveK
 
 
+class DraftStopped(Exception):
+    """A drafter's catch-up prefill was stopped between its chunks (a cancel): the round does not happen."""
+
+
 @dataclass(frozen=True)
 class Proposal:
     tokens: torch.Tensor  # (n,), n <= K; n == 0 means "nothing to propose: decode plainly"

@@ -3,6 +3,7 @@ and stops early when its own confidence in the whole draft falls below the stop 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -10,7 +11,7 @@ from engine.api.config import SamplingParams, SpecParams
 from engine.model.forward import common_prefix, forward_chunked
 from engine.model.kv_cache import KVPool
 from engine.model.transformer import Transformer
-from engine.spec.drafters.base import OwnK, Proposal
+from engine.spec.drafters.base import DraftStopped, OwnK, Proposal
 from engine.spec.sampling import logsumexp, probs_from_logits, sample
 
 # A regular round leaves the draft cache at most one token behind the committed ids (the last drafted
@@ -35,6 +36,7 @@ class ModelDrafter(OwnK):
         pool.manager.allocate(self.seq)
         self.cached: list[int] = []  # ids whose KV is in the draft cache
         self.stop_below = 0.0  # SpecParams.stop_below: see propose
+        self.stop: Callable[[], bool] | None = None  # asked between the chunks of a long prefill (a cancel)
         self.start()
 
     def configure(self, spec: SpecParams) -> None:
@@ -51,7 +53,9 @@ class ModelDrafter(OwnK):
         if len(behind) <= MAX_ROUND_LAG:
             return 0.0  # fed together with the last token, as part of drafting
         t0 = time.perf_counter()
-        forward_chunked(self.model, self.pool, self.seq, behind, self.device)
+        if forward_chunked(self.model, self.pool, self.seq, behind, self.device, self.stop) is None:
+            self.cached.extend(behind[: self.pool.manager.length(self.seq) - len(self.cached)])  # the chunks done
+            raise DraftStopped
         self.cached.extend(behind)
         if self.device.type == "cuda":  # kernels run asynchronously: time them, not their launch
             torch.cuda.synchronize(self.device)
