@@ -28,7 +28,7 @@ from app.request_handle import RequestHandle
 from engine.api.config import SamplingParams, SpecParams
 from engine.api.events import Summary
 from engine.api.protocol import Cancel, EngineInfo
-from engine.remote.client import ServerClient, ServerInfo
+from engine.remote.client import OFF_PER_REQUEST, ServerClient, ServerInfo
 from engine.remote.errors import RemoteError
 
 log = logging.getLogger(__name__)
@@ -81,9 +81,12 @@ class RemoteHost(QObject):
 
     def _probe(self, rid: int) -> None:
         try:
-            info = self.client.probe()
+            self.client.probe()
             if self.plain is not None:
                 self.plain.probe()
+            else:  # speculation off needs a plain server, unless this one takes it per request: ask it
+                self.client.check_per_request_spec()
+            info = self.client.info
             self._post.emit((rid, "probed", info))
         except RemoteError as e:
             self._post.emit((rid, "probe-failed", str(e)))
@@ -121,11 +124,15 @@ class RemoteHost(QObject):
         self._start(lambda rid: self._stream(rid, messages, sampling, spec), handle.id)
         return handle
 
-    def _client_for(self, spec: SpecParams) -> tuple[ServerClient, bool]:
+    def _client_for(self, spec: SpecParams) -> tuple[ServerClient, bool, dict | None]:
+        """Which server answers, whether it drafts, and the per-request fields that make it so."""
+        per_request = self.server is not None and self.server.per_request_spec is True
         if spec.enabled:
-            return self.client, True
+            return self.client, True, ({"speculative.n_max": spec.k, "speculative.n_min": 0} if per_request else None)
         if self.plain is not None:
-            return self.plain, False
+            return self.plain, False, None
+        if per_request:
+            return self.client, False, OFF_PER_REQUEST
         raise RemoteError(f"{self.client.public} cannot turn speculation off per request: give a plain server "
                           "(the same model without a draft) in File \u203a Attach to server\u2026 to compare")
 
@@ -134,8 +141,9 @@ class RemoteHost(QObject):
         gathered: list = []
         last = 0.0
         try:
-            client, speculative = self._client_for(spec)
-            for item in client.chat(messages, sampling, speculative=speculative, cancel=self._cancels[rid]):
+            client, speculative, extra = self._client_for(spec)
+            for item in client.chat(messages, sampling, speculative=speculative, cancel=self._cancels[rid],
+                                    extra=extra):
                 if isinstance(item, Summary):
                     if gathered:
                         self._post.emit((rid, "rounds", gathered))

@@ -30,6 +30,8 @@ class Script:
     stall_after: int | None = None  # send this many lines, then nothing (the connection stays open)
     close_after: int | None = None  # send this many lines, then drop the connection
     stall_s: float = 30.0
+    off_lines: list[str] | None = None  # served instead when the request says "speculative.n_max": 0 (a server
+    #                                     that honours per-request speculative fields; the recorded build does not)
 
 
 class ReplayServer:
@@ -97,6 +99,8 @@ class ReplayServer:
                 if s.status != 200:
                     self._send(s.status, s.error_body.encode())
                     return
+                if s.off_lines is not None and json.loads(body or b"{}").get("speculative.n_max") == 0:
+                    s = Script(lines=s.off_lines)
                 self.send_response(200)
                 self.send_header("Content-Type", "text/event-stream")
                 self.send_header("Transfer-Encoding", "chunked")

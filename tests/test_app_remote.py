@@ -3,6 +3,7 @@ llama-server replayed by a local test server (tests/remote_server.py), the local
 from __future__ import annotations
 
 import csv
+import json
 import logging
 import time
 
@@ -83,6 +84,27 @@ def test_compare_runs_plain_on_the_plain_server(qtbot, window, dialogs):
         assert "compare-plain" in kinds and "compare-speculative" in kinds
         plain_rec = next(r for r in window.controller.stats.records if r.kind == "compare-plain")
         assert all(ev.mode == "plain" for ev in plain_rec.rounds)
+
+
+def test_a_server_that_takes_speculation_per_request(qtbot, window, dialogs):
+    """Asked at attach time (no plain server given): it honours "speculative.n_max", so K and on/off act on it and
+    Compare runs its plain side on the same server."""
+    with ReplayServer(recording("spec_code")) as srv:
+        srv.script.off_lines = recording("nodraft_code")["lines"]
+        attach(qtbot, window, srv.url)
+        assert window.controller.remote.server.per_request_spec is True
+        c = window.controls
+        assert c.k_slider.isEnabled() and c.spec_toggle.isEnabled() and not c.drafter_combo.isEnabled()
+        c.k_slider.setValue(3)
+        send(qtbot, window, "Write fib")
+        body = json.loads([b for p, _, b in srv.requests if p == "/v1/chat/completions"][-1])
+        assert body["speculative.n_max"] == 3
+        assert window.compare_action.isEnabled()
+        dlg = window.compare()
+        qtbot.waitUntil(lambda: dlg.verdict is not None, timeout=15000)
+        plain_rec = next(r for r in window.controller.stats.records if r.kind == "compare-plain")
+        assert all(ev.mode == "plain" and not ev.drafted for ev in plain_rec.rounds)
+    assert not dialogs
 
 
 def test_stop_mid_stream_within_a_second_and_errors_keep_the_chat(qtbot, window, dialogs):

@@ -198,6 +198,26 @@ def test_client_replays_a_recording_and_reads_the_server():
         assert body["timings_per_token"] is True and body["stream"] is True and body["seed"] == 0
 
 
+def test_per_request_speculation_is_found_out_by_asking():
+    """The recorded build drafts even when asked not to: False. A server that honours the field: True."""
+    with ReplayServer(recording("spec_code")) as srv:
+        c = ServerClient(srv.url)
+        c.probe()
+        assert c.check_per_request_spec() is False and c.info.per_request_spec is False
+        asked = json.loads(next(b for p, _, b in srv.requests if p == "/v1/chat/completions"))
+        assert asked["speculative.n_max"] == 0
+    with ReplayServer(recording("spec_code")) as srv:
+        srv.script.off_lines = recording("nodraft_code")["lines"]
+        c = ServerClient(srv.url)
+        c.probe()
+        assert c.check_per_request_spec() is True
+    with ReplayServer(recording("nodraft_code")) as srv:  # drafts neither way: it cannot tell
+        srv.slots = [{"id": 0, "speculative": True}]
+        c = ServerClient(srv.url)
+        c.probe()
+        assert c.check_per_request_spec() is None
+
+
 def test_request_body_carries_the_sampling_settings():
     b = request_body(MESSAGES, SamplingParams(temperature=0.7, top_p=0.9, top_k=40, max_new_tokens=99, seed=5,
                                               stop=("END",)), "llama.cpp", "m")

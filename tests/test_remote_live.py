@@ -1,6 +1,7 @@
 """Attach mode against real llama-servers on 127.0.0.1 (llama.cpp built by ../shared/bench/llama_cpp_build.sh, the
 embedded GGUF pair): one speculative (draft-simple, K = 4), one plain. speclens-bench --server's totals equal the
-server's /metrics deltas; Compare through the window; Stop mid-stream; the server killed mid-reply.
+server's /metrics deltas; Compare through the window; the per-request fields found ignored; Stop mid-stream; the
+server killed mid-reply.
 
 The build takes 10-15 minutes on 2 cores the first time (.ci/run does it before the suite); a later call finds it
 at once. Not skipped when something is missing: a missing build or model fails the test and says why.
@@ -139,6 +140,8 @@ def test_stop_mid_stream_and_the_server_killed_mid_reply(servers):
     spec, _ = servers
     c = ServerClient(spec.url)
     c.probe()
+    # this build compiles the per-request speculative fields out: asked for n_max 0, it still drafts
+    assert c.info.speculative is True and c.check_per_request_spec() is False
     cancel = threading.Event()
     t0 = None
     items = []

@@ -22,7 +22,9 @@ from engine.remote.errors import RemoteError
 # What an attached server cannot show or do, and why (one line each, in the widgets' tooltips)
 NO_SPEC_CONTROLS = ("K, the drafter and adaptive K are the server's start-up flags (llama-server: -md, "
                     "--spec-draft-n-max); it does not take them per request")
+NO_DRAFTER_CONTROLS = "The server drafts with its own draft model: the drafter, adaptive K and the early stop are its own"
 NO_SPEC_TOGGLE = "This server drafts on every request: give a plain server URL (File \u203a Attach) to turn it off"
+SPEC_TOGGLE_PER_REQUEST = "Off: this server takes speculation off per request (it was asked and it did)"
 SPEC_TOGGLE_PLAIN = "Off: replies come from the plain server (the same model without a draft)"
 NO_TUNE = "Tune K needs K per request; this server's K is a start-up flag"
 NO_STEP = "A server does not pause between a round's phases"
@@ -130,10 +132,17 @@ class AttachMode(QObject):
             self._tips.clear()
             ctl._update_labels()  # the speculation widgets' own enabled rule
             return
+        per_request = remote.server is not None and remote.server.per_request_spec is True
         for widget in spec_widgets:
-            self._disable(widget, NO_SPEC_CONTROLS)
+            if not per_request:
+                self._disable(widget, NO_SPEC_CONTROLS)
+            elif widget is not ctl.k_slider:  # K goes into each request where the server honours it
+                self._disable(widget, NO_DRAFTER_CONTROLS)
         has_plain = remote.plain is not None
-        if has_plain:
+        if per_request and not has_plain:  # off: the same server with "speculative.n_max": 0
+            self._keep_tip(ctl.spec_toggle)
+            ctl.spec_toggle.setToolTip(SPEC_TOGGLE_PER_REQUEST)
+        elif has_plain:
             self._keep_tip(ctl.spec_toggle)
             ctl.spec_toggle.setToolTip(SPEC_TOGGLE_PLAIN)
         else:

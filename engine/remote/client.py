@@ -14,7 +14,7 @@ from __future__ import annotations
 import queue
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -28,6 +28,7 @@ from engine.remote.rounds import RoundBuilder
 
 KEY_ENV = "SPECLENS_API_KEY"  # where the CLI (and the app, when the dialog leaves the key empty) reads a key
 POLL_S = 0.05  # how often a streaming reply looks at its cancel flag
+OFF_PER_REQUEST = {"speculative.n_max": 0, "speculative.n_min": 0}  # llama-server's per-request fields, where honoured
 
 
 @dataclass(frozen=True)
@@ -166,6 +167,28 @@ class ServerClient:
         """The server's speculation counters now (None: no /metrics, or no speculation counters in it)."""
         kind = self.info.kind if self.info else "llama.cpp"
         return self._metrics(kind)[0]
+
+    def check_per_request_spec(self) -> bool | None:
+        """Whether this llama-server honours the per-request speculative fields, found out by asking and watching
+        its counters, never assumed: a short greedy request with "speculative.n_max": 0 must draft nothing while
+        the same request without it drafts. True / False, or None when that cannot tell (not a llama-server with
+        a draft, or the plain request drafted nothing either). Two short requests; they count in its /metrics."""
+        info = self.info
+        if info is None or info.kind != "llama.cpp" or info.speculative is False:
+            return None
+        probe = [{"role": "user", "content": "Count from 1 to 20: 1, 2, 3,"}]
+        sampling = SamplingParams(temperature=0.0, max_new_tokens=12, seed=0)
+
+        def drafted(extra: dict[str, Any] | None) -> int:
+            *_, summary = self.chat(probe, sampling, extra=extra)
+            return summary.drafted
+
+        if drafted(OFF_PER_REQUEST) > 0:
+            verdict: bool | None = False
+        else:
+            verdict = True if drafted(None) > 0 else None
+        self.info = replace(info, per_request_spec=verdict)
+        return verdict
 
     # ---- a streamed reply --------------------------------------------------------------------------------------
     def chat(self, messages: list[dict[str, str]], sampling: SamplingParams, *, speculative: bool = True,
