@@ -243,6 +243,9 @@ class _Cancelled(Exception):
     pass
 
 
+_OPENING: set[TraceOpener] = set()
+
+
 class TraceOpener(QObject):
     """Reads one trace on a thread while a progress dialog (with Cancel) shows how far it is; the window stays
     live. Then opens its TraceWindow, or says why it could not. Keeps itself alive as a child of `parent`."""
@@ -265,6 +268,7 @@ class TraceOpener(QObject):
         self.thread = threading.Thread(target=self._read, name="speclens-trace-reader", daemon=True)
 
     def start(self) -> None:
+        _OPENING.add(self)  # alive until done, even with no parent to hold it
         self.dialog.show()
         self.timer.start()
         self.thread.start()
@@ -306,6 +310,7 @@ class TraceOpener(QObject):
             win = TraceWindow(self.outcome, self.path, self.parent_widget)
             win.show()
         self.done.emit(win)
+        _OPENING.discard(self)
         self.deleteLater()
 
 
