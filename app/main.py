@@ -173,6 +173,8 @@ def report_attach(app, window, url: str, result: dict[str, int]) -> None:
         server = window.controller.remote.server
         k = f", K {server.k}" if server.k else ""
         k += {True: ", a draft model in its slots", False: ", no draft model"}.get(server.speculative, "")
+        k += {True: ", K and on/off per request", False: ", per-request speculative fields ignored"}.get(
+            server.per_request_spec, "")
         counters = server.counters
         spec = (f"{counters.draft_tokens} drafted / {counters.accepted_tokens} accepted so far" if counters else
                 "no speculation counters in /metrics" if server.metrics_ok else "no /metrics")
