@@ -151,6 +151,7 @@ class ChatController(QObject):
         record = self.stats.begin(prompt, kind)
         record.messages, record.sampling, record.spec = [dict(m) for m in messages], sampling, spec  # for traces
         record.target, record.draft = (self.info.target_name, self.info.draft_name) if self.info else (None, None)
+        record.engine = self.info.device if self.info else None  # an attached server's URL carries no credentials
         req = Request(handle.id, kind, messages, sampling, spec, record, handle)
         self.requests[req.id] = req
         # Slots that name the request by id: the handle holds them, and must not hold the request in a circle

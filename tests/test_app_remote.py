@@ -47,6 +47,11 @@ def test_attached_reply_is_coloured_and_its_totals_equal_the_servers_metrics(qtb
         rows = list(csv.DictReader(f))
     assert sum(int(r["drafted"]) for r in rows) == d.draft_tokens
     assert sum(int(r["accepted"]) for r in rows) == d.accepted_tokens
+    with open(tmp_path / "stats_summary.csv", newline="", encoding="utf-8") as f:
+        summary = list(csv.DictReader(f))[-1]
+    # where the reply came from: the server's model, its draft, its kind and URL
+    assert (summary["target"], summary["draft"]) == ("qwen2.5-coder-1.5b-instruct.gguf", "its draft model")
+    assert summary["engine"] == f"llama.cpp b0-unknown at {srv.url}"
     assert window.chat.reply_text() == s.text
     assert window.controller.conversation[-1] == {"role": "assistant", "content": s.text}
     assert len(window.charts.curves["tokens"].getData()[0]) == s.rounds

@@ -26,7 +26,7 @@ SUMMARY_COLUMNS: tuple[str, ...] = (
     "chat", "message", "kind", "prompt", "mode", "drafter", "k_mean", "temperature", "prompt_tokens",
     "reused_prefix_tokens", "new_tokens", "rounds", "target_forwards", "drafted", "accepted", "acceptance_rate",
     "mean_tokens_per_round", "per_position_acceptance", "tokens_per_s", "ttft_s", "total_s", "draft_ms",
-    "verify_ms", "draft_prefill_ms", "stop_reason",
+    "verify_ms", "draft_prefill_ms", "stop_reason", "target", "draft", "engine",
 )
 
 
@@ -151,6 +151,7 @@ class MessageRecord:
     spec: SpecParams | None = None
     target: str | None = None
     draft: str | None = None
+    engine: str | None = None  # where it ran: the device, or an attached server's kind, version and URL (no key)
 
 
 def round_row(record: MessageRecord, event: RoundEvent) -> dict[str, object]:
@@ -199,6 +200,7 @@ def summary_row(record: MessageRecord) -> dict[str, object]:
         "drafter": _joined(r.drafter for r in rounds if r.drafter),
         "k_mean": round(sum(r.k for r in rounds) / len(rounds), 3) if rounds else "",
         "temperature": _joined(r.temperature for r in rounds),
+        "target": record.target or "", "draft": record.draft or "", "engine": record.engine or "",
     }
     if s is None:  # the reply never finished (an engine error): what the rounds tell
         row.update(new_tokens=sum(len(r.committed) for r in rounds), rounds=len(rounds),
