@@ -58,14 +58,15 @@ def test_bench_cli_writes_contract_json(tmp_path, pair_dirs, capsys):
                      "--json", str(out), "--device", "cpu"])
     assert rc == 0
     data = json.loads(out.read_text())
-    assert set(data) == {"device", "target", "draft", "results"}
+    assert set(data) == {"device", "target", "draft", "kernels", "results"}
     modes = [(r["mode"], r["k"]) for r in data["results"]]
     assert modes == [("plain", 0), ("draft", 1), ("draft", 3), ("ngram", 1), ("ngram", 3)]
     plain = data["results"][0]["outputs"]
     assert len(plain) == 3
     for r in data["results"]:
-        assert {"mode", "k", "temperature", "tokens_per_s", "new_tokens", "acceptance_rate",
-                "mean_accepted_length", "outputs"} <= set(r)
+        assert {"mode", "k", "temperature", "tokens_per_s", "e2e_tokens_per_s", "new_tokens", "rounds",
+                "drafted_tokens", "accepted_tokens", "acceptance_rate", "alpha", "mean_accepted_length", "c",
+                "verify_ms_by_width", "pass_steps", "stop_below", "adaptive", "outputs"} <= set(r)
         assert r["outputs"] == plain  # greedy: every mode gives the same tokens
         assert r["tokens_per_s"] > 0
     assert "tok/s" in capsys.readouterr().out
