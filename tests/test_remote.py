@@ -352,8 +352,8 @@ def test_vllm_stream_fixture():
                        "metrics_after": VLLM_METRICS}, props=False) as srv:
         c = ServerClient(srv.url)
         info = c.probe()
-        assert info.kind == "vllm" and info.counters.draft_tokens == 12
-        c.info = info.__class__(**{**info.__dict__, "k": 4})  # vLLM's K is its num_speculative_tokens
+        # vLLM's K (num_speculative_tokens) from its counters: 12 draft tokens over 3 drafts
+        assert info.kind == "vllm" and info.counters.draft_tokens == 12 and info.k == 4
         items = list(c.chat(MESSAGES, GREEDY))
     events = [ev for it in items[:-1] for ev in it]
     assert [[o.origin for o in ev.committed] for ev in events] == [

@@ -140,6 +140,8 @@ class ServerClient:
             ver = self.get("/version", required=False)
             version = str((_json(ver, "/version") or {}).get("version", "")) if ver is not None else ""
         counters, metrics_ok = self._metrics(kind)
+        if kind == "vllm":
+            k = vllm_k(counters)
         info = ServerInfo(self.public, kind, version, models, draft, k, speculative, counters, metrics_ok,
                           notes=tuple(_notes(kind, speculative, metrics_ok)))
         self.info = info
@@ -198,6 +200,9 @@ class ServerClient:
         speculative: whether this server drafts (the rounds' mode). Raises RemoteError on any failure."""
         info = self.info
         kind = info.kind if info else "openai"
+        if kind == "vllm" and speculative and info.k is None:  # K shows in its counters once it has drafted
+            k = vllm_k(self.counters())
+            self.info = info = replace(info, k=k) if k else info
         body = request_body(messages, sampling, kind, self.info.model if info else None, extra)
         builder = RoundBuilder(sampling.temperature, info.k if info else None, speculative,
                                stop_strings=bool(sampling.stop))
@@ -315,10 +320,21 @@ def status_sentence(r: httpx.Response, where: str, path: str) -> str:
             f"{': ' + detail if detail else ''}")
 
 
+def vllm_k(counters: metrics.SpecCounters | None) -> int | None:
+    """vLLM drafts num_speculative_tokens every step (its stream does not say how many): draft tokens over drafts
+    in its counters, once it has drafted at all. None before that: a step's rejected drafts are then unknown."""
+    if counters is None or counters.drafts <= 0:
+        return None
+    return round(counters.draft_tokens / counters.drafts)
+
+
 def _notes(kind: str, speculative: bool | None, metrics_ok: bool) -> list[str]:
     notes = []
     if kind == "llama.cpp" and speculative is False:
         notes.append("this llama-server has no draft model (-md): every token is a plain target step")
+    if kind == "vllm" and not metrics_ok:
+        notes.append("/metrics did not answer: vLLM's K (drafts per step) is unknown, so rejected drafts cannot be "
+                     "counted")
     if kind == "llama.cpp" and not metrics_ok:
         notes.append("/metrics is off (start llama-server with --metrics): the totals cannot be checked against "
                      "the server's own counters")

@@ -166,6 +166,8 @@ class RoundBuilder:
                 self.pending_text = ""
                 return out
         accepted = new - 1
+        # K unknown (no /metrics, nothing drafted yet): only the accepted drafts are known, and the round shows them
+        # alone; rejected ones cannot be counted (the README says so), never invented
         drafted = max(self.k or accepted, accepted)
         self.open = _Open(drafted, accepted, [""] * (new - 1) + [self.pending_text + text])
         self.pending_text = ""
