@@ -360,6 +360,17 @@ def test_vllm_stream_fixture():
         [Origin.PLAIN], [Origin.ACCEPTED] * 4 + [Origin.BONUS], [Origin.ACCEPTED, Origin.CORRECTED],
         [Origin.CORRECTED]]
     assert items[-1].text == "AbcdeFgHi" and items[-1].new_tokens == 9
+    assert (items[-1].drafted, items[-1].accepted) == (12, 5)  # 3 steps at K = 4: 4 + 1 + 0 accepted
+
+
+def test_vllm_before_its_k_is_known_counts_nothing():
+    """No /metrics (or nothing drafted yet): a step's accepted drafts are coloured, nothing is counted as drafted
+    or accepted, and its last token is the target's (correction or bonus unknown)."""
+    b = RoundBuilder(0.0, None, True)
+    events = b.feed_step(json.loads(vllm_chunk("A", 1)[6:])) + b.feed_step(json.loads(vllm_chunk("bcD", 4)[6:]))
+    _, s = b.finish()
+    assert [c.origin for c in events[1].committed] == [Origin.ACCEPTED, Origin.ACCEPTED, Origin.PLAIN]
+    assert events[1].drafted == () and (s.drafted, s.accepted, s.acceptance_rate) == (0, 0, 0.0)
 
 
 def test_no_torch_no_qt_in_the_client():

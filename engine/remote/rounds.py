@@ -41,6 +41,7 @@ class _Open:
     drafted: int
     accepted: int
     texts: list[str] = field(default_factory=list)
+    counted: bool = True  # False: how many were drafted is unknown (vLLM before its K is known)
 
     @property
     def expected(self) -> int:
@@ -121,11 +122,12 @@ class RoundBuilder:
         o, self.open = self.open, None
         assert o is not None
         drafted = tuple(DraftToken(NO_ID, o.texts[i] if i < o.accepted and i < len(o.texts) else "", UNKNOWN,
-                                   UNKNOWN, i < o.accepted) for i in range(o.drafted))
+                                   UNKNOWN, i < o.accepted) for i in range(o.drafted if o.counted else 0))
         committed = [CommittedToken(NO_ID, t, Origin.ACCEPTED, i, UNKNOWN, UNKNOWN)
                      for i, t in enumerate(o.texts[: o.accepted])]
         if len(o.texts) > o.accepted:
-            final = Origin.BONUS if o.accepted == o.drafted else Origin.CORRECTED
+            final = (Origin.PLAIN if not o.counted else  # the target's token; correction or bonus is unknown
+                     Origin.BONUS if o.accepted == o.drafted else Origin.CORRECTED)
             committed.append(CommittedToken(NO_ID, o.texts[o.accepted], final, o.accepted, UNKNOWN))
         self.most_drafted = max(self.most_drafted, o.drafted)
         return self._event("speculative", "model", self.k or self.most_drafted, drafted, tuple(committed),
@@ -166,10 +168,10 @@ class RoundBuilder:
                 self.pending_text = ""
                 return out
         accepted = new - 1
-        # K unknown (no /metrics, nothing drafted yet): only the accepted drafts are known, and the round shows them
-        # alone; rejected ones cannot be counted (the README says so), never invented
+        # K unknown (no /metrics, nothing drafted yet): the accepted drafts are coloured, but nothing is counted as
+        # drafted or accepted (an acceptance of 100% would be made up), and the last token is the target's
         drafted = max(self.k or accepted, accepted)
-        self.open = _Open(drafted, accepted, [""] * (new - 1) + [self.pending_text + text])
+        self.open = _Open(drafted, accepted, [""] * (new - 1) + [self.pending_text + text], counted=bool(self.k))
         self.pending_text = ""
         self.draft_n, self.accepted_n = self.draft_n + drafted, self.accepted_n + accepted
         return [self._close(None)]
