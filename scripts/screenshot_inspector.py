@@ -25,6 +25,7 @@ def main() -> int:
 
     from app.views.tokens import REJECTED
 
+    controller.scan_models()  # as app.main does: the model panel then knows the pair's context limit and KV cost
     w.load_models(None)
     wait_until(lambda: not controller.loading)
     print("loaded", controller.info, flush=True)

@@ -180,6 +180,22 @@ def test_the_acceptance_lines_break_across_plain_rounds(panel):
         assert curve.opts["connect"] == "finite", name
 
 
+def test_the_speedup_lines_break_across_plain_rounds(panel):
+    """Issue 22 item 15, seen in docs/charts-after-plain.png: the measured and theory speedups (running totals)
+    ran flat across a speculation-off reply's rounds while the acceptance line broke there."""
+    plain = [make_round(i, (), (), "p", Origin.PLAIN, mode="plain", drafter=None, draft_ms=0.0, verify_ms=20.0)
+             for i in (3, 4)]
+    for ev in rounds()[:2] + plain + rounds()[2:]:
+        panel.feed(ev)
+    panel.flush(full=True)
+    for name in ("measured", "theoretical"):
+        curve = panel.curves[name]
+        x, y = curve.getData()
+        assert list(x) == [1, 2, 3, 4, 5, 6], name
+        assert np.isnan(y[2]) and np.isnan(y[3]) and np.isfinite(y[[0, 1, 4, 5]]).all(), name
+        assert curve.opts["connect"] == "finite", name
+
+
 def test_positions_with_few_drafts_are_faded_and_counted(panel):
     """Issue 22 item 21: one round at K = 16 drew sixteen full bars at 1.0."""
     panel.feed(make_round(1, tuple("abcdefghijklmnop"), (), "q", Origin.BONUS, k=16))

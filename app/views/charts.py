@@ -445,10 +445,14 @@ class ChartsPanel(QWidget):
 
     def _draw_speedup(self, b: ChartBuffer, x: np.ndarray, x_hi: float) -> None:
         measured, theory = b.measured(), np.asarray(b.theoretical, dtype=float)
-        finite = np.isfinite(measured)
-        self.curves["measured"].setData(x[finite], measured[finite])
-        self.curves["theoretical"].setData(x, theory)
         m, th = _last(list(measured)), b.theory_now()
+        # Both are running totals that hold still over plain rounds: kept in as NaN there, so the lines break
+        # where the acceptance line does instead of running flat across a speculation-off reply.
+        plain = np.isnan(np.asarray(b.k, dtype=float))
+        measured[plain], theory[plain] = NAN, NAN
+        keep = np.isfinite(measured) | plain
+        self.curves["measured"].setData(x[keep], measured[keep])
+        self.curves["theoretical"].setData(x, theory)
         ts = _span("theoretical", f"theory {th:.2f}\u00d7" if th is not None else "theory")
         if b.plain_ms:
             ms = _span("measured", f"{m:.2f}\u00d7" if m is not None else "measured")
