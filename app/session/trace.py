@@ -24,7 +24,7 @@ from typing import Any
 
 from app.session.json_steps import loads_in_steps
 from app.session.jsonable import FormatError, dump, load
-from engine.analysis.stats import MessageRecord
+from engine.analysis.stats import MessageRecord, file_mode
 from engine.api.config import SamplingParams, SpecParams
 from engine.api.messages import first_surrogate
 from engine.api.protocol import EngineInfo
@@ -150,16 +150,6 @@ def read_trace(path: str | Path, progress: Callable[[float], None] | None = None
                          f"({e}).") from None
 
 
-def _file_mode(path: Path) -> int:
-    """An existing file's permissions, else what a plain open() would give (0o666 less the umask)."""
-    try:
-        return path.stat().st_mode & 0o777
-    except OSError:
-        mask = os.umask(0)
-        os.umask(mask)
-        return 0o666 & ~mask
-
-
 def write_trace(trace: Trace, path: str | Path) -> Path:
     """Write atomically (a temporary file beside it, then a rename): a failed save never leaves half a file."""
     path = Path(path)
@@ -171,7 +161,7 @@ def write_trace(trace: Trace, path: str | Path) -> Path:
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as f:
                 f.write(text)
-            os.chmod(tmp, _file_mode(path))  # mkstemp makes it private; a trace is made to be shared
+            os.chmod(tmp, file_mode(path))  # mkstemp makes it private; a trace is made to be shared
             os.replace(tmp, path)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)

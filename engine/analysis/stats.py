@@ -308,14 +308,14 @@ def _write_temporary(dest: Path, columns: tuple[str, ...], rows: list[dict[str, 
             w = csv.DictWriter(f, fieldnames=columns)
             w.writeheader()
             w.writerows(rows)
-        os.chmod(tmp, _file_mode(dest))  # mkstemp makes it private; an export is made to be shared
+        os.chmod(tmp, file_mode(dest))  # mkstemp makes it private; an export is made to be shared
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
     return tmp
 
 
-def _file_mode(path: Path) -> int:
+def file_mode(path: Path) -> int:
     """An existing file's permissions, else what a plain open() would give (0o666 less the umask)."""
     try:
         return path.stat().st_mode & 0o777

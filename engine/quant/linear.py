@@ -123,20 +123,15 @@ class QuantLinear(nn.Module):
             raise ValueError("concat needs parts of one type, input size and activation mode")
         if any(p.out_features % GROUP for p in parts[:-1]):
             raise ValueError(f"concat needs parts with multiples of {GROUP} outputs")
-        out = cls.__new__(cls)
-        nn.Module.__init__(out)
-        out.format, out.qtype, out.in_features, out.act = first.format, first.qtype, first.in_features, first.act
-        out.out_features = sum(p.out_features for p in parts)
         biases = [p.bias if p.bias is not None else torch.zeros(p.out_features) for p in parts]
-        out.register_buffer("bias", torch.cat(biases) if any(p.bias is not None for p in parts) else None,
-                            persistent=False)
-        out._mod, out._raw, out._rows, out._dense = first._mod, None, None, None
+        bias = torch.cat(biases) if any(p.bias is not None for p in parts) else None
+        packed = None
         if first._mod is not None:
             packed = _adjacent(parts)  # repacked side by side already (packed_slices): no copy
-            out.register_buffer("packed", torch.cat([p.packed for p in parts]) if packed is None else packed,
-                                persistent=False)
-        else:
-            out.register_buffer("packed", None, persistent=False)
+            packed = torch.cat([p.packed for p in parts]) if packed is None else packed
+        out = cls._made(first._mod, first.qtype, first.in_features, sum(p.out_features for p in parts), first.act,
+                        bias, packed)
+        if packed is None:
             out._dense = torch.cat([p.dequantize() for p in parts])
         return out
 
@@ -146,16 +141,22 @@ class QuantLinear(nn.Module):
         out: a uint8 slice to write the new units into (see `packed_slices`)."""
         if T(qtype) != T.Q4_0 or self._mod is None:
             raise ValueError(f"re-quantizing needs the compiled kernels and Q4_0 (asked for {T(qtype).name})")
-        new = type(self).__new__(type(self))
-        nn.Module.__init__(new)
-        new.format, new.qtype = fmt(qtype), int(qtype)
-        new.in_features, new.out_features = self.in_features, self.out_features
-        new.act = self.act if self.format.quantized else "int8"  # F16/F32 had no integer path; Q4_0 has
-        new.register_buffer("bias", self.bias, persistent=False)
-        new._mod, new._raw, new._rows, new._dense = self._mod, None, None, None
         packed = self._mod.requant_q40(self.packed, self.qtype, self.out_features, self.in_features, _threads(), out)
-        new.register_buffer("packed", packed, persistent=False)
-        return new
+        act = self.act if self.format.quantized else "int8"  # F16/F32 had no integer path; Q4_0 has
+        return self._made(self._mod, qtype, self.in_features, self.out_features, act, self.bias, packed)
+
+    @classmethod
+    def _made(cls, mod, qtype: int, in_features: int, out_features: int, act: Act, bias: torch.Tensor | None,
+              packed: torch.Tensor | None) -> QuantLinear:
+        """A layer over weights already packed (or, without the kernels, to be set as _dense by the caller)."""
+        out = cls.__new__(cls)
+        nn.Module.__init__(out)
+        out.format, out.qtype, out.act = fmt(qtype), int(qtype), act
+        out.in_features, out.out_features = in_features, out_features
+        out.register_buffer("bias", bias, persistent=False)
+        out._mod, out._raw, out._rows, out._dense = mod, None, None, None
+        out.register_buffer("packed", packed, persistent=False)
+        return out
 
     @property
     def nbytes(self) -> int:
