@@ -87,6 +87,29 @@ def test_top_p_keeps_smallest_prefix_reaching_the_mass_and_renormalises():
     assert torch.equal(top_p_filter(probs, 1.0), probs)
 
 
+def full_sort_top_p(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """top-p as its definition reads: sort the whole row, keep while the mass strictly ahead is below top_p."""
+    sp, order = torch.sort(probs, dim=-1, descending=True, stable=True)
+    sp = sp.masked_fill(sp.cumsum(-1) - sp >= top_p, 0.0)
+    kept = torch.zeros_like(probs).scatter(-1, order, sp)
+    return kept / kept.sum(-1, keepdim=True)
+
+
+@pytest.mark.parametrize("spread", [8.0, 3.0, 0.3])  # peaked (found above the first floor), flatter, nearly flat
+def test_top_p_over_candidates_keeps_what_a_full_sort_keeps(spread):
+    # 151,936 tokens, as the embedded pair's rows: the filter looks only above a floor when that holds the mass;
+    # a flat row must fall through to the whole row. Several rows at once, as a verify pass gives them.
+    g = torch.Generator().manual_seed(7)
+    probs = torch.softmax(torch.randn(3, 151_936, generator=g) * spread, -1)
+    probs[1, :1000] = 0.0  # zeros inside a row
+    probs[1] /= probs[1].sum()
+    for top_p in (0.5, 0.9, 0.999):
+        out, ref = top_p_filter(probs, top_p), full_sort_top_p(probs, top_p)
+        assert torch.equal(out > 0, ref > 0), top_p
+        assert torch.allclose(out, ref, rtol=1e-5, atol=1e-9)
+        assert torch.allclose(out.sum(-1), torch.ones(3))
+
+
 def test_top_p_through_probs_from_logits():
     probs = torch.tensor([0.5, 0.25, 0.125, 0.125])
     p = probs_from_logits(probs.log(), SamplingParams(temperature=1.0, top_p=0.7), EMPTY)

@@ -45,15 +45,30 @@ def top_k_filter(logits: torch.Tensor, k: int) -> torch.Tensor:
     return logits.masked_fill(logits < kth, float("-inf"))
 
 
+# Probability floors top_p_filter tries in turn before it sorts a whole row: sorting a 151,936-token row took ~13 ms
+# (a draft step is ~8), finding and sorting the tokens above 1e-4 ~0.2 ms.
+TOP_P_FLOORS = (1e-4, 1e-7, 0.0)
+
+
 def top_p_filter(probs: torch.Tensor, top_p: float) -> torch.Tensor:
-    """Keep the smallest set of most likely tokens whose mass reaches top_p, then renormalise."""
+    """Keep the smallest set of most likely tokens whose mass reaches top_p, then renormalise. (..., V)
+
+    Once the tokens at or above a floor hold top_p of the mass, every token below it has at least that much ahead
+    of it and is dropped: only those candidates need sorting."""
     if top_p >= 1.0:
         return probs
-    sorted_p, order = torch.sort(probs, dim=-1, descending=True)
-    before = sorted_p.cumsum(-1) - sorted_p  # mass strictly ahead of each token
-    sorted_p = sorted_p.masked_fill(before >= top_p, 0.0)
-    kept = torch.zeros_like(probs).scatter(-1, order, sorted_p)
-    return kept / kept.sum(-1, keepdim=True)
+    rows = probs.reshape(-1, probs.shape[-1])
+    out = torch.zeros_like(rows)
+    for row, dst in zip(rows, out):
+        for floor in TOP_P_FLOORS:
+            idx = (row >= floor).nonzero().squeeze(1)  # (n,) candidates
+            vals, order = torch.sort(row[idx], descending=True)
+            ahead = vals.cumsum(0)
+            if floor == 0.0 or (len(vals) and float(ahead[-1]) >= top_p):
+                break
+        kept = vals.masked_fill(ahead - vals >= top_p, 0.0)  # a token stays while the mass strictly ahead is below top_p
+        dst[idx[order]] = kept / kept.sum()
+    return out.reshape(probs.shape)
 
 
 def probs_from_logits(logits: torch.Tensor, params: SamplingParams, context: torch.Tensor) -> torch.Tensor:
