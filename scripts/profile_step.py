@@ -124,6 +124,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     target, draft = default_pair()
     engine = load_engine(str(target), str(draft))
+    engine.settle()  # the steady state: the weights on huge pages where the kernel allows
     print(f"CPU: {cpu_line()}")
     print(f"torch {torch.__version__}, {args.threads} threads, weights {engine.dtype_name}")
     bw = read_bandwidth(args.threads)

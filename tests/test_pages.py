@@ -4,11 +4,12 @@ from __future__ import annotations
 import gc
 import os
 import sys
+import threading
 
 import pytest
 import torch
 
-from engine.model.pages import SMALL, Arena, zeroed, zeros
+from engine.model.pages import HUGE, SMALL, Arena, HugePages, collapse, zeroed, zeros
 
 
 def rss_bytes() -> int:
@@ -59,3 +60,53 @@ def test_arena_hands_out_aligned_disjoint_slices() -> None:
     assert int(arena.buffer.sum()) == 100 + 2 + 9000
     with pytest.raises(MemoryError, match="cannot hand out"):
         arena.take(10_000)
+
+
+def huge_pages_possible() -> bool:
+    """Linux 6.1+ (MADV_COLLAPSE) with transparent huge pages not switched off."""
+    if not sys.platform.startswith("linux"):
+        return False
+    major, minor = (int(v) for v in os.uname().release.split(".")[:2])
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
+            off = "[never]" in f.read()
+    except OSError:
+        return False
+    return (major, minor) >= (6, 1) and not off
+
+
+def anon_huge_bytes() -> int:
+    with open("/proc/self/smaps_rollup") as f:
+        return next(int(ln.split()[1]) for ln in f if ln.startswith("AnonHugePages")) * 1024
+
+
+def test_collapse_keeps_the_bytes_and_moves_them_onto_huge_pages() -> None:
+    t = zeroed(16 * HUGE)
+    t.copy_(torch.arange(t.numel(), dtype=torch.int64).remainder(251).to(torch.uint8))  # every page written
+    expect = t.clone()
+    before = anon_huge_bytes() if sys.platform.startswith("linux") else 0
+    done = collapse(t)
+    assert torch.equal(t, expect)
+    if huge_pages_possible():
+        assert done >= 14 * HUGE  # all but the unaligned ends
+        assert anon_huge_bytes() - before >= done
+    else:
+        assert done == 0
+
+
+def test_huge_pages_run_in_the_background_and_can_be_off(monkeypatch) -> None:
+    bufs = [zeroed(4 * HUGE).fill_(1), zeroed(4 * HUGE).fill_(2)]
+    hp = HugePages(bufs)
+    assert hp.wait(30.0)
+    assert (hp.bytes > 0) == huge_pages_possible()
+    assert hp.buffers == []  # let go of once done
+    monkeypatch.setenv("SPECLENS_HUGE_PAGES", "0")
+    off = HugePages([zeroed(4 * HUGE).fill_(3)])
+    assert off.thread is None and off.wait(0.0) and off.bytes == 0
+
+
+def test_a_stopped_collapse_does_nothing_more() -> None:
+    stop = threading.Event()
+    stop.set()
+    t = zeroed(4 * HUGE).fill_(1)
+    assert collapse(t, stop) == 0 and int(t.sum()) == 4 * HUGE

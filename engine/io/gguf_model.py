@@ -112,6 +112,7 @@ def build_model(gf: GGUFFile, max_len: int, act: Act = "int8", head_rows: np.nda
     if head_rows is not None:
         model.head_ids = torch.from_numpy(np.asarray(head_rows, dtype=np.int64))
     model.stack = QuantStack.of(model)
+    model.weights = arena.taken() if arena is not None else None
     left = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t is not None and t.is_meta]
     if left:
         raise ValueError(f"{gf.path}: no weights for {', '.join(left[:5])}")

@@ -11,6 +11,7 @@ import torch
 from engine.api.config import DEFAULT_CONTEXT, CacheConfig
 from engine.quant.formats import T
 from engine.spec.draft_vocab import DRAFT_VOCAB, head_rows
+from engine.model.pages import HugePages
 from engine.model.transformer import Transformer
 from engine.model.cpu_linear import Int8Linear, PackedLinear, int8_supported, packed_supported, swap_linears
 from engine.io.weights import Checkpoint, ModelLoadError, load_checkpoint
@@ -117,6 +118,7 @@ def load_engine(
         )
     if tgt.tensors is None:  # the GGUF's own blocks
         engine.weights_format = tgt.gguf.file_type
+    engine.huge_pages = HugePages([m.weights for m in (target_model, draft_model) if m is not None and m.weights is not None])
     engine.load_seconds = time.perf_counter() - t0
     report("Ready", 1.0)
     return engine

@@ -141,6 +141,8 @@ class Transformer(nn.Module):
         self.stack: Callable[[torch.Tensor, int, CacheView], torch.Tensor] | None = None
         # The vocabulary ids a trimmed LM head scores (a draft's, engine.spec.draft_vocab); the others get -inf.
         self.head_ids: torch.Tensor | None = None
+        # The buffer the packed matrices were carved from (engine.model.pages.Arena.taken), for HugePages; or None.
+        self.weights: torch.Tensor | None = None
 
     @torch.inference_mode()
     def forward(self, ids: torch.Tensor, start: int, cache: CacheView, last_only: bool = False) -> torch.Tensor:

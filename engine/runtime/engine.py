@@ -14,6 +14,7 @@ from engine.api.live import Controls
 from engine.api.messages import check_messages, check_prompt_ids
 from engine.model.forward import common_prefix, forward_chunked
 from engine.model.kv_cache import BlockManager, KVPool
+from engine.model.pages import HugePages
 from engine.model.transformer import Transformer
 from engine.quant import kernels_name
 from engine.runtime.clock import Clock
@@ -37,6 +38,7 @@ class Engine:
         self.target_name, self.draft_name = target_name, draft_name
         self.load_seconds = 0.0
         self.weights_format: str | None = None  # e.g. "Q4_K_M" when the target runs a GGUF's own blocks
+        self.huge_pages: HugePages | None = None  # moving the packed matrices onto 2 MB pages (engine.model.pages)
         p = next(target.parameters())
         self.device, self.dtype = p.device, p.dtype
         self.vocab = target.cfg.vocab_size
@@ -84,6 +86,14 @@ class Engine:
         return str(self.dtype).removeprefix("torch.")
 
     # -- chat ---------------------------------------------------------------------------------------
+
+    def settle(self, timeout: float = 30.0) -> int:
+        """Wait (at most timeout seconds) for the background work a load leaves (huge pages), so that a benchmark
+        times the steady state; returns the bytes of weights now on huge pages."""
+        if self.huge_pages is None:
+            return 0
+        self.huge_pages.wait(timeout)
+        return self.huge_pages.bytes
 
     def encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
         """Apply the target's chat template with the generation prompt."""

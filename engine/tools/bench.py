@@ -201,7 +201,9 @@ def load(target: str | None, draft: str | None, device: str | None) -> Engine:
             t_dir, d_dir = default_pair(progress=lambda s, f: print(f"\r{s}", end="", file=sys.stderr, flush=True))
             target, draft = str(t_dir), str(d_dir)
             print(file=sys.stderr)
-        return load_engine(target, draft, device=device)
+        engine = load_engine(target, draft, device=device)
+        engine.settle()  # time the steady state: the weights on huge pages where the kernel allows
+        return engine
     except (ModelLoadError, ProvisionError) as e:
         fail(str(e).replace("\n", " "))
 
