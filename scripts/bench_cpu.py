@@ -34,6 +34,7 @@ from engine.api.config import STOP_BELOW, SamplingParams, SpecParams
 from engine.model.forward import forward_chunked
 from engine.runtime.engine import Engine
 from engine.io.loading import load_engine
+from engine.quant import ext
 from engine.api.events import RoundEvent, Summary
 from engine.io.provision import default_pair
 
@@ -171,10 +172,12 @@ def main() -> int:
     engine = load_engine(str(target), str(draft), device="cpu")
     ready_s = time.perf_counter() - t0
     huge = engine.settle()
+    mod = ext.load()
+    pair_from = mod.pair_from() if mod is not None else None  # the machine's tile choice (engine/quant/tune.py)
     prompts = [engine.encode_chat(r["messages"]) for r in rows]
     print(f"{cpu_line()}\n{len(prompts)} prompts, {a.max_new_tokens} new tokens, torch threads "
           f"{torch.get_num_threads()}; pair ready in {ready_s:.2f} s; {huge / 1e6:.0f} MB of weights then on huge "
-          "pages", file=sys.stderr)
+          f"pages; AVX-512 group pairs from {pair_from} rows (0: default, 17: never)", file=sys.stderr)
 
     # "stop": K is a ceiling, the draft stops early when unsure (SpecParams.stop_below, the app's default)
     modes = [("plain", SpecParams(enabled=False))] + [(f"draft K={k}", SpecParams(k=k)) for k in ks] + \
@@ -245,7 +248,7 @@ def main() -> int:
     if a.json:
         Path(a.json).write_text(json.dumps({
             "machine": cpu_line(), "date": str(date.today()), "max_new_tokens": a.max_new_tokens,
-            "prompts": len(prompts), "ready_s": ready_s, "huge_pages_mb": huge / 1e6, "rss_mb": rss_now, "peak_rss_mb": rss_peak,
+            "prompts": len(prompts), "ready_s": ready_s, "huge_pages_mb": huge / 1e6, "pair_from": pair_from, "rss_mb": rss_now, "peak_rss_mb": rss_peak,
             "ours": summary, "pass_ms": costs, "plain_step_ms": plain_ms,
             "transformers_generate": hf and {"tokens_per_s": hf["tokens_per_s"], "tokens": hf["tokens"]},
             "llama_cpp": peer, "ratios": ratios,

@@ -151,6 +151,28 @@ def test_same_bits_on_every_isa_and_thread_count(kernels, cases, mode):
     assert all(torch.equal(first, y) for y in outs.values()), list(outs)
 
 
+@pytest.mark.parametrize("qtype", [q for q in FORMATS if q not in (T.F16, T.F32)])
+def test_tile_choice_keeps_the_bits(kernels, cases, qtype):
+    """The AVX-512 kernels pair groups from some row count on (engine/quant/tune.py picks it per machine): paired
+    from 2 rows, by default, or never, every row count gives the same bits."""
+    if "avx512vnni" not in kernels.supported_isas():
+        pytest.skip("this CPU has no AVX-512 VNNI: there is no tile to choose")
+    lin = layer(cases[qtype], qtype, "int8")
+    x = activations(16, seed=3)
+    before, isa = kernels.pair_from(), kernels.isa()
+    kernels.set_isa("avx512vnni")
+    try:
+        outs = {}
+        for setting in (0, 2, 17):
+            kernels.set_pair_from(setting)
+            outs[setting] = [lin(x[:r]) for r in range(1, 17)]
+        for r in range(16):
+            assert torch.equal(outs[0][r], outs[2][r]) and torch.equal(outs[0][r], outs[17][r]), f"{r + 1} rows"
+    finally:
+        kernels.set_pair_from(before)
+        kernels.set_isa(isa)
+
+
 def test_concat_and_tied_embedding(kernels, cases):
     raw, w, *_ = cases[T.Q4_K]
     a = QuantLinear(raw[:16], T.Q4_K, K)

@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from engine.api.config import DEFAULT_CONTEXT, CacheConfig
+from engine.quant import ext
 from engine.quant.formats import T
 from engine.spec.draft_vocab import DRAFT_VOCAB, head_rows
 from engine.model.pages import HugePages
@@ -101,6 +102,8 @@ def load_engine(
         check_pair(tgt, dft)
     contexts = [c.config.max_position_embeddings for c in (tgt, dft) if c is not None]
     max_len = (cache or CacheConfig(max_seq_len=min(*contexts, context or DEFAULT_CONTEXT))).max_seq_len
+    if cpu:
+        ext.load()  # decided first (and the kernel tiles timed, once per machine) while nothing else runs
     # The tokenizer (~0.6 s of mostly Python) is built while the weights are repacked (C++, GIL released)
     with ThreadPoolExecutor(1, thread_name_prefix="speclens-tokenizer") as pool:
         tokenizer = pool.submit(lambda: tgt.tokenizer)

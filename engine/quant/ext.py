@@ -11,7 +11,8 @@ retry a build that cannot succeed until what it failed on changes or `SPECLENS_R
 No -march flag: the instruction set is picked at run time, the best this CPU runs of csrc/isa.cpp's table (the
 module's `isa_table()`), so a build made on one machine runs on any x86-64. `SPECLENS_QUANT_EXT=0` disables the
 extension (the pure-torch fallback runs instead); `SPECLENS_QUANT_ISA=<name from that table>` pins the
-instruction set; `SPECLENS_QUANT_PREBUILT=0` ignores a prebuilt module (tests of the build itself).
+instruction set; `SPECLENS_QUANT_PREBUILT=0` ignores a prebuilt module (tests of the build itself). Once loaded,
+the module's tile choice is set for this machine (tune.py).
 """
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ from pathlib import Path
 from types import ModuleType
 
 from engine.paths import cache_root
-from engine.quant import build
+from engine.quant import build, tune
 from engine.quant.buildlock import BuildLock, LockTimeout
 
 log = logging.getLogger(__name__)
@@ -78,7 +79,17 @@ def load(progress: Progress | None = None, cancelled: Callable[[], bool] | None 
             isa = os.environ.get("SPECLENS_QUANT_ISA")
             if isa and _module is not None:
                 _module.set_isa(isa)
+            if _module is not None:
+                _tune(_module)
         return _module
+
+
+def _tune(mod: ModuleType) -> None:
+    """This machine's choice of tile (engine/quant/tune.py); the defaults stand if that fails."""
+    try:
+        tune.apply(mod, build.key(), cache_root() / "kernel-tuning.json")
+    except Exception:  # noqa: BLE001 - a choice of speed only: never a reason not to run
+        log.warning("timing the kernel tiles failed; keeping the defaults", exc_info=True)
 
 
 def find() -> ModuleType | None:

@@ -268,6 +268,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         .def("forward", &PyStack::forward, "decoder layers + final norm for a pass of up to 16 tokens");
     m.def("isa", [] { return std::string(ISAS[g_isa].name); }, "the instruction set the kernels run");
     m.def("set_isa", &set_isa);
+    m.def("set_pair_from", [](int64_t rows) {
+        require(rows >= 0 && rows <= MAX_ROWS + 1, "pair_from: 0 (default) .. ", MAX_ROWS + 1, " (never), got ", rows);
+        g_pair_from = static_cast<int>(rows);
+    }, "rows from which the AVX-512 kernels pair groups (0: the default per block type; 17: never)");
+    m.def("pair_from", [] { return g_pair_from; });
     m.def("supported_isas", &supported_isas, "names of the instruction sets this CPU runs, worst to best");
     m.def("isa_table", &isa_table, "(name, display name) of every instruction set built, worst to best");
     m.def("packed_bytes", [](int64_t qtype, int64_t N, int64_t K) { return packed_bytes(qtype, N, K); });

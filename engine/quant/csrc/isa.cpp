@@ -26,6 +26,8 @@ constexpr Isa ISAS[N_ISAS] = {
      {avx512::quantize_acts, avx512::matmul_q8, avx512::matmul_f32, avx512::attend, avx512::silu_mul}},
 };
 
+int g_pair_from = 0;
+
 int best_isa() {
     for (int i = N_ISAS - 1; i > 0; --i)
         if (ISAS[i].supported()) return i;

@@ -24,4 +24,8 @@ constexpr int N_ISAS = 4;
 extern const Isa ISAS[N_ISAS];  // in order of preference, last best
 int best_isa();                 // index of the best one this CPU runs
 
+// The AVX-512 kernels' choice of tile: the row count from which they take two 8-column groups per 512-bit register
+// (0: each block type's default; MAX_ROWS + 1: never). Either gives the same bits; the faster one depends on the CPU.
+extern int g_pair_from;
+
 }  // namespace sq

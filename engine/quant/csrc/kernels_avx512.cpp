@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "isa.h"
 #include "quant.h"
 
 namespace sq::avx512 {

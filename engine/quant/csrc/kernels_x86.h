@@ -559,9 +559,11 @@ static GroupsFn<V> one_row(int qtype) {
 
 #if SQ_ZMM
 // Pairs of groups from this many rows on. Below, a call is bound by memory, and two streams per thread read it
-// ~10-40% slower than one; from 3 rows on (Q6_K, with its larger units: 7) the halved instruction count wins
-// (measured on Zen 5 with scripts/bench_kernels.py --isa avxvnni,avx512vnni).
-static int pair_rows(int qtype) { return qtype == Q6_K ? 7 : 3; }
+// ~10-40% slower than one; from 3 rows on (Q6_K, with its larger units: 7) the halved instruction count wins on
+// Zen 5 (scripts/bench_kernels.py --isa avxvnni,avx512vnni). Zen 4 runs a 512-bit operation as two halves, and
+// there pairs made passes of 3-7 tokens 5-15% slower: engine/quant/tune.py times both on the machine and sets
+// g_pair_from (isa.h).
+static int pair_rows(int qtype) { return g_pair_from ? g_pair_from : qtype == Q6_K ? 7 : 3; }
 #endif
 
 void matmul_q8(const MatArgs& a, const ActQ& x) {
