@@ -102,7 +102,7 @@ def load_engine(
         check_pair(tgt, dft)
     contexts = [c.config.max_position_embeddings for c in (tgt, dft) if c is not None]
     max_len = (cache or CacheConfig(max_seq_len=min(*contexts, context or DEFAULT_CONTEXT))).max_seq_len
-    if cpu:
+    if cpu and any(c is not None and c.tensors is None for c in (tgt, dft)):  # a GGUF runs on the kernels
         ext.load()  # decided first (and the kernel tiles timed, once per machine) while nothing else runs
     # The tokenizer (~0.6 s of mostly Python) is built while the weights are repacked (C++, GIL released)
     with ThreadPoolExecutor(1, thread_name_prefix="speclens-tokenizer") as pool:
