@@ -1,5 +1,6 @@
 import os
 
+import pytest
 import torch
 
 # Headless Qt for every test that opens a window; must be set before Qt is imported.
@@ -7,3 +8,15 @@ os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 # Tiny test models are dominated by per-op overhead, which extra threads only add to; tests on the
 # real embedded pair raise this again for their own duration.
 torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="module")
+def kernels():
+    """The compiled kernels' module. Where they did not build, the tests that need them are skipped: the pure-torch
+    fallback has tests of its own, and the build's failures are tested in test_kernel_build.py."""
+    from engine.quant import ext
+
+    mod = ext.load()
+    if mod is None:
+        pytest.skip("the C++ kernels did not build here (see the logged reason)")
+    return mod

@@ -321,14 +321,6 @@ def test_disabled_by_environment(fresh, monkeypatch, caplog):
 
 
 # ---- the build record and the cache's old builds (moved from test_quant_kernels.py) ---------------------------
-@pytest.fixture(scope="module")
-def kernels():
-    mod = ext.load()
-    if mod is None:
-        pytest.skip("the C++ kernels did not build here")
-    return mod
-
-
 def test_a_finished_build_is_imported_without_asking_cpp_extension(kernels):
     """Later processes import the module the build left (~1 ms) instead of running cpp_extension and ninja."""
     code = ("import sys, engine.quant.ext as e; m = e.load(); "

@@ -16,7 +16,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
 from gguf.quants import dequantize as gguf_dequantize
 
 from engine.io import provision
-from engine.quant import ext, formats
+from engine.quant import formats
 from engine.quant.formats import FORMATS, T
 from engine.quant.linear import QuantEmbedding, QuantLinear
 
@@ -36,13 +36,6 @@ def gguf_ref(raw: np.ndarray, qtype: int) -> np.ndarray:
 def same_bits(a, b) -> bool:
     a, b = np.ascontiguousarray(np.asarray(a, np.float32)), np.ascontiguousarray(np.asarray(b, np.float32))
     return a.shape == b.shape and np.array_equal(a.view(np.uint32), b.view(np.uint32))
-
-
-@pytest.fixture(scope="module")
-def kernels():
-    if ext.load() is None:
-        pytest.skip("the C++ kernels did not build here (see the logged reason); the fallback is tested separately")
-    return ext.load()
 
 
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)

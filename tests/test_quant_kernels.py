@@ -45,14 +45,6 @@ def mode_id(p) -> str:
 
 
 @pytest.fixture(scope="module")
-def kernels():
-    mod = ext.load()
-    if mod is None:
-        pytest.skip("the C++ kernels did not build here (see the logged reason); the fallback is tested below")
-    return mod
-
-
-@pytest.fixture(scope="module")
 def cases():
     """{qtype: (raw rows, gguf weights (N, K) float64, offsets (N, K) float64, bias)}"""
     out = {}
