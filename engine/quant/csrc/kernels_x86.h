@@ -10,8 +10,9 @@
 // cannot overflow: |pair| <= 2*qmax*127, so Q4 (qmax 15) takes 8 steps, Q5 (31) 4, Q6 (63) 2.
 // Q8_0 uses the sign trick (|w| times sign(w)*x, pair <= 2*128*127) and widens every step.
 //
-// All R <= 16 rows run against the weight steps while those sit in registers; the row loop is a plain loop
-// (per-row state lives in L1). Threads take chunks of output groups (quant.h), never parts of K.
+// The rows of a pass (R <= 16) run against the weight steps while those sit in registers, in tiles whose row count
+// is a compile-time constant (per-row sums in registers; groups_q8). Threads take chunks of output groups (quant.h),
+// never parts of K.
 
 struct Tile {  // the call's quantized activations, positioned at the current unit
     const int8_t* q;
@@ -23,6 +24,7 @@ struct Tile {  // the call's quantized activations, positioned at the current un
 };
 
 static inline __m128i ld8(const void* p) { return _mm_loadl_epi64(static_cast<const __m128i*>(p)); }
+using Word = int32_t __attribute__((may_alias, aligned(1)));  // 4 activations, read in place
 static inline int32_t rd4(const int8_t* p) {
     int32_t v;
     std::memcpy(&v, p, 4);
@@ -71,8 +73,14 @@ struct V256 {
     static F fnma(F a, F b, F c) { return _mm256_fnmadd_ps(a, b, c); }  // c - a * b
 #if SQ_VNNI && SQ_AVXVNNI
     static I dot4(I acc, I w, I x) { return _mm256_dpbusd_avx_epi32(acc, w, x); }
+    static I dotx(I acc, I w, const int8_t* x) { return dot4(acc, w, bc4(x)); }
 #elif SQ_VNNI
-    static I dot4(I acc, I w, I x) { return _mm256_dpbusd_epi32(acc, w, x); }
+    // acc + w . (x[0..3] in every column), the 4 activations broadcast from memory inside the dot (EVEX {1to8}):
+    // one instruction where GCC emits two; a pass over several rows is bound by these (instruction count)
+    static I dotx(I acc, I w, const int8_t* x) {
+        asm("vpdpbusd %2%{1to8%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*reinterpret_cast<const Word*>(x)));
+        return acc;
+    }
 #endif
     // the AVX2 dot
     static I maddubs(I w, I x) { return _mm256_maddubs_epi16(w, x); }
@@ -127,7 +135,10 @@ struct V512 {
     static F mul(F a, F b) { return _mm512_mul_ps(a, b); }
     static F fma(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
     static F fnma(F a, F b, F c) { return _mm512_fnmadd_ps(a, b, c); }
-    static I dot4(I acc, I w, I x) { return _mm512_dpbusd_epi32(acc, w, x); }
+    static I dotx(I acc, I w, const int8_t* x) {  // as V256::dotx, {1to16}
+        asm("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*reinterpret_cast<const Word*>(x)));
+        return acc;
+    }
 
    private:
     int64_t next;  // bytes from a group's unit to the next group's
@@ -179,16 +190,22 @@ static inline typename V::I scale_i8(const V& v, const int8_t* s) {
 }
 
 // Sum over the 8 steps of one 32-input block. VNNI: the plain dot, which the caller multiplies by the scale;
-// else int16 sums of `per` steps, widened with madd by the scale pairs sc2.
+// else int16 sums of `per` steps, widened with madd by the scale pairs sc2. `rows`: the tile's row count.
 template <class V, int per>
-static inline typename V::I dot8(const typename V::I* w, const int8_t* x, typename V::I sc2) {
+static inline typename V::I dot8(const typename V::I* w, const int8_t* x, typename V::I sc2, int rows) {
     typename V::I dot = V::zero();
     if constexpr (V::vnni) {
-        // four chains of two, not one of eight: vpdpbusd's latency (4-5 cycles) would otherwise bound a one-row
-        // call (integer sums: the same result in any order)
-        typename V::I c[4];
-        for (int s = 0; s < 4; ++s) c[s] = V::dot4(V::dot4(dot, w[s], V::bc4(x + 4 * s)), w[s + 4], V::bc4(x + 4 * s + 16));
-        dot = V::add32(V::add32(c[0], c[1]), V::add32(c[2], c[3]));
+        // vpdpbusd's latency (4-5 cycles) would bound one row's chain of eight: four chains of two, then. Several
+        // rows hide it, and two chains of four take fewer instructions (integer sums: any order, same result).
+        if (rows == 1) {
+            typename V::I c[4];
+            for (int s = 0; s < 4; ++s) c[s] = V::dotx(V::dotx(dot, w[s], x + 4 * s), w[s + 4], x + 4 * s + 16);
+            dot = V::add32(V::add32(c[0], c[1]), V::add32(c[2], c[3]));
+        } else {
+            typename V::I c[2] = {dot, dot};
+            for (int s = 0; s < 8; ++s) c[s & 1] = V::dotx(c[s & 1], w[s], x + 4 * s);
+            dot = V::add32(c[0], c[1]);
+        }
     } else {
         for (int s0 = 0; s0 < 8; s0 += per) {
             typename V::I p = V::maddubs(w[s0], V::bc4(x + 4 * s0));
@@ -205,21 +222,12 @@ static inline typename V::I mad2(typename V::I w0, typename V::I x0, typename V:
 }
 
 template <class V, bool Q5>
-static void tile_q45k(const V& v, const void* unit, const Tile& x, int RT, typename V::F* acc) {
+[[gnu::always_inline]] static inline void tile_q45k(const V& v, const void* unit, const Tile& x, int RT, typename V::F* acc) {
     using I = typename V::I;
     using F = typename V::F;
     const UnitQ4K& u = *static_cast<const UnitQ4K*>(unit);  // a Q5_K unit begins with one
-    F S[MAX_ROWS], Mn[MAX_ROWS];
-    // the mins first, each row in a register: Mn = sum_j m_j * xs_j (a separate pass keeps the main
-    // row loop free of a second load-fma-store per row)
-    F mf[8];
-    for (int j = 0; j < 8; ++j) mf[j] = V::cvt(v.u8(u.m[j]));
-    for (int r = 0; r < RT; ++r) {
-        F m = V::zerof();
-        for (int j = 0; j < 8; ++j) m = V::fma(mf[j], V::set1(x.xs[r + j * x.bs]), m);
-        Mn[r] = m;
-        S[r] = V::zerof();
-    }
+    F S[MAX_ROWS];
+    for (int r = 0; r < RT; ++r) S[r] = V::zerof();
 #pragma GCC unroll 1
     for (int j = 0; j < 8; ++j) {
         const I h = Q5 ? v.ld(static_cast<const UnitQ5K*>(unit)->qh[j]) : V::zero();
@@ -231,13 +239,21 @@ static void tile_q45k(const V& v, const void* unit, const Tile& x, int RT, typen
         }
         const I sc = scale_u8(v, u.sc[j]);
         for (int r = 0; r < RT; ++r) {
-            I dot = dot8<V, Q5 ? 4 : 8>(w, x.q + r * 32 + j * x.qs, sc);
+            I dot = dot8<V, Q5 ? 4 : 8>(w, x.q + r * 32 + j * x.qs, sc, RT);
             if constexpr (V::vnni) dot = V::mul32(dot, sc);
             S[r] = V::fma(V::cvt(dot), V::set1(x.dx[r + j * x.bs]), S[r]);
         }
     }
+    // the mins after the scale blocks, each row's in a register: Mn = sum_j m_j * xs_j (done here, the 8 decoded
+    // steps no longer compete with RT of them for registers)
+    F mf[8];
+    for (int j = 0; j < 8; ++j) mf[j] = V::cvt(v.u8(u.m[j]));
     const F d = v.ph(u.d), dmin = v.ph(u.dmin);
-    for (int r = 0; r < RT; ++r) acc[r] = V::fnma(dmin, Mn[r], V::fma(d, S[r], acc[r]));
+    for (int r = 0; r < RT; ++r) {
+        F m = V::zerof();
+        for (int j = 0; j < 8; ++j) m = V::fma(mf[j], V::set1(x.xs[r + j * x.bs]), m);
+        acc[r] = V::fnma(dmin, m, V::fma(d, S[r], acc[r]));
+    }
 }
 
 // sc_a * sum(w[0..3] . x[0..15]) + sc_b * sum(w[4..7] . x[16..31]) for one row: the two sub-blocks of a block
@@ -246,7 +262,7 @@ static inline typename V::I q6_dot(const typename V::I* w, const int8_t* x, type
     using I = typename V::I;
     if constexpr (V::vnni) {
         I pa = V::zero(), pb = V::zero();
-        for (int s = 0; s < 4; ++s) pa = V::dot4(pa, w[s], V::bc4(x + 4 * s)), pb = V::dot4(pb, w[s + 4], V::bc4(x + 16 + 4 * s));
+        for (int s = 0; s < 4; ++s) pa = V::dotx(pa, w[s], x + 4 * s), pb = V::dotx(pb, w[s + 4], x + 16 + 4 * s);
         return V::add32(V::mul32(pa, sa), V::mul32(pb, sb));
     } else {
         I dot = V::madd16(mad2<V>(w[0], V::bc4(x), w[1], V::bc4(x + 4)), sa);
@@ -257,7 +273,7 @@ static inline typename V::I q6_dot(const typename V::I* w, const int8_t* x, type
 }
 
 template <class V>
-static void tile_q6k(const V& v, const void* unit, const Tile& x, int RT, typename V::F* acc) {
+[[gnu::always_inline]] static inline void tile_q6k(const V& v, const void* unit, const Tile& x, int RT, typename V::F* acc) {
     using I = typename V::I;
     using F = typename V::F;
     const UnitQ6K& u = *static_cast<const UnitQ6K*>(unit);
@@ -282,7 +298,7 @@ static void tile_q6k(const V& v, const void* unit, const Tile& x, int RT, typena
 }
 
 template <class V>
-static void tile_q80(const V& v, const void* unit, const Tile& x, int RT, typename V::F* acc) {
+[[gnu::always_inline]] static inline void tile_q80(const V& v, const void* unit, const Tile& x, int RT, typename V::F* acc) {
     using I = typename V::I;
     const UnitQ80& u = *static_cast<const UnitQ80*>(unit);
     I sum[MAX_ROWS];
@@ -301,8 +317,8 @@ static void tile_q80(const V& v, const void* unit, const Tile& x, int RT, typena
                 // two short chains, not one of 8 dependent dot products: a row alone waited on their latency
                 // (the draft's Q8_0 LM head, 1 row: 2.04 -> 1.52 ms on Zen 5)
                 const I z = V::zero();
-                const I p = V::dot4(V::dot4(z, aw[0], V::bc4(xr)), aw[1], V::bc4(xr + 4));
-                const I p2 = V::dot4(V::dot4(z, aw[2], V::bc4(xr + 8)), aw[3], V::bc4(xr + 12));
+                const I p = V::dotx(V::dotx(z, aw[0], xr), aw[1], xr + 4);
+                const I p2 = V::dotx(V::dotx(z, aw[2], xr + 8), aw[3], xr + 12);
                 sum[r] = V::add32(sum[r], V::add32(p, p2));
             } else {
                 for (int s = 0; s < 4; ++s) {
@@ -320,7 +336,7 @@ static void tile_q80(const V& v, const void* unit, const Tile& x, int RT, typena
 }
 
 template <class V>
-static void tile_q50(const V& v, const void* unit, const Tile& x, int RT, typename V::F* acc) {
+[[gnu::always_inline]] static inline void tile_q50(const V& v, const void* unit, const Tile& x, int RT, typename V::F* acc) {
     using I = typename V::I;
     const UnitQ50& u = *static_cast<const UnitQ50*>(unit);
     const I h = v.ld(u.qh);
@@ -332,13 +348,13 @@ static void tile_q50(const V& v, const void* unit, const Tile& x, int RT, typena
     }
     const typename V::F d = v.ph(u.d);
     for (int r = 0; r < RT; ++r) {
-        const I dot = V::sub32(dot8<V, 4>(w, x.q + r * 32, V::set1_16(1)), V::set1_32(16 * x.bs32[r]));
+        const I dot = V::sub32(dot8<V, 4>(w, x.q + r * 32, V::set1_16(1), RT), V::set1_32(16 * x.bs32[r]));
         acc[r] = V::fma(V::cvt(dot), V::mul(d, V::set1(x.dx[r])), acc[r]);
     }
 }
 
 template <class V>
-static void tile_q40(const V& v, const void* unit, const Tile& x, int RT, typename V::F* acc) {
+[[gnu::always_inline]] static inline void tile_q40(const V& v, const void* unit, const Tile& x, int RT, typename V::F* acc) {
     using I = typename V::I;
     const UnitQ40& u = *static_cast<const UnitQ40*>(unit);
     I w[8];
@@ -350,7 +366,7 @@ static void tile_q40(const V& v, const void* unit, const Tile& x, int RT, typena
     const typename V::F d = v.ph(u.d);
     for (int r = 0; r < RT; ++r) {
         // 4-bit quants: 8 steps of int16 pair sums stay below 2^15 (8 * 2 * 15 * 128), as for Q4_K
-        const I dot = V::sub32(dot8<V, 8>(w, x.q + r * 32, V::set1_16(1)), V::set1_32(8 * x.bs32[r]));
+        const I dot = V::sub32(dot8<V, 8>(w, x.q + r * 32, V::set1_16(1), RT), V::set1_32(8 * x.bs32[r]));
         acc[r] = V::fma(V::cvt(dot), V::mul(d, V::set1(x.dx[r])), acc[r]);
     }
 }
@@ -494,65 +510,81 @@ static inline void store_group(const __m256* acc, int R, const MatArgs& a, int64
     }
 }
 
-// The activations of the unit at position u along K (block-major: its first block is u * blocks per unit * R).
-static inline Tile tile_at(const ActQ& x, const Layout& L, int64_t u) {
-    const int64_t b0 = u * (L.unit_k / ABLK) * x.R;
+// The activations of row r0 of the unit at position u along K (block-major: its first block is u * blocks per
+// unit * R).
+static inline Tile tile_at(const ActQ& x, const Layout& L, int64_t u, int r0) {
+    const int64_t b0 = u * (L.unit_k / ABLK) * x.R + r0;
     return Tile{x.q + 32 * b0, x.dx + b0, x.xs + b0, x.bs16 + b0, x.bs32 + b0, 32 * x.R, x.R};
 }
 
-template <class V>
-static TileFn<V> tile_fn(int qtype) {
-    switch (qtype) {
-        case Q4_K: return tile_q45k<V, false>;
-        case Q5_K: return tile_q45k<V, true>;
-        case Q6_K: return tile_q6k<V>;
-        case Q8_0: return tile_q80<V>;
-        case Q5_0: return tile_q50<V>;
-        case Q4_0: return tile_q40<V>;
-        default: return nullptr;
-    }
+// Rows a tile takes at once, named at compile time: the tile is inlined into the unit loop with its per-row sums in
+// registers (no stack array, no call per unit). More rows run as balanced tiles of at most this many, one after
+// the other on each unit while it sits in L1. AVX-512's 32 registers hold the 8 decoded steps and any pass's sums;
+// 256-bit builds have 16, and there Q6_K (3 more live scale registers) keeps one tile for all rows with its sums in
+// memory (R = 0 below): inlined with a fixed row count, its passes of 3-9 rows took 30-70% longer on Zen 4's AVX2 path,
+// in tiles of 2 rows (decoded again for each) 50% longer.
+#if SQ_ZMM
+constexpr int TILE_ROWS = MAX_ROWS;
+#else
+constexpr int TILE_ROWS = 6;
+#endif
+
+template <class V, TileFn<V> tile>
+[[gnu::noinline]] static void tile_rows_any(const V& v, const void* unit, const Tile& x, int RT, typename V::F* acc) {
+    tile(v, unit, x, RT, acc);
 }
 
-// Groups g .. g + V::G - 1 through all units of K: V::G streams of weights, one register per row.
-// One row (RT = 1: decode and draft steps) names its tile at compile time: inlined into the unit loop with the
-// accumulator in a register, a one-row call computes 1.2-3.7x faster on cached weights (Q6_K, Q4_K, Q4_0, Q8_0 on
-// Zen 4) and the draft's decoder stack, streaming from memory, took ~10% less time. Several rows (RT = 0) call the
-// tile through `fn`: inlined there, GCC's register choices made Q6_K passes of 5 rows ~6% slower.
-template <class V, int RT, TileFn<V> tile>
-static void groups_q8(const MatArgs& a, const ActQ& x, const Layout& L, int64_t units, TileFn<V> fn, int64_t g) {
-    const int R = RT ? RT : x.R;
+// R rows of groups g .. g + V::G - 1 through all units of K (R = 0: x.R rows, one tile called with the count at run
+// time): V::G streams of weights, one register per row. Against that run-time tile, passes of 3-9 rows over a Q4_K
+// layer took 20-30% less time on Zen 4 (AVX-512), over a Q5_0 or Q8_0 layer 30-40% less.
+template <class V, int R, TileFn<V> tile>
+static void groups_q8(const MatArgs& a, const ActQ& x, const Layout& L, int64_t units, int64_t g) {
+    constexpr int n = (R + TILE_ROWS - 1) / TILE_ROWS, rows = n ? R / n : 0, extra = n ? R % n : 0;  // n tiles
+    const int nrows = R ? R : x.R;
     const int64_t gbytes = units * L.unit_bytes;
     const V v(gbytes);
-    typename V::F acc[RT ? RT : MAX_ROWS];
-    for (int r = 0; r < R; ++r) acc[r] = V::zerof();
+    typename V::F acc[R ? R : MAX_ROWS];
+    for (int r = 0; r < nrows; ++r) acc[r] = V::zerof();
     const uint8_t* unit = a.packed + g * gbytes;
     for (int64_t u = 0; u < units; ++u, unit += L.unit_bytes) {
         // AHEAD in each stream; with two, past a group's end into the next pair (where this thread most likely
         // goes next) rather than into the other stream's group
         const int64_t skip = u * L.unit_bytes + AHEAD >= gbytes ? (V::G - 1) * gbytes : 0;
         for (int i = 0; i < V::G; ++i) prefetch_ahead(unit + i * gbytes + skip, L.unit_bytes);
-        if constexpr (tile != nullptr) tile(v, unit, tile_at(x, L, u), R, acc);
-        else fn(v, unit, tile_at(x, L, u), R, acc);
+        if constexpr (R == 0) tile_rows_any<V, tile>(v, unit, tile_at(x, L, u, 0), nrows, acc);
+        for (int t = 0, r0 = 0; t < n; ++t) {  // `extra` tiles of rows + 1, then tiles of rows
+            if (t < extra) tile(v, unit, tile_at(x, L, u, r0), rows + 1, acc + r0), r0 += rows + 1;
+            else tile(v, unit, tile_at(x, L, u, r0), rows, acc + r0), r0 += rows;
+        }
     }
     for (int i = 0; i < V::G; ++i) {
         __m256 cols[MAX_ROWS];
-        for (int r = 0; r < R; ++r) cols[r] = V::group(acc[r], i);
-        store_group(cols, R, a, g + i);
+        for (int r = 0; r < nrows; ++r) cols[r] = V::group(acc[r], i);
+        store_group(cols, nrows, a, g + i);
     }
 }
 
 template <class V>
-using GroupsFn = void (*)(const MatArgs&, const ActQ&, const Layout&, int64_t, TileFn<V>, int64_t);
+using GroupsFn = void (*)(const MatArgs&, const ActQ&, const Layout&, int64_t, int64_t);
+
+template <class V, TileFn<V> tile, int... N>
+static GroupsFn<V> by_rows(int rows, std::integer_sequence<int, N...>) {
+    static constexpr GroupsFn<V> fns[] = {groups_q8<V, N + 1, tile>...};
+    return fns[rows - 1];
+}
 
 template <class V>
-static GroupsFn<V> one_row(int qtype) {
+static GroupsFn<V> groups_fn(int qtype, int rows) {  // rows 1 .. MAX_ROWS
+    using Rows = std::make_integer_sequence<int, MAX_ROWS>;
     switch (qtype) {
-        case Q4_K: return groups_q8<V, 1, tile_q45k<V, false>>;
-        case Q5_K: return groups_q8<V, 1, tile_q45k<V, true>>;
-        case Q6_K: return groups_q8<V, 1, tile_q6k<V>>;
-        case Q8_0: return groups_q8<V, 1, tile_q80<V>>;
-        case Q5_0: return groups_q8<V, 1, tile_q50<V>>;
-        case Q4_0: return groups_q8<V, 1, tile_q40<V>>;
+        case Q4_K: return by_rows<V, tile_q45k<V, false>>(rows, Rows{});
+        case Q5_K: return by_rows<V, tile_q45k<V, true>>(rows, Rows{});
+        case Q6_K:
+            if (TILE_ROWS < MAX_ROWS && rows > 1) return groups_q8<V, 0, tile_q6k<V>>;
+            return by_rows<V, tile_q6k<V>>(rows, Rows{});
+        case Q8_0: return by_rows<V, tile_q80<V>>(rows, Rows{});
+        case Q5_0: return by_rows<V, tile_q50<V>>(rows, Rows{});
+        case Q4_0: return by_rows<V, tile_q40<V>>(rows, Rows{});
         default: return nullptr;
     }
 }
@@ -570,24 +602,21 @@ void matmul_q8(const MatArgs& a, const ActQ& x) {
     Layout L;
     layout_of(a.qtype, &L);
     const int64_t groups = (a.N + GROUP - 1) / GROUP, units = a.K / L.unit_k;
-    const TileFn<V256> fn = tile_fn<V256>(a.qtype);
+    const GroupsFn<V256> one = groups_fn<V256>(a.qtype, x.R);
 #if SQ_ZMM
     if (x.R >= pair_rows(a.qtype)) {
-        const TileFn<V512> fn2 = tile_fn<V512>(a.qtype);
+        const GroupsFn<V512> two = groups_fn<V512>(a.qtype, x.R);
         const int64_t items = (groups + 1) / 2;  // an odd last group goes alone
 #pragma omp parallel for schedule(dynamic, chunk_of(items, a.nthreads)) num_threads(a.nthreads)
         for (int64_t i = 0; i < items; ++i) {
-            if (2 * i + 1 < groups)
-                groups_q8<V512, 0, nullptr>(a, x, L, units, fn2, 2 * i);
-            else
-                groups_q8<V256, 0, nullptr>(a, x, L, units, fn, 2 * i);
+            if (2 * i + 1 < groups) two(a, x, L, units, 2 * i);
+            else one(a, x, L, units, 2 * i);
         }
         return;
     }
 #endif
-    const GroupsFn<V256> run = x.R == 1 ? one_row<V256>(a.qtype) : groups_q8<V256, 0, nullptr>;
 #pragma omp parallel for schedule(dynamic, chunk_of(groups, a.nthreads)) num_threads(a.nthreads)
-    for (int64_t g = 0; g < groups; ++g) run(a, x, L, units, fn, g);
+    for (int64_t g = 0; g < groups; ++g) one(a, x, L, units, g);
 }
 
 void matmul_f32(const MatArgs& a, const float* x, int R) {
