@@ -135,7 +135,7 @@ def test_batch_invariance_bitwise(kernels, cases, mode):
 @pytest.mark.parametrize("mode", MODES, ids=mode_id)
 def test_same_bits_on_every_isa_and_thread_count(kernels, cases, mode):
     """Scalar, AVX2 and AVX-512 VNNI (where this CPU has them), 1 or 2 threads: identical outputs, for passes that
-    each instruction set runs as one tile of rows or as several (of 1 + 1, 4 + 3, 5 + 4 or 6 + 5 + 5 rows)."""
+    each instruction set runs as one tile of rows or as several (16 rows: 8 + 8 on the 256-bit builds)."""
     qtype, act = mode
     lin = layer(cases[qtype], qtype, act)
     x = activations(16, seed=2)

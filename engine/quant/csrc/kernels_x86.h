@@ -518,15 +518,16 @@ static inline Tile tile_at(const ActQ& x, const Layout& L, int64_t u, int r0) {
 }
 
 // Rows a tile takes at once, named at compile time: the tile is inlined into the unit loop with its per-row sums in
-// registers (no stack array, no call per unit). More rows run as balanced tiles of at most this many, one after
-// the other on each unit while it sits in L1. AVX-512's 32 registers hold the 8 decoded steps and any pass's sums;
-// 256-bit builds have 16, and there Q6_K (3 more live scale registers) keeps one tile for all rows with its sums in
-// memory (R = 0 below): inlined with a fixed row count, its passes of 3-9 rows took 30-70% longer on Zen 4's AVX2 path,
-// in tiles of 2 rows (decoded again for each) 50% longer.
+// registers where they fit (no call per unit). More rows run as balanced tiles of at most this many, one after the
+// other on each unit while it sits in L1. 256-bit builds: 9 rows (a verify pass of K <= 8 in one tile); in tiles of
+// at most 4 or 6 rows, passes of 5-9 rows over Q4_K took up to 13% longer than in one (the unit decoded again for
+// each tile), and Q6_K (3 more live scale registers) keeps one tile for all rows called with the count at run time
+// (R = 0 below): inlined with a fixed count it spilled, and its passes of 3-9 rows took 30-70% longer on Zen 4's
+// AVX2 path.
 #if SQ_ZMM
 constexpr int TILE_ROWS = MAX_ROWS;
 #else
-constexpr int TILE_ROWS = 6;
+constexpr int TILE_ROWS = 9;
 #endif
 
 template <class V, TileFn<V> tile>
