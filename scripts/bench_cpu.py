@@ -18,6 +18,7 @@ import json
 import os
 import platform
 import resource
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -88,24 +89,24 @@ def our_mode(engine: Engine, prompts: list[list[int]], max_new: int, spec: SpecP
 
 
 def pass_costs(engine: Engine, prompt: list[int], widths=(1, 2, 3, 5, 9), repeats: int = 12) -> dict[int, float]:
-    """Median ms of one target forward over `width` new tokens after the prompt (a verify pass of K = width - 1)."""
+    """Median ms of one target forward over `width` new tokens after the prompt (a verify pass of K = width - 1).
+    The widths take turns, round by round: a host whose speed drifts (±25% between minutes on a shared VM) then
+    moves all of them alike, and their ratios hold."""
     pool, model = engine.target_pool, engine.target
     engine.reset()
     base = len(prompt) - 1
     forward_chunked(model, pool, 0, prompt[:-1], engine.device)
-    out = {}
-    for w in widths:
-        times = []
-        for _ in range(repeats):
+    times: dict[int, list[float]] = {w: [] for w in widths}
+    for _ in range(repeats):
+        for w in widths:
             pool.manager.truncate_to(0, base)
             start, end = pool.manager.append(0, w)
             feed = torch.tensor(prompt[-1:] * w, dtype=torch.long)
             t = time.perf_counter()
             model(feed, start, pool.view(0, start, end))
-            times.append(time.perf_counter() - t)
-        out[w] = sorted(times)[len(times) // 2] * 1e3
+            times[w].append(time.perf_counter() - t)
     engine.reset()
-    return out
+    return {w: statistics.median(ts) * 1e3 for w, ts in times.items()}
 
 
 def alpha_hat(rounds: list[RoundEvent]) -> float:
