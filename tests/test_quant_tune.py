@@ -55,6 +55,17 @@ def test_decided_once_per_build_and_cpu_then_read(tmp_path, monkeypatch):
     assert other.timed == 1 and len(json.loads(cache.read_text())) == 2
 
 
+def test_the_cache_keeps_the_latest_choices(tmp_path, monkeypatch):
+    """Every build decides once; the cache holds the latest KEEP of them, the newest last, not one per build ever."""
+    monkeypatch.delenv("SPECLENS_PAIR_FROM", raising=False)
+    cache = tmp_path / "tuning.json"
+    monkeypatch.setattr(tune, "time_pairs", lambda m, rows=tune.ROWS: {3: (1.0, 0.8)})
+    for i in range(tune.KEEP + 3):
+        tune.apply(Module(), f"key{i}", cache)
+    kept = list(json.loads(cache.read_text()))
+    assert kept == [f"key{i} {tune.cpu_id()}" for i in range(3, tune.KEEP + 3)]
+
+
 def test_a_damaged_cache_is_timed_over(tmp_path, monkeypatch):
     monkeypatch.delenv("SPECLENS_PAIR_FROM", raising=False)
     cache = tmp_path / "tuning.json"

@@ -6,7 +6,7 @@ and there it made passes of 3-7 tokens 5-15% slower. So the first load on a mach
 5 rows both ways, alternating, and turns the pairs off only when that takes less time over both by a margin (on a
 Zen 4 machine: 3 rows ~20% less, 5 rows 0-7%; over the target's whole stack passes of 3 / 4 / 5 / 7 / 9 tokens took
 15 / 10 / 6 / 5 / 0% less). The choice is kept in `<cache>/kernel-tuning.json` under the build's key and the CPU,
-so later starts only read it.
+so later starts only read it; the cache keeps the latest KEEP choices.
 `SPECLENS_PAIR_FROM=<rows>` (0: the default, 17: never) decides instead.
 """
 from __future__ import annotations
@@ -31,6 +31,7 @@ COPIES = 8  # 64 MB, more than a last-level cache: a pass streams its weights fr
 ROWS = (3, 5)
 ROUNDS = 9  # alternating; the fastest of each is kept: another job on the machine only ever slows a call down
 MARGIN = 0.97  # pairs go off only when one group per register takes at least 3% less time over the row counts
+KEEP = 8  # choices kept in the cache, the latest: builds come and go (an upgrade, another install)
 
 
 def cpu_id() -> str:
@@ -95,7 +96,8 @@ def apply(mod: ModuleType, key: str, cache: Path) -> int:
         choice = choose_pair_from(times)
         log.info("kernel tiles: %s", ", ".join(f"{r} rows {a * 1e3:.3f} ms paired, {b * 1e3:.3f} ms not"
                                                 for r, (a, b) in times.items()))
-        saved[entry] = choice
+        saved.pop(entry, None)
+        saved = dict([*list(saved.items())[-(KEEP - 1):], (entry, choice)])  # the oldest builds' choices go
         try:
             cache.parent.mkdir(parents=True, exist_ok=True)
             tmp = cache.with_suffix(f".{os.getpid()}.tmp")
