@@ -552,10 +552,13 @@ static void groups_q8(const MatArgs& a, const ActQ& x, const Layout& L, int64_t 
         // goes next) rather than into the other stream's group
         const int64_t skip = u * L.unit_bytes + AHEAD >= gbytes ? (V::G - 1) * gbytes : 0;
         for (int i = 0; i < V::G; ++i) prefetch_ahead(unit + i * gbytes + skip, L.unit_bytes);
-        if constexpr (R == 0) tile_rows_any<V, tile>(v, unit, tile_at(x, L, u, 0), nrows, acc);
-        for (int t = 0, r0 = 0; t < n; ++t) {  // `extra` tiles of rows + 1, then tiles of rows
-            if (t < extra) tile(v, unit, tile_at(x, L, u, r0), rows + 1, acc + r0), r0 += rows + 1;
-            else tile(v, unit, tile_at(x, L, u, r0), rows, acc + r0), r0 += rows;
+        if constexpr (R == 0) {
+            tile_rows_any<V, tile>(v, unit, tile_at(x, L, u, 0), nrows, acc);
+        } else {
+            for (int t = 0, r0 = 0; t < n; ++t) {  // `extra` tiles of rows + 1, then tiles of rows
+                if (t < extra) tile(v, unit, tile_at(x, L, u, r0), rows + 1, acc + r0), r0 += rows + 1;
+                else tile(v, unit, tile_at(x, L, u, r0), rows, acc + r0), r0 += rows;
+            }
         }
     }
     for (int i = 0; i < V::G; ++i) {
@@ -580,9 +583,8 @@ static GroupsFn<V> groups_fn(int qtype, int rows) {  // rows 1 .. MAX_ROWS
     switch (qtype) {
         case Q4_K: return by_rows<V, tile_q45k<V, false>>(rows, Rows{});
         case Q5_K: return by_rows<V, tile_q45k<V, true>>(rows, Rows{});
-        case Q6_K:
-            if (TILE_ROWS < MAX_ROWS && rows > 1) return groups_q8<V, 0, tile_q6k<V>>;
-            return by_rows<V, tile_q6k<V>>(rows, Rows{});
+        case Q6_K:  // the run-time row loop where its tiles do not fit the registers (TILE_ROWS above)
+            return TILE_ROWS < MAX_ROWS && rows > 1 ? groups_q8<V, 0, tile_q6k<V>> : by_rows<V, tile_q6k<V>>(rows, Rows{});
         case Q8_0: return by_rows<V, tile_q80<V>>(rows, Rows{});
         case Q5_0: return by_rows<V, tile_q50<V>>(rows, Rows{});
         case Q4_0: return by_rows<V, tile_q40<V>>(rows, Rows{});
