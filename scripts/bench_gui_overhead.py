@@ -30,6 +30,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from engine.api.config import DRAFTERS  # noqa: E402  (torch-free)
+
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -43,8 +45,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--runs", type=int, default=3, help="measured runs per variant (default 3)")
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--k", type=int, default=4)
-    ap.add_argument("--drafter", choices=("model", "ngram"), default=None,
-                    help="default: model when there is a draft model, else ngram")
+    ap.add_argument("--drafter", choices=DRAFTERS, default=None,
+                    help="default: the app's (hybrid) when there is a draft model, else ngram")
     ap.add_argument("--prompt", default="Write a Python function that returns the n-th Fibonacci number "
                     "iteratively, with a docstring and type hints.")
     ap.add_argument("--max-overhead", type=float, default=5.0, help="percent; exit 1 above it (default 5)")
@@ -77,6 +79,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from app.controller import ChatController
     from app.host import EngineHost
+    from app.views.controls_panel import DEFAULT_DRAFTER
     from app.views.window import MainWindow
     from engine.service.loaders import Factory
 
@@ -95,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
         print("the engine did not load", file=sys.stderr)
         return 1
     what += f" ({time.perf_counter() - t:.1f} s to a loaded engine)"
-    drafter = args.drafter or ("model" if host.info.draft_name else "ngram")
+    drafter = args.drafter or (DEFAULT_DRAFTER if host.info.draft_name else "ngram")
     messages = [{"role": "user", "content": args.prompt}]
 
     settings = QSettings(str(Path(os.environ.get("TMPDIR", "/tmp")) / "speclens-bench.ini"), QSettings.Format.IniFormat)

@@ -1,7 +1,7 @@
 """Controls: live changes reach the engine at its next round; settings persist in an isolated QSettings."""
 from PySide6.QtCore import QSettings
 
-from app.views.controls_panel import DEFAULT_K, ControlsPanel, describe_model
+from app.views.controls_panel import DEFAULT_DRAFTER, DEFAULT_K, ControlsPanel, describe_model
 from engine.api.config import STOP_BELOW, SamplingParams, SpecParams
 from tests.app_fixtures import *  # noqa: F401,F403
 from tests.app_fixtures import fake, wait_idle
@@ -11,7 +11,8 @@ def test_panel_values(qtbot):
     p = ControlsPanel()
     qtbot.addWidget(p)
     assert p.sampling_params() == SamplingParams(temperature=0.0, top_p=1.0, top_k=0, max_new_tokens=256, seed=None)
-    assert p.spec_params() == SpecParams(enabled=True, k=DEFAULT_K, drafter="model", adaptive=False, k_max=16,
+    assert DEFAULT_DRAFTER == "hybrid"  # the fastest mode measured on every CPU kind (README, Performance)
+    assert p.spec_params() == SpecParams(enabled=True, k=DEFAULT_K, drafter="hybrid", adaptive=False, k_max=16,
                                          stop_below=STOP_BELOW)
     p.stop_check.setChecked(False)
     assert p.spec_params().stop_below == 0.0  # always K
@@ -159,6 +160,15 @@ def test_bad_settings_fall_back_to_defaults(qtbot, qt_settings):
     qtbot.addWidget(p)
     p.load_settings(qt_settings)
     assert p.spec_params().k == DEFAULT_K
+
+
+def test_an_unknown_drafter_in_the_settings_falls_back_to_the_default(qtbot, qt_settings):
+    qt_settings.setValue("controls/drafter", "medusa")  # a hand-edited file, or a drafter a later version dropped
+    p = ControlsPanel()
+    qtbot.addWidget(p)
+    p.drafter_combo.setCurrentIndex(p.drafter_combo.findData("ngram"))
+    p.load_settings(qt_settings)
+    assert p.spec_params().drafter == DEFAULT_DRAFTER
 
 
 def test_the_context_setting_follows_the_pair_and_shows_its_memory(qtbot):

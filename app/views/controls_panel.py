@@ -36,6 +36,9 @@ K_MIN, K_MAX = 1, 16
 # 1.18-1.19x plain at K = 2, 4 and 6 alike (scripts/bench_cpu.py; see the README), where fixed K peaks at 1-2
 # and falls off after. 4 leaves room for text that repeats.
 DEFAULT_K = 4
+# The fastest mode in the latest benchmark run on every CPU kind measured (Zen 3, Zen 4, Zen 5, an Intel Xeon; README
+# "Performance"): the n-gram lookup where the reply copies its context, the draft model elsewhere.
+DEFAULT_DRAFTER = "hybrid"
 SEED_RANDOM = -1
 
 
@@ -127,6 +130,7 @@ class ControlsPanel(QWidget):
         self.drafter_combo.addItem("Draft model + n-gram", "hybrid")
         self.drafter_combo.setItemData(self.drafter_combo.findData("hybrid"), "The n-gram lookup when it is likely "
                                        "to pass (free drafts), else the draft model", Qt.ItemDataRole.ToolTipRole)
+        self.drafter_combo.setCurrentIndex(self.drafter_combo.findData(DEFAULT_DRAFTER))
         self.k_slider = _slider(K_MIN, K_MAX, DEFAULT_K, 2)
         self.k_slider.setToolTip("Tokens drafted per round")
         self.k_label = QLabel()
@@ -347,8 +351,8 @@ class ControlsPanel(QWidget):
             self.max_tokens_spin.setValue(int(s.value("max_new_tokens", self.max_tokens_spin.value())))
             self.seed_spin.setValue(int(s.value("seed", self.seed_spin.value())))
             self.spec_toggle.setChecked(_bool(s.value("speculative", True)))
-            i = self.drafter_combo.findData(s.value("drafter", "model"))
-            self.drafter_combo.setCurrentIndex(max(i, 0))
+            i = self.drafter_combo.findData(s.value("drafter", DEFAULT_DRAFTER))
+            self.drafter_combo.setCurrentIndex(i if i >= 0 else self.drafter_combo.findData(DEFAULT_DRAFTER))
             self.adaptive_check.setChecked(_bool(s.value("adaptive", False)))
             self.stop_check.setChecked(_bool(s.value("stop_when_unsure", True)))
             self.system_edit.setPlainText(str(s.value("system_prompt", "")))
