@@ -43,6 +43,28 @@ def test_requantized_weights_follow_ggml_rule(qtype):
     np.testing.assert_array_equal(exact_weights(q4), q4_0_reference(exact_weights(src)))
 
 
+def test_the_same_q4_0_bytes_on_every_isa():
+    """The vectorized re-quantizers give the scalar statement's bytes (half signs and subnormal scales included)."""
+    mod = ext.load()
+    if len(mod.supported_isas()) < 2:
+        pytest.skip("this CPU runs only the scalar kernels: nothing to compare")
+    rng = np.random.default_rng(5)
+    w = rng.standard_normal((37, 512)).astype(np.float32) * np.logspace(-7, 4.5, 37, dtype=np.float32)[:, None]
+    w[4] = 0.0
+    sources = [QuantLinear(w.view(np.uint8), T.F32, 512)]
+    sources += [QuantLinear(random_rows(q, 21, 512, rng), q, 512) for q in SOURCES if q != T.F32]
+    isa = mod.isa()
+    try:
+        for src in sources:
+            outs = {}
+            for name in mod.supported_isas():
+                mod.set_isa(name)
+                outs[name] = src.requantized(T.Q4_0).packed.clone()
+            assert all(torch.equal(outs["scalar"], o) for o in outs.values()), (T(src.qtype).name, list(outs))
+    finally:
+        mod.set_isa(isa)
+
+
 def test_half_scales_round_to_nearest_even_over_the_whole_range():
     """Blocks scaled from half subnormals (1e-7) to near the half maximum: every d is numpy's float16 rounding."""
     rng = np.random.default_rng(7)

@@ -104,7 +104,7 @@ at::Tensor py_repack(const pybind11::buffer& raw, int64_t qtype, int64_t N, int6
     return packed;
 }
 
-// packed: units of qtype for an (N, K) matrix -> the same matrix as packed Q4_0 units (sq::requant_q40)
+// packed: units of qtype for an (N, K) matrix -> the same matrix as packed Q4_0 units (IsaFns::requant_q40)
 at::Tensor py_requant_q40(const at::Tensor& packed, int64_t qtype, int64_t N, int64_t K, int64_t nthreads,
                           std::optional<at::Tensor> out) {
     checked_layout(qtype, K);
@@ -116,7 +116,7 @@ at::Tensor py_requant_q40(const at::Tensor& packed, int64_t qtype, int64_t N, in
     require(dst.dtype() == at::kByte && dst.is_contiguous() && dst.numel() == n, "out: (", n, ",) contiguous uint8");
     {
         pybind11::gil_scoped_release nogil;
-        sq::requant_q40(static_cast<int>(qtype), packed.data_ptr<uint8_t>(), N, K, dst.data_ptr<uint8_t>(),
+        ISAS[g_isa].fns.requant_q40(static_cast<int>(qtype), packed.data_ptr<uint8_t>(), N, K, dst.data_ptr<uint8_t>(),
                         static_cast<int>(nthreads));
     }
     return dst;

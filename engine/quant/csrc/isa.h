@@ -11,6 +11,7 @@ struct IsaFns {  // the dispatched kernels of one instruction set
     void (*matmul_f32)(const MatArgs&, const float*, int);
     void (*attend)(const AttnArgs&);
     void (*silu_mul)(const float*, int, int64_t, float*, int);
+    void (*requant_q40)(int, const uint8_t*, int64_t, int64_t, uint8_t*, int);
 };
 
 struct Isa {

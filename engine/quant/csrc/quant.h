@@ -146,12 +146,11 @@ void repack(int qtype, const uint8_t* raw, int64_t raw_rows, int64_t N, int64_t 
             uint8_t* packed, int nthreads);
 void dequant_cols(int qtype, const uint8_t* packed, int64_t N, int64_t K, const int64_t* idx, int64_t n_idx,
                   float* out);
-// Packed units of any type -> packed Q4_0 units of the same matrix: each column's 32-input blocks of exact
-// weights quantized by ggml's reference rule (d = the signed value of largest magnitude / -8).
-void requant_q40(int qtype, const uint8_t* packed, int64_t N, int64_t K, uint8_t* out, int nthreads);
 
 // One namespace per instruction set; all produce bitwise identical results (same integer sums, same
-// float operations in the same order per output element).
+// float operations in the same order per output element). requant_q40: packed units of any type -> packed Q4_0
+// units of the same matrix, each column's 32-input blocks of exact weights quantized by ggml's reference rule
+// (d = the signed value of largest magnitude / -8); the scalar one is the statement of the rule (repack.cpp).
 #define SQ_DECLARE_ISA(ns)                                                                   \
     namespace ns {                                                                           \
     void quantize_acts(const float* x, int R, int64_t K, int8_t* q, float* dx, float* xs,    \
@@ -160,6 +159,8 @@ void requant_q40(int qtype, const uint8_t* packed, int64_t N, int64_t K, uint8_t
     void matmul_f32(const MatArgs& a, const float* x, int R);                                \
     void attend(const AttnArgs& a);                                                          \
     void silu_mul(const float* gu, int T, int64_t I, float* out, int nthreads);              \
+    void requant_q40(int qtype, const uint8_t* packed, int64_t N, int64_t K, uint8_t* out,   \
+                     int nthreads);                                                          \
     }
 SQ_DECLARE_ISA(scalar)
 SQ_DECLARE_ISA(avx2)

@@ -320,7 +320,8 @@ void column_block(int qtype, const uint8_t* u, int c, int k0, float* x) {
 
 }  // namespace
 
-void requant_q40(int qtype, const uint8_t* packed, int64_t N, int64_t K, uint8_t* out, int nthreads) {
+// The rule, one column and block at a time (the vectorized ones in kernels_x86.h give these bits).
+void scalar::requant_q40(int qtype, const uint8_t* packed, int64_t N, int64_t K, uint8_t* out, int nthreads) {
     Layout L;
     layout_of(qtype, &L);
     const int64_t groups = (N + GROUP - 1) / GROUP, units = K / L.unit_k, blocks = K / UnitQ40::K;
