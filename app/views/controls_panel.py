@@ -36,7 +36,7 @@ K_MIN, K_MAX = 1, 16
 # 1.18-1.19x plain at K = 2, 4 and 6 alike (scripts/bench_cpu.py; see the README), where fixed K peaks at 1-2
 # and falls off after. 4 leaves room for text that repeats.
 DEFAULT_K = 4
-# The fastest mode in the latest benchmark run on every CPU kind measured (Zen 3, Zen 4, Zen 5, an Intel Xeon; README
+# The fastest mode in the latest runs on Zen 4, Zen 5 and an Intel Xeon and in two of three on Zen 3 (README
 # "Performance"): the n-gram lookup where the reply copies its context, the draft model elsewhere.
 DEFAULT_DRAFTER = "hybrid"
 SEED_RANDOM = -1
