@@ -10,6 +10,7 @@ from gguf.quants import quantize as gguf_quantize
 from engine.quant import ext
 from engine.quant.formats import FORMATS, T, random_rows
 from engine.quant.linear import QuantLinear
+from tests.isa import outputs_per_isa_and_threads
 
 pytestmark = pytest.mark.skipif(ext.load() is None, reason="the quantized kernels did not build")
 
@@ -45,24 +46,17 @@ def test_requantized_weights_follow_ggml_rule(qtype):
 
 def test_the_same_q4_0_bytes_on_every_isa():
     """The vectorized re-quantizers give the scalar statement's bytes (half signs and subnormal scales included)."""
-    mod = ext.load()
-    if len(mod.supported_isas()) < 2:
+    if len(ext.load().supported_isas()) < 2:
         pytest.skip("this CPU runs only the scalar kernels: nothing to compare")
     rng = np.random.default_rng(5)
     w = rng.standard_normal((37, 512)).astype(np.float32) * np.logspace(-7, 4.5, 37, dtype=np.float32)[:, None]
     w[4] = 0.0
     sources = [QuantLinear(w.view(np.uint8), T.F32, 512)]
     sources += [QuantLinear(random_rows(q, 21, 512, rng), q, 512) for q in SOURCES if q != T.F32]
-    isa = mod.isa()
-    try:
-        for src in sources:
-            outs = {}
-            for name in mod.supported_isas():
-                mod.set_isa(name)
-                outs[name] = src.requantized(T.Q4_0).packed.clone()
-            assert all(torch.equal(outs["scalar"], o) for o in outs.values()), (T(src.qtype).name, list(outs))
-    finally:
-        mod.set_isa(isa)
+    for src in sources:
+        outs = outputs_per_isa_and_threads(lambda: src.requantized(T.Q4_0).packed.clone())
+        scalar = outs[("scalar", 1)]
+        assert all(torch.equal(scalar, o) for o in outs.values()), (T(src.qtype).name, list(outs))
 
 
 def test_half_scales_round_to_nearest_even_over_the_whole_range():
