@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from engine.io.gguf_file import GGUFFile
+from engine.model.head_part import HeadPart
 from engine.model.transformer import Transformer
 from engine.model.pages import Arena
 from engine.quant import QuantEmbedding, QuantLinear, ext, formats
@@ -110,7 +111,7 @@ def build_model(gf: GGUFFile, max_len: int, act: Act = "int8", head_rows: np.nda
     else:  # tied: the embedding looks its rows up in the LM head's blocks
         model.embed = QuantEmbedding.tied(model.lm_head)
     if head_rows is not None:
-        model.head_ids = torch.from_numpy(np.asarray(head_rows, dtype=np.int64))
+        model.head = HeadPart(torch.from_numpy(np.asarray(head_rows, dtype=np.int64)), cfg.vocab_size)
     model.stack = QuantStack.of(model)
     model.weights = arena.taken() if arena is not None else None
     left = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t is not None and t.is_meta]

@@ -20,8 +20,9 @@ def common_prefix(a: list[int], b: list[int]) -> int:
 
 
 def forward_chunked(model: Transformer, pool: KVPool, seq: int, ids: list[int], device,
-                    stop: Callable[[], bool] | None = None) -> torch.Tensor | None:
-    """Append ids to seq's cache and return the last position's logits (V,).
+                    stop: Callable[[], bool] | None = None, head_rows: bool = False) -> torch.Tensor | None:
+    """Append ids to seq's cache and return the last position's logits (V,), or a trimmed head's own rows with
+    head_rows (Transformer.forward).
 
     If a chunk's forward pass fails (e.g. out of memory), that chunk's positions are given back before the
     error propagates: the cache never claims positions whose KV was not written. Earlier chunks stay.
@@ -36,7 +37,7 @@ def forward_chunked(model: Transformer, pool: KVPool, seq: int, ids: list[int], 
         start, end = pool.manager.append(seq, len(chunk))
         x = torch.tensor(chunk, dtype=torch.long, device=device)
         try:
-            logits = model(x, start, pool.view(seq, start, end), last_only=True)
+            logits = model(x, start, pool.view(seq, start, end), last_only=True, head_rows=head_rows)
         except BaseException:
             pool.manager.truncate_to(seq, start)
             raise

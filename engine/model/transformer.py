@@ -11,8 +11,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.model.attention import ROW_WISE_MAX, causal_attention
 from engine.api.config import ModelConfig
+from engine.model.attention import ROW_WISE_MAX, causal_attention
+from engine.model.head_part import HeadPart
 from engine.model.kv_cache import CacheView
 
 
@@ -139,14 +140,16 @@ class Transformer(nn.Module):
         # Optional fast path for passes of <= ROW_WISE_MAX tokens: all layers and the final norm in one call,
         # (T, C) -> (T, C); set by loaders whose weights allow it (engine.quant.stack for GGUF models).
         self.stack: Callable[[torch.Tensor, int, CacheView], torch.Tensor] | None = None
-        # The vocabulary ids a trimmed LM head scores (a draft's, engine.spec.draft_vocab); the others get -inf.
-        self.head_ids: torch.Tensor | None = None
+        # The vocabulary part a trimmed LM head scores (a draft's, engine.spec.draft_vocab); the others get -inf.
+        self.head: HeadPart | None = None
         # The buffer the packed matrices were carved from (engine.model.pages.Arena.taken), for HugePages; or None.
         self.weights: torch.Tensor | None = None
 
     @torch.inference_mode()
-    def forward(self, ids: torch.Tensor, start: int, cache: CacheView, last_only: bool = False) -> torch.Tensor:
-        """ids (T,) at positions [start, start + T) -> logits (T, V), or (1, V) with last_only."""
+    def forward(self, ids: torch.Tensor, start: int, cache: CacheView, last_only: bool = False,
+                head_rows: bool = False) -> torch.Tensor:
+        """ids (T,) at positions [start, start + T) -> logits (T, V), or (1, V) with last_only. With head_rows, a
+        trimmed head's own rows (T, len(head)) are returned as they are, not widened to V."""
         x = self.embed(ids)  # (T, C)
         if self.stack is not None and len(ids) <= ROW_WISE_MAX:
             x = self.stack(x, start, cache)  # (T, C), normed
@@ -156,11 +159,10 @@ class Transformer(nn.Module):
             x = self.norm(x)
         if last_only:
             x = x[-1:]
-        logits = self.lm_head(x).float()  # (T, V), or (T, len(head_ids))
-        if self.head_ids is None:
+        logits = self.lm_head(x).float()  # (T, V), or (T, len(head))
+        if self.head is None or head_rows:
             return logits
-        full = logits.new_full((logits.shape[0], self.cfg.vocab_size), float("-inf"))  # (T, V)
-        return full.index_copy_(1, self.head_ids, logits)
+        return self.head.widen(logits, float("-inf"))  # (T, V)
 
     @classmethod
     def from_state_dict(

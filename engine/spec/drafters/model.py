@@ -65,32 +65,41 @@ class ModelDrafter(OwnK):
         """Up to k tokens; fewer when stop_below > 0 and the product of the draft's confidences in its tokens
         (`confidence`) falls below it. The rule reads only the draft's own outputs, so each proposed token is
         still a draw from q and verification stays exact; it saves draft steps and verify rows that would
-        likely be rejected."""
+        likely be rejected. A trimmed head's draft samples in the head's own rows (q is 0 outside them) and widens
+        only its q rows and shown logits to the vocabulary."""
         self._sync(ids)
         prefill_s = self._prefill(ids)  # lazy prefill: the first round catches up with the whole prompt here
+        head = self.model.head
+        n = head.rows_below(self.vocab) if head is not None else self.vocab  # the rows a token is drawn from
         context = torch.tensor(ids, dtype=torch.long, device=self.device)
+        ctx = head.rows_of(context) if head is not None else context  # the penalty's context, as head rows
         feed = ids[len(self.cached) :]
-        tokens: list[int] = []
+        rows: list[int] = []  # the drafted tokens' rows in the head
         qs: list[torch.Tensor] = []
         raw: list[torch.Tensor] = []  # kept under greedy only: the inspector shows them instead of point masses
         survive = 1.0  # the draft's own estimate that every token so far passes
         for i in range(k):
-            logits = forward_chunked(self.model, self.pool, self.seq, feed, self.device)  # (V,)
+            logits = forward_chunked(self.model, self.pool, self.seq, feed, self.device, head_rows=True)[:n]  # (n,)
             self.cached.extend(feed)
-            ctx = torch.cat([context, torch.tensor(tokens, dtype=torch.long, device=self.device)]) if tokens else context
-            q = probs_from_logits(logits[: self.vocab], params, ctx)  # (V,)
-            t = sample(q, gen)
-            tokens.append(t)
+            q = probs_from_logits(logits, params, ctx)  # (n,)
+            r = sample(q, gen)
+            rows.append(r)
             qs.append(q)
             if params.greedy:
-                raw.append(logits[: self.vocab].clone())  # a copy: the model may reuse its output buffer
-            feed = [t]
+                raw.append(logits.clone())  # a copy: the model may reuse its output buffer
+            feed = [r if head is None else int(head.ids[r])]
+            ctx = torch.cat([ctx, torch.tensor([r], dtype=torch.long, device=self.device)])
             if self.stop_below > 0.0 and i + 1 < k:
-                survive *= confidence(logits[: self.vocab], q, t, params.greedy)
+                survive *= confidence(logits, q, r, params.greedy)
                 if survive < self.stop_below:
                     break
-        return Proposal(torch.tensor(tokens, dtype=torch.long, device=self.device), torch.stack(qs), prefill_s,
-                        torch.stack(raw) if raw else None)
+        tokens = torch.tensor(rows, dtype=torch.long)
+        q, shown = torch.stack(qs), torch.stack(raw) if raw else None  # (m, n)
+        if head is not None:
+            tokens = head.ids[tokens]
+            q = head.widen(q, 0.0, self.vocab)  # (m, vocab)
+            shown = head.widen(shown, float("-inf"), self.vocab) if shown is not None else None
+        return Proposal(tokens.to(self.device), q, prefill_s, shown)
 
     def rollback(self, ids: list[int]) -> None:
         self._sync(ids)
