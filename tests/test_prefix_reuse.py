@@ -170,10 +170,10 @@ class SlowPrefill:
     def __init__(self, model: Transformer) -> None:
         self.model, self.cfg = model, model.cfg
 
-    def __call__(self, ids, start, cache, last_only=False):
+    def __call__(self, ids, start, cache, **kw):
         if len(ids) > 1:
             time.sleep(0.4)
-        return self.model(ids, start, cache, last_only=last_only)
+        return self.model(ids, start, cache, **kw)
 
 
 def test_tokens_per_s_is_the_decode_rate_whatever_the_prefill_cost():
