@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 
 import numpy as np
 import pytest
@@ -151,6 +152,18 @@ def test_greedy_speculative_equals_plain_when_the_draft_stops_early(engine):
             assert spec.token_ids == plain.token_ids
             drafted[stop] += spec.drafted
     assert drafted[0.5] < 0.8 * drafted[0.0]  # the drafts really stopped early
+
+
+def test_the_stop_rule_reads_the_drafts_own_probability_of_its_token():
+    """Under greedy (q a point mass) the draft's confidence is its softmax at T = 1; when sampling, q itself."""
+    from engine.spec.drafters.model import confidence
+
+    logits = torch.tensor([2.0, 0.5, -1.0, float("-inf")])
+    point = torch.tensor([0.0, 1.0, 0.0, 0.0])
+    want = math.exp(0.5) / (math.exp(2.0) + math.exp(0.5) + math.exp(-1.0))
+    assert confidence(logits, point, 1, greedy=True) == pytest.approx(want, rel=1e-6)
+    q = torch.tensor([0.6, 0.3, 0.1, 0.0])
+    assert confidence(logits, q, 1, greedy=False) == pytest.approx(0.3)
 
 
 @pytest.mark.parametrize("drafter", ["model", "ngram"])

@@ -12,7 +12,7 @@ from engine.model.forward import common_prefix, forward_chunked
 from engine.model.kv_cache import KVPool
 from engine.model.transformer import Transformer
 from engine.spec.drafters.base import DraftStopped, OwnK, Proposal
-from engine.spec.sampling import logsumexp, probs_from_logits, sample
+from engine.spec.sampling import probs_from_logits, sample
 
 # A regular round leaves the draft cache at most one token behind the committed ids (the last drafted
 # token after a bonus round); more than that is a prompt, or text another drafter made, to prefill.
@@ -23,7 +23,7 @@ def confidence(logits: torch.Tensor, q: torch.Tensor, token: int, greedy: bool) 
     """How sure the draft is of the token it drafted: q(token), or under greedy (where q is a point mass) the
     softmax of its logits at T = 1. logits, q (V,)"""
     if greedy:
-        return float(torch.exp(logits[token] - logsumexp(logits)[0]))
+        return float(torch.softmax(logits, -1)[token])
     return float(q[token])
 
 
