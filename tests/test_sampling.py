@@ -6,7 +6,8 @@ import torch
 
 from engine.api.config import SamplingParams
 from engine.spec.sampling import (
-    probs_for_positions, probs_from_logits, repetition_penalty, residual, sample, top_k_filter, top_p_filter,
+    probs_for_positions, probs_from_logits, repetition_penalty, residual, sample, top_ids, top_k_filter,
+    top_p_filter,
 )
 from engine.spec.accept import accept_reject, point_mass
 
@@ -15,6 +16,30 @@ EMPTY = torch.empty(0, dtype=torch.long)
 
 def gen(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
+
+
+# --- the inspector's top ids ---
+
+
+@pytest.mark.parametrize("vocab", [151_665, 4096, 5000, 40])
+def test_top_ids_are_torch_topk_s_ids(vocab):
+    """Distinct values: the same ids in the same order, whole blocks only or with a tail, or too few blocks."""
+    rows = torch.randn(5, vocab, generator=gen(vocab)) * 3
+    assert torch.equal(top_ids(rows, 10, width=512), torch.topk(rows, 10, dim=-1).indices)
+    view = rows[1:4, 3:]  # rows that are a view into a larger tensor
+    assert torch.equal(top_ids(view, 10, width=512), torch.topk(view, 10, dim=-1).indices)
+
+
+def test_top_ids_of_rows_with_ties_hold_the_k_largest_values():
+    """A sparse distribution (top-k filtered) or a trimmed head's -inf: the values are those of torch's topk."""
+    probs = torch.zeros(3, 8192)
+    probs[0, [7, 4000, 8191]] = torch.tensor([0.5, 0.3, 0.2])
+    probs[1, 100:120] = 0.05
+    probs[2] = float("-inf")
+    probs[2, 5000:5003] = torch.tensor([1.0, 3.0, 2.0])
+    ids = top_ids(probs, 10, width=512)
+    assert torch.equal(probs.gather(1, ids), torch.topk(probs, 10, dim=-1).values)
+    assert ids[0, :3].tolist() == [7, 4000, 8191] and ids[2, :3].tolist() == [5001, 5002, 5000]
 
 
 # --- transforms --------------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from engine.api.dists import TOP_K, PositionDist
-from engine.spec.sampling import logsumexp, residual
+from engine.spec.sampling import logsumexp, residual, top_ids
 
 
 def inspect_round(
@@ -30,13 +30,13 @@ def inspect_round(
     greedy = logits is not None
     shown_p = _Shown(logits) if greedy else _Shown(p, probs=True)
     shown_q = _Shown(draft_logits) if greedy and draft_logits is not None else _Shown(q, probs=True)
-    top_p = torch.topk(shown_p.ranked, k, dim=-1).indices  # (N, k)
+    top_p = top_ids(shown_p.ranked, k)  # (N, k)
     # Each row's own tokens: the drafted one (the committed one on the last row), then the committed one.
     own = torch.full((n_rows, 2), token, dtype=torch.long, device=p.device)
     own[:k_drafted, 0] = drafted.to(p.device)
     parts: list[torch.Tensor] = []
     if k_drafted:
-        ids = torch.cat([top_p[:k_drafted], torch.topk(shown_q.ranked, k, dim=-1).indices, own[:k_drafted]], dim=1)
+        ids = torch.cat([top_p[:k_drafted], top_ids(shown_q.ranked, k), own[:k_drafted]], dim=1)
         tv = 1.0 - torch.minimum(p[:k_drafted], q).sum(-1)  # (K,) TV = 1 - sum(min(p, q)), one pass fewer
         parts += [ids, shown_p.at(ids, 0), shown_q.at(ids, 0), tv]
     last = torch.cat([top_p[k_drafted:], own[k_drafted:]], dim=1)  # the bonus (or plain) row: p only
@@ -44,7 +44,7 @@ def inspect_round(
     rejected = row if row < k_drafted else None
     if rejected is not None:
         r = residual(p[rejected], q[rejected])
-        r_ids = torch.cat([torch.topk(r, k).indices, own[rejected, 1:]])
+        r_ids = torch.cat([top_ids(r.unsqueeze(0), k)[0], own[rejected, 1:]])
         parts += [r_ids, r[r_ids]]
     flat = torch.cat([t.reshape(-1).double() for t in parts]).tolist()  # the one host transfer (ids < 2^53)
     take = _Reader(flat)

@@ -29,6 +29,25 @@ def logsumexp(x: torch.Tensor) -> torch.Tensor:
     return x.gather(-1, top) - torch.log(torch.softmax(x, -1).gather(-1, top))
 
 
+def top_ids(rows: torch.Tensor, k: int, width: int = 512) -> torch.Tensor:
+    """The ids of each row's k largest values, largest first, as torch.topk(rows, k).indices (equal values may
+    be ranked in another order). (N, V) -> (N, k)
+
+    Each of a row's k largest values lies in one of the k blocks of `width` ids whose maxima are largest, so only
+    those blocks (and the ids past the last whole block) are ranked: torch's topk over a 151,936-token row took
+    ~0.2 ms, a step of the inspector needs one per verified row."""
+    n, v = rows.shape
+    blocks = v // width
+    if blocks <= k or rows.stride(1) != 1:
+        return torch.topk(rows, k, dim=-1).indices
+    tiled = rows.as_strided((n, blocks, width), (rows.stride(0), width, 1))  # (N, B, W) a view
+    best = torch.topk(tiled.amax(-1), k, dim=-1).indices  # (N, k) the blocks that hold the top k
+    offsets = torch.arange(width, device=rows.device)
+    ids = torch.cat([(best.unsqueeze(-1) * width + offsets).reshape(n, k * width),
+                     torch.arange(blocks * width, v, device=rows.device).expand(n, -1)], dim=1)  # (N, k W + tail)
+    return ids.gather(1, torch.topk(rows.gather(1, ids), k, dim=-1).indices)
+
+
 def repetition_penalty(logits: torch.Tensor, context: torch.Tensor, penalty: float) -> torch.Tensor:
     """CTRL-style penalty on tokens already in context: positive logits shrink, negative ones grow. (V,)"""
     if penalty == 1.0 or context.numel() == 0:
