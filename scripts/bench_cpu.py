@@ -16,7 +16,6 @@ import argparse
 import gc
 import json
 import os
-import platform
 import resource
 import statistics
 import subprocess
@@ -36,6 +35,7 @@ from engine.model.forward import forward_chunked
 from engine.runtime.engine import Engine
 from engine.io.loading import load_engine
 from engine.quant import ext
+from engine.quant.cpu import this_cpu
 from engine.api.events import RoundEvent, Summary
 from engine.io.provision import default_pair
 
@@ -43,18 +43,7 @@ SHARED = Path(__file__).resolve().parents[2] / "shared" / "bench"
 
 
 def cpu_line() -> str:
-    model = flags = ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name") and not model:
-                model = line.split(":", 1)[1].strip()
-            elif line.startswith("flags") and not flags:
-                have = set(line.split(":", 1)[1].split())
-                flags = " ".join(f for f in ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_vnni", "avx_vnni",
-                                             "amx_int8") if f in have)
-    except OSError:
-        pass
-    return f"{model or platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, flags: {flags}"
+    return this_cpu().line()
 
 
 def rss_mb() -> tuple[float, float]:

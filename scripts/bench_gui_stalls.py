@@ -26,19 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-SIMD_FLAGS = ("sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni",
-              "avx512_bf16", "amx_tile", "avx_vnni")
-
-
-def cpu_description() -> tuple[str, list[str]]:
-    """The CPU's model name and its SIMD flags (Linux /proc/cpuinfo; elsewhere what platform knows)."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return platform.processor() or platform.machine(), []
-    model = next((ln.split(":", 1)[1].strip() for ln in text.splitlines() if ln.startswith("model name")), "?")
-    flags = next((ln.split(":", 1)[1].split() for ln in text.splitlines() if ln.startswith("flags")), [])
-    return model, [f for f in SIMD_FLAGS if f in flags]
+from engine.quant.cpu import this_cpu  # noqa: E402  (after the path line: run as a script from anywhere)
 
 
 def runqueue_wait_s() -> float:
@@ -160,8 +148,7 @@ def main(argv: list[str] | None = None) -> int:
 
     qapp = QApplication.instance() or QApplication([])
     qapp.setStyle("Fusion")
-    model, flags = cpu_description()
-    print(f"CPU: {model}, {os.cpu_count()} logical CPUs; SIMD flags: {' '.join(flags) or 'unknown'}")
+    print(f"CPU: {this_cpu().line()}")
     print(f"{platform.platform()}, Python {platform.python_version()}, Qt platform {qapp.platformName()}, "
           f"{time.strftime('%Y-%m-%d %H:%M')}")
 
@@ -243,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"a full garbage collection of the GUI process takes {full_gc_ms:.1f} ms ({len(gc.get_objects())} "
           f"tracked objects{f', {frozen} more frozen' if frozen else ''})")
     if args.json:
-        args.json.write_text(json.dumps({"cpu": model, "flags": flags, "cpus": os.cpu_count(),
+        args.json.write_text(json.dumps({"cpu": this_cpu().name, "flags": this_cpu().simd, "cpus": os.cpu_count(),
                                          "platform": platform.platform(), "date": time.strftime("%Y-%m-%d %H:%M"),
                                          "gc_freeze": not args.no_gc_freeze, "full_gc_ms": full_gc_ms, "results": results},
                                         indent=2))

@@ -22,11 +22,9 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -34,6 +32,7 @@ import torch.nn.functional as F
 
 from engine.model.pages import collapse
 from engine.quant import ext, formats
+from engine.quant.cpu import this_cpu
 
 NOMINAL_GBS = 21.6  # what a one-row matmul reaches on the 2-vCPU EPYC development machine (issue 9)
 SHAPES = {"ffn_up 1536->8960": (1536, 8960), "ffn_down 8960->1536": (8960, 1536), "lm_head 1536->151936": (1536, 151936)}
@@ -41,15 +40,7 @@ COLD_BYTES = 192 << 20  # cycle through at least this much weight data per round
 
 
 def cpu_line() -> str:
-    try:
-        info = Path("/proc/cpuinfo").read_text().split("\n\n")[0]
-        fields = {a.strip(): b for a, b in (ln.split(":", 1) for ln in info.splitlines() if ":" in ln)}
-        model = fields.get("model name", "?").strip()
-        flags = set(fields.get("flags", "").split())
-        simd = [f for f in ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx_vnni") if f in flags]
-        return f"{model}, {os.cpu_count()} logical CPUs, flags: {' '.join(simd)}"
-    except OSError:
-        return platform.processor()
+    return this_cpu().line()
 
 
 def read_bandwidth(threads: int) -> float:

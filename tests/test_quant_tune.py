@@ -94,3 +94,17 @@ def test_timing_restores_the_setting_it_found(kernels):
         assert paired > 0 and never > 0
     finally:
         kernels.set_pair_from(machine)
+
+
+def test_the_cpu_is_read_from_its_first_processor_entry():
+    from engine.quant.cpu import parse_cpuinfo
+
+    entry = ("processor\t: {n}\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: 17\n"
+             "model name\t: AMD EPYC 9R14 96-Core Processor\nflags\t\t: fpu sse4_2 avx2 fma f16c avx512f avx512_vnni\n")
+    cpu = parse_cpuinfo(entry.format(n=0) + "\n" + entry.format(n=1), logical=2)
+    assert (cpu.name, cpu.family, cpu.model) == ("AMD EPYC 9R14 96-Core Processor", "25", "17")
+    assert cpu.simd == ["sse4_2", "avx2", "fma", "f16c", "avx512f", "avx512_vnni"]
+    assert cpu.line() == ("AMD EPYC 9R14 96-Core Processor (family 25, model 17), 2 logical CPUs, "
+                          "flags: sse4_2 avx2 fma f16c avx512f avx512_vnni")
+    bare = parse_cpuinfo("processor\t: 0\n", logical=1)  # a kernel that names nothing
+    assert bare.line() == "? (family ?, model ?), 1 logical CPUs, flags: unknown"

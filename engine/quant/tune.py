@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from engine.quant import formats
+from engine.quant.cpu import this_cpu
 
 log = logging.getLogger(__name__)
 
@@ -35,14 +36,10 @@ KEEP = 8  # choices kept in the cache, the latest: builds come and go (an upgrad
 
 
 def cpu_id() -> str:
-    """The CPU model and the flags the kernels care about, as /proc/cpuinfo gives them ("" where it cannot)."""
-    try:
-        info = Path("/proc/cpuinfo").read_text().split("\n\n")[0]
-    except OSError:
-        return ""
-    fields = {a.strip(): b.strip() for a, b in (ln.split(":", 1) for ln in info.splitlines() if ":" in ln)}
-    flags = sorted(f for f in fields.get("flags", "").split() if f.startswith(("avx512", "avx_vnni")))
-    return " ".join([fields.get("model name", "?"), fields.get("cpu family", "?"), fields.get("model", "?"), *flags])
+    """The CPU model and the flags the kernels care about: the part of a cached choice's key that names the machine."""
+    cpu = this_cpu()
+    flags = sorted(f for f in cpu.flags if f.startswith(("avx512", "avx_vnni")))
+    return " ".join([cpu.name, cpu.family, cpu.model, *flags])
 
 
 def time_pairs(mod: ModuleType, rows: tuple[int, ...] = ROWS) -> dict[int, tuple[float, float]]:
