@@ -21,7 +21,7 @@ MAX_ROUND_LAG = 1
 
 def confidence(logits: torch.Tensor, q: torch.Tensor, token: int, greedy: bool) -> float:
     """How sure the draft is of the token it drafted: q(token), or under greedy (where q is a point mass) the
-    softmax of its logits at T = 1. logits, q (V,)"""
+    softmax of its logits at T = 1. logits, q (n,): the draft head's rows, `token` a row."""
     if greedy:
         return float(torch.softmax(logits, -1)[token])
     return float(q[token])
@@ -88,7 +88,8 @@ class ModelDrafter(OwnK):
             if params.greedy:
                 raw.append(logits.clone())  # a copy: the model may reuse its output buffer
             feed = [r if head is None else int(head.ids[r])]
-            ctx = torch.cat([ctx, torch.tensor([r], dtype=torch.long, device=self.device)])
+            if params.repetition_penalty != 1.0:  # the only reader of the context
+                ctx = torch.cat([ctx, torch.tensor([r], dtype=torch.long, device=self.device)])
             if self.stop_below > 0.0 and i + 1 < k:
                 survive *= confidence(logits, q, r, params.greedy)
                 if survive < self.stop_below:
