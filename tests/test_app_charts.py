@@ -2,7 +2,8 @@
 import numpy as np
 import pytest
 
-from app.views.charts import ChartsPanel, TimeBudget, nice_ceiling, rolling_mean
+from app.views.chart_data import TimeBudget, nice_ceiling, rolling_mean
+from app.views.charts import ChartsPanel
 from engine.api.events import Origin
 from engine.analysis.theory import theoretical_speedup
 from tests.app_fixtures import *  # noqa: F401,F403

@@ -1,7 +1,7 @@
 """Live pyqtgraph panels over a per-round buffer.
 
-`ChartBuffer` is plain Python: `feed()` appends one RoundEvent's numbers (called from the GUI thread as
-events arrive). `ChartsPanel.flush()` redraws one plot from the buffer and is called by the window's
+`ChartBuffer` (app/views/chart_data.py) is plain Python: `feed()` appends one RoundEvent's numbers (called from
+the GUI thread as events arrive). `ChartsPanel.flush()` redraws one plot from the buffer and is called by the window's
 repaint timer (20 Hz). It does nothing when nothing changed, and it keeps the time its updates and paints take
 under 3% of wall time (`TimeBudget`): the paint holds the GIL, so that is what bounds the slowdown it can cause
 the engine thread. On a fast machine every plot refreshes several times a second; a slow one refreshes less
@@ -22,7 +22,6 @@ inspector); the speedup plot's y range leaves the formula's note a band of its o
 """
 from __future__ import annotations
 
-import math
 import time
 
 import numpy as np
@@ -32,35 +31,15 @@ from PySide6.QtGui import QColor, QPalette
 from PySide6.QtWidgets import QGraphicsItem, QScrollArea, QVBoxLayout, QWidget
 
 from app.session.names import drafter_name
+from app.views.chart_data import NAN, ChartBuffer, TimeBudget, last_value, nice_ceiling, rolling_mean
 from app.views.theme import SERIES, mix
-from engine.analysis.stats import SpeedTotals, round_tokens_per_s
 from engine.api.events import RoundEvent
 
-ROLLING_WINDOW = 8
 TWO_COLUMNS_MIN_WIDTH = 540  # narrower, a two-column grid clips the titles ("Speedup 1.21x vs theory 1.35x")
 PLOT_MIN_HEIGHT = 190  # in one column: the least height at which a plot still reads
 POSITION_MIN_SAMPLES = 5  # below this many drafts a position's acceptance rate is mostly noise: its bar is faded
 AXIS_WIDTH = 40
 TITLE_MIN_WIDTH = 120
-NAN = float("nan")
-
-
-def nice_ceiling(v: float) -> float:
-    """The smallest 1, 2, 2.5 or 5 times a power of ten that is >= v: axis limits that change rarely."""
-    if not v > 0 or math.isinf(v):
-        return 1.0
-    mag = 10.0 ** math.floor(math.log10(v))
-    return next(m * mag for m in (1.0, 2.0, 2.5, 5.0, 10.0) if m * mag >= v * (1 - 1e-12))
-
-
-def rolling_mean(values: np.ndarray, window: int = ROLLING_WINDOW) -> np.ndarray:
-    """Trailing mean over up to `window` values (fewer at the start)."""
-    if len(values) == 0:
-        return values
-    c = np.cumsum(np.insert(values.astype(float), 0, 0.0))
-    n = np.arange(1, len(values) + 1)
-    lo = np.maximum(n - window, 0)
-    return (c[n] - c[lo]) / (n - lo)
 
 
 def _steady_title(label: pg.LabelItem, width: float) -> None:
@@ -81,129 +60,6 @@ def _steady_title(label: pg.LabelItem, width: float) -> None:
 
 def _span(key: str, text: str) -> str:
     return f"<span style='color:{SERIES[key]}'>{text}</span>"
-
-
-def _last(values: list[float]) -> float | None:
-    for v in reversed(values):
-        if not math.isnan(v):
-            return v
-    return None
-
-
-class ChartBuffer:
-    """Per-round series for the current conversation, plus a session plain-decode reference."""
-
-    def __init__(self) -> None:
-        self.plain_reference_ms: float | None = None  # plain ms per token, from anywhere in the session
-        self.clear()
-
-    def clear(self) -> None:
-        self.x: list[int] = []
-        self.acceptance: list[float] = []  # NaN for rounds that drafted nothing
-        self.tokens_per_s: list[float] = []
-        self.k: list[float] = []  # NaN in plain mode
-        self.drafted: list[float] = []  # tokens actually drafted: fewer than K when the draft stopped early
-        self.spec_progress: list[tuple[int, float]] = []  # so far: speculative tokens committed, their draft+verify ms
-        self.theoretical: list[float] = []
-        self.accepted_len: list[int] = []  # histogram counts, index = accepted drafts in a round
-        self.pos_drafted: list[int] = []
-        self.pos_accepted: list[int] = []
-        self.message_starts: list[int] = []
-        self.totals = SpeedTotals()
-        self.events: list[RoundEvent] = []  # to redo the theory curve when the plain reference changes
-        self.version = 0
-
-    def start_message(self) -> None:
-        self.message_starts.append(len(self.x) + 1)
-        self.version += 1
-
-    def set_plain_reference(self, ms_per_token: float | None) -> None:
-        if ms_per_token and ms_per_token > 0 and ms_per_token != self.plain_reference_ms:
-            self.plain_reference_ms = ms_per_token
-            self._redo_theory()
-            self.version += 1
-
-    def _redo_theory(self) -> None:
-        """The theory curve under the reference now, from the first round: one computation for every round, so
-        a window that replays the rounds (a trace) draws the same curve as the one that saw them arrive."""
-        totals, ref = SpeedTotals(), self.plain_ms
-        self.theoretical = []
-        for ev in self.events:
-            totals.add(ev)
-            theory = totals.theoretical_speedup(ref)
-            self.theoretical.append(NAN if theory is None else theory)
-
-    def theory_now(self) -> float | None:
-        """Leviathan's speedup for every round so far, under the current plain reference."""
-        return self.totals.theoretical_speedup(self.plain_ms)
-
-    @property
-    def plain_ms(self) -> float | None:
-        return self.plain_reference_ms or self.totals.plain_ms_per_token
-
-    def feed(self, ev: RoundEvent) -> None:
-        self.x.append(len(self.x) + 1)
-        self.totals.add(ev)
-        self.events.append(ev)
-        drafted = len(ev.drafted)
-        self.acceptance.append(ev.accepted / drafted if drafted else NAN)
-        self.tokens_per_s.append(round_tokens_per_s(ev))
-        self.k.append(float(ev.k) if ev.mode == "speculative" else NAN)
-        self.drafted.append(float(drafted) if ev.mode == "speculative" else NAN)
-        if drafted:
-            while len(self.accepted_len) <= max(ev.accepted, ev.k):
-                self.accepted_len.append(0)
-            self.accepted_len[ev.accepted] += 1
-            while len(self.pos_drafted) < drafted:
-                self.pos_drafted.append(0)
-                self.pos_accepted.append(0)
-            for i, d in enumerate(ev.drafted):
-                self.pos_drafted[i] += 1
-                self.pos_accepted[i] += d.accepted
-        t = self.totals
-        self.spec_progress.append((t.spec_committed, t.draft_ms + t.spec_verify_ms))
-        theory = t.theoretical_speedup(self.plain_ms)
-        self.theoretical.append(NAN if theory is None else theory)
-        self.version += 1
-
-    def measured(self) -> np.ndarray:
-        """Speculative over plain tokens/s after each round; all NaN while the session has no plain rate."""
-        ref = self.plain_ms
-        progress = np.asarray(self.spec_progress, dtype=float).reshape(-1, 2)
-        committed, spent = progress[:, 0], progress[:, 1]
-        if not ref:
-            return np.full(len(committed), NAN)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            return np.where(spent > 0, committed * ref / spent, NAN)
-
-    def position_rates(self) -> list[float]:
-        return [a / d if d else 0.0 for a, d in zip(self.pos_accepted, self.pos_drafted)]
-
-
-class TimeBudget:
-    """A token bucket of GUI-thread seconds that refills at `share` of wall-clock time, up to `burst`.
-
-    pyqtgraph updates and paints run Python (and the C++ they call) with the GIL held, so while they run the
-    engine thread cannot dispatch its next kernel: chart work slows generation by about its share of wall
-    time. Spending from this bucket keeps that share bounded however fast rounds arrive."""
-
-    def __init__(self, share: float, burst: float) -> None:
-        self.share, self.burst = share, burst
-        self.level = burst
-        self._t = time.perf_counter()
-
-    def _refill(self) -> None:
-        now = time.perf_counter()
-        self.level = min(self.burst, self.level + (now - self._t) * self.share)
-        self._t = now
-
-    def allow(self) -> bool:
-        self._refill()
-        return self.level > 0
-
-    def spend(self, seconds: float) -> None:
-        self._refill()
-        self.level -= seconds
 
 
 class _View(pg.GraphicsLayoutWidget):
@@ -445,7 +301,7 @@ class ChartsPanel(QWidget):
 
     def _draw_speedup(self, b: ChartBuffer, x: np.ndarray, x_hi: float) -> None:
         measured, theory = b.measured(), np.asarray(b.theoretical, dtype=float)
-        m, th = _last(list(measured)), b.theory_now()
+        m, th = last_value(list(measured)), b.theory_now()
         # Both are running totals that hold still over plain rounds: kept in as NaN there, so the lines break
         # where the acceptance line does instead of running flat across a speculation-off reply.
         plain = np.isnan(np.asarray(b.k, dtype=float))
@@ -503,7 +359,7 @@ class ChartsPanel(QWidget):
         self.curves["drafted"].setData(x, np.asarray(b.drafted, dtype=float))
         self._range("k", "x", 0, x_hi)
         self._range("k", "y", 0, (np.nanmax(ks) if np.isfinite(ks).any() else 4.0) + 1)
-        k = _last(b.k)
+        k = last_value(b.k)
         self._title("k", "K and drafted per round" + (f" \u00b7 {k:.0f}" if k is not None else ""))
 
     def _range(self, name: str, axis: str, lo: float, hi: float) -> None:
