@@ -85,11 +85,14 @@ def draft_logits(model: Transformer, ids: list[int]) -> torch.Tensor:
     SamplingParams(temperature=1.0, top_k=3, top_p=0.9),
     SamplingParams(temperature=0.8, top_p=0.7, repetition_penalty=1.4),
     SamplingParams(temperature=1.5, top_k=5, repetition_penalty=1.2),
-], ids=["T1.3-topk4", "topk3-topp", "topp-penalty", "T1.5-topk5-penalty"])
+    SamplingParams(temperature=0.0),
+    SamplingParams(temperature=0.0, repetition_penalty=5.0),
+], ids=["T1.3-topk4", "topk3-topp", "topp-penalty", "T1.5-topk5-penalty", "greedy", "greedy-penalty"])
 def test_each_proposed_q_row_is_the_transform_of_the_draft_logits(params):
     """Every q row the model drafter hands on is the sampling transform of its logits at that position (zero
-    outside top-k, renormalised after top-p, penalised for the tokens drafted before it), and each drafted
-    token lies in its row's support."""
+    outside top-k, renormalised after top-p, penalised for the tokens drafted before it; under greedy the point
+    mass at the penalised argmax, which the drafter makes without the transform), and each drafted token lies in
+    its row's support."""
     target, draft, tok = small_pair()
     engine = Engine(target, tok, draft, cache=CacheConfig(block_size=8, max_seq_len=256), eos_ids=set())
     prompt = engine.encode_chat([{"role": "user", "content": "hello there"}])

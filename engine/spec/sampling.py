@@ -134,6 +134,11 @@ def _rows(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     return top_p_filter(tempered_softmax(logits, params.temperature), params.top_p)
 
 
+def point_masses(tokens: torch.Tensor, width: int) -> torch.Tensor:
+    """Greedy's distributions: row i is 1 at tokens[i] and 0 elsewhere. (m,) -> (m, width) float32"""
+    return torch.zeros(len(tokens), width, device=tokens.device).scatter_(1, tokens.unsqueeze(1), 1.0)
+
+
 def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
     """Draw one token from probs (V,) by inverting its CDF (float64) at one uniform draw. A point mass
     (greedy) returns its token and draws nothing. torch.multinomial does the same job but cost ~4.4 ms for a

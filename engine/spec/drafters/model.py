@@ -12,19 +12,24 @@ from engine.model.forward import common_prefix, forward_chunked
 from engine.model.kv_cache import KVPool
 from engine.model.transformer import Transformer
 from engine.spec.drafters.base import DraftStopped, OwnK, Proposal
-from engine.spec.sampling import probs_from_logits, sample
+from engine.spec.sampling import argmax, point_masses, probs_from_logits, repetition_penalty, sample
 
 # A regular round leaves the draft cache at most one token behind the committed ids (the last drafted
 # token after a bonus round); more than that is a prompt, or text another drafter made, to prefill.
 MAX_ROUND_LAG = 1
 
 
-def confidence(logits: torch.Tensor, q: torch.Tensor, token: int, greedy: bool) -> float:
-    """How sure the draft is of the token it drafted: q(token), or under greedy (where q is a point mass) the
-    softmax of its logits at T = 1. logits, q (n,): the draft head's rows, `token` a row."""
+def confidence(logits: torch.Tensor, q: torch.Tensor | None, token: int, greedy: bool) -> float:
+    """How sure the draft is of the token it drafted: q(token), or under greedy (where q is a point mass, and
+    need not be given) the softmax of its logits at T = 1. logits, q (n,): the draft head's rows, `token` a row."""
     if greedy:
         return float(torch.softmax(logits, -1)[token])
     return float(q[token])
+
+
+def greedy_row(logits: torch.Tensor, context: torch.Tensor, penalty: float) -> int:
+    """The row greedy drafting takes: where probs_from_logits puts its point mass, without building the row."""
+    return int(argmax(repetition_penalty(logits.float(), context, penalty)))
 
 
 class ModelDrafter(OwnK):
@@ -75,32 +80,37 @@ class ModelDrafter(OwnK):
         ctx = head.rows_of(context) if head is not None else context  # the penalty's context, as head rows
         feed = ids[len(self.cached) :]
         rows: list[int] = []  # the drafted tokens' rows in the head
-        qs: list[torch.Tensor] = []
-        raw: list[torch.Tensor] = []  # kept under greedy only: the inspector shows them instead of point masses
+        qs: list[torch.Tensor] = []  # sampling only: greedy's q rows are point masses, made once at the end
+        raw: list[torch.Tensor] = []  # greedy only: the inspector shows them instead of point masses
         survive = 1.0  # the draft's own estimate that every token so far passes
         for i in range(k):
             logits = forward_chunked(self.model, self.pool, self.seq, feed, self.device, head_rows=True)[:n]  # (n,)
             self.cached.extend(feed)
-            q = probs_from_logits(logits, params, ctx)  # (n,)
-            r = sample(q, gen)
-            rows.append(r)
-            qs.append(q)
             if params.greedy:
+                r = greedy_row(logits, ctx, params.repetition_penalty)
                 raw.append(logits.clone())  # a copy: the model may reuse its output buffer
+            else:
+                qs.append(probs_from_logits(logits, params, ctx))  # (n,)
+                r = sample(qs[-1], gen)
+            rows.append(r)
             feed = [r if head is None else int(head.ids[r])]
             if params.repetition_penalty != 1.0:  # the only reader of the context
                 ctx = torch.cat([ctx, torch.tensor([r], dtype=torch.long, device=self.device)])
             if self.stop_below > 0.0 and i + 1 < k:
-                survive *= confidence(logits, q, r, params.greedy)
+                survive *= confidence(logits, qs[-1] if qs else None, r, params.greedy)
                 if survive < self.stop_below:
                     break
         tokens = torch.tensor(rows, dtype=torch.long)
-        q, shown = torch.stack(qs), torch.stack(raw) if raw else None  # (m, n)
         if head is not None:
             tokens = head.ids[tokens]
-            q = head.widen(q, 0.0, self.vocab)  # (m, vocab)
-            shown = head.widen(shown, float("-inf"), self.vocab) if shown is not None else None
-        return Proposal(tokens.to(self.device), q, prefill_s, shown)
+        tokens = tokens.to(self.device)
+        if params.greedy:
+            shown = torch.stack(raw)  # (m, n)
+            shown = head.widen(shown, float("-inf"), self.vocab) if head is not None else shown
+            return Proposal(tokens, point_masses(tokens, self.vocab), prefill_s, shown)
+        q = torch.stack(qs)  # (m, n)
+        q = head.widen(q, 0.0, self.vocab) if head is not None else q  # (m, vocab)
+        return Proposal(tokens, q, prefill_s, None)
 
     def rollback(self, ids: list[int]) -> None:
         self._sync(ids)
