@@ -78,7 +78,8 @@ def timeit(fn, copies: int, reps: int, setups=(None,)) -> list[tuple[float, floa
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--shapes", default=",".join(SHAPES), help="comma-separated names from: " + ", ".join(SHAPES))
+    ap.add_argument("--shapes", default=",".join(name.split()[0] for name in SHAPES),
+                    help="comma-separated, from: " + ", ".join(SHAPES) + " (the first word is enough)")
     ap.add_argument("--types", default="Q4_K,Q6_K,Q8_0,Q5_0")
     ap.add_argument("--rows", default="1,2,5,9,16")
     ap.add_argument("--reps", type=int, default=15)
@@ -106,7 +107,11 @@ def main() -> None:
           f"measured read bandwidth {bw:.1f} GB/s (floors below use it)")
     rng = np.random.default_rng(0)
     header = f"{'kernel':<26}" + "".join(f"{f'R={r}':>16}" for r in rows)
-    for name in args.shapes.split(","):
+    by_word = {name.split()[0]: name for name in SHAPES}
+    for word in args.shapes.split(","):
+        name = by_word.get(word.split()[0] if word.strip() else word)
+        if name is None:
+            sys.exit(f"unknown shape {word!r}: choose from {', '.join(by_word)}")
         k, n = SHAPES[name]
         xs = {r: torch.randn(r, k) for r in rows}
         print(f"\n== {name}: ms per call, min/median over {args.reps} rounds; (xR) = cost of R rows / 1 row ==")
