@@ -163,11 +163,13 @@ def main() -> int:
     ready_s = time.perf_counter() - t0
     huge = engine.settle()
     mod = ext.load()
-    pair_from = mod.pair_from() if mod is not None else None  # the machine's tile choice (engine/quant/tune.py)
+    kernels = mod.isa() if mod is not None else "none (PyTorch fallback)"
+    if kernels == "avx512vnni":  # the machine's tile choice (engine/quant/tune.py): only these kernels have one
+        kernels += f", group pairs from {mod.pair_from()} rows (0: default, 17: never)"
     prompts = [engine.encode_chat(r["messages"]) for r in rows]
     print(f"{cpu_line()}\n{len(prompts)} prompts, {a.max_new_tokens} new tokens, torch threads "
           f"{torch.get_num_threads()}; pair ready in {ready_s:.2f} s; {huge / 1e6:.0f} MB of weights then on huge "
-          f"pages; AVX-512 group pairs from {pair_from} rows (0: default, 17: never)", file=sys.stderr)
+          f"pages; kernels {kernels}", file=sys.stderr)
 
     # "stop": K is a ceiling, the draft stops early when unsure (SpecParams.stop_below, the app's default)
     modes = [("plain", SpecParams(enabled=False))] + [(f"draft K={k}", SpecParams(k=k)) for k in ks] + \
@@ -238,7 +240,7 @@ def main() -> int:
     if a.json:
         Path(a.json).write_text(json.dumps({
             "machine": cpu_line(), "date": str(date.today()), "max_new_tokens": a.max_new_tokens,
-            "prompts": len(prompts), "ready_s": ready_s, "huge_pages_mb": huge / 1e6, "pair_from": pair_from, "rss_mb": rss_now, "peak_rss_mb": rss_peak,
+            "prompts": len(prompts), "ready_s": ready_s, "huge_pages_mb": huge / 1e6, "kernels": kernels, "rss_mb": rss_now, "peak_rss_mb": rss_peak,
             "ours": summary, "pass_ms": costs, "plain_step_ms": plain_ms,
             "transformers_generate": hf and {"tokens_per_s": hf["tokens_per_s"], "tokens": hf["tokens"]},
             "llama_cpp": peer, "ratios": ratios,
