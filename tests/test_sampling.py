@@ -6,10 +6,10 @@ import torch
 
 from engine.api.config import SamplingParams
 from engine.spec.sampling import (
-    probs_for_positions, probs_from_logits, repetition_penalty, residual, sample, top_ids, top_k_filter,
+    point_mass, probs_for_positions, probs_from_logits, repetition_penalty, residual, sample, top_ids, top_k_filter,
     top_p_filter,
 )
-from engine.spec.accept import accept_reject, point_mass
+from engine.spec.accept import accept_reject
 
 EMPTY = torch.empty(0, dtype=torch.long)
 

@@ -28,11 +28,6 @@ class Verdict:
         return self.accepted == len(self.p_drafted)
 
 
-def point_mass(tokens: torch.Tensor, vocab: int) -> torch.Tensor:
-    """q for a model-free drafter: all mass on the drafted token. (K,) -> (K, V)"""
-    return torch.zeros(len(tokens), vocab, device=tokens.device).scatter_(1, tokens[:, None], 1.0)
-
-
 def accept_reject(
     drafted: torch.Tensor, q: torch.Tensor, p: torch.Tensor, generator: torch.Generator | None
 ) -> Verdict:

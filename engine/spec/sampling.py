@@ -134,9 +134,9 @@ def _rows(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     return top_p_filter(tempered_softmax(logits, params.temperature), params.top_p)
 
 
-def point_masses(tokens: torch.Tensor, width: int) -> torch.Tensor:
-    """Greedy's distributions: row i is 1 at tokens[i] and 0 elsewhere. (m,) -> (m, width) float32"""
-    return torch.zeros(len(tokens), width, device=tokens.device).scatter_(1, tokens.unsqueeze(1), 1.0)
+def point_mass(tokens: torch.Tensor, vocab: int) -> torch.Tensor:
+    """All mass on each token: q for a model-free drafter, or greedy drafting's. (K,) -> (K, V) float32"""
+    return torch.zeros(len(tokens), vocab, device=tokens.device).scatter_(1, tokens[:, None], 1.0)
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:

@@ -12,7 +12,7 @@ from engine.model.forward import common_prefix, forward_chunked
 from engine.model.kv_cache import KVPool
 from engine.model.transformer import Transformer
 from engine.spec.drafters.base import DraftStopped, OwnK, Proposal
-from engine.spec.sampling import argmax, point_masses, probs_from_logits, repetition_penalty, sample
+from engine.spec.sampling import argmax, point_mass, probs_from_logits, repetition_penalty, sample
 
 # A regular round leaves the draft cache at most one token behind the committed ids (the last drafted
 # token after a bonus round); more than that is a prompt, or text another drafter made, to prefill.
@@ -107,7 +107,7 @@ class ModelDrafter(OwnK):
         if params.greedy:
             shown = torch.stack(raw)  # (m, n)
             shown = head.widen(shown, float("-inf"), self.vocab) if head is not None else shown
-            return Proposal(tokens, point_masses(tokens, self.vocab), prefill_s, shown)
+            return Proposal(tokens, point_mass(tokens, self.vocab), prefill_s, shown)
         q = torch.stack(qs)  # (m, n)
         q = head.widen(q, 0.0, self.vocab) if head is not None else q  # (m, vocab)
         return Proposal(tokens, q, prefill_s, None)
