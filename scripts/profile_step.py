@@ -10,6 +10,9 @@ For the target (and the draft) it times, in alternating rounds after a real prom
   in a step); the stack's time minus this is attention, norms, rope, activation quantization and thread hand-offs;
 - the memory floor: the bytes of packed weights one step reads (layers + LM head) over the read bandwidth measured
   here (a 2-thread sum over 512 MB).
+For the draft it also times what drafting costs as the round loop runs it: `ModelDrafter.propose` of K tokens
+(greedy, no early stop), per drafted token, beside the same K forward passes alone; the difference is the drafting
+loop's own work (the argmax, the q rows, the inspector's logits, Python).
 
     python scripts/profile_step.py [--reps 30] [--context 200] [--threads 2]
 """
@@ -108,6 +111,34 @@ def profile(role: str, engine, model: Transformer, pool, seq: int, ids: list[int
     print(f"  {'pass / floor':<34} {whole / floor:8.2f}")
 
 
+def profile_propose(drafter, ids: list[int], reps: int, k: int = 4) -> None:
+    """ms per drafted token of propose(k) and of its k forward passes alone, alternating, from the same cache."""
+    from engine.api.config import SpecParams
+    from engine.model.forward import forward_chunked
+
+    params, times = SamplingParams(temperature=0.0), {"propose": [], "forward passes alone": []}
+    drafter.configure(SpecParams(k=k, stop_below=0.0))
+    for _ in range(reps):
+        drafter._sync(ids)
+        t0 = time.perf_counter()
+        drafter.propose(ids, k, params, None)
+        times["propose"].append((time.perf_counter() - t0) / k * 1e3)
+        drafter._sync(ids)
+        feed = ids[len(drafter.cached):]
+        t0 = time.perf_counter()
+        for _ in range(k):
+            forward_chunked(drafter.model, drafter.pool, drafter.seq, feed, drafter.device, head_rows=True)
+            drafter.cached.extend(feed)
+            feed = [ids[-1]]
+        times["forward passes alone"].append((time.perf_counter() - t0) / k * 1e3)
+    drafter._sync(ids)
+    print(f"\n== draft: propose of K = {k} (greedy, no early stop), median ms per drafted token of {reps} rounds ==")
+    for name, t in times.items():
+        print(f"  {name:<34} {statistics.median(t):8.2f}")
+    rest = statistics.median(times["propose"]) - statistics.median(times["forward passes alone"])
+    print(f"  {'the drafting loop beyond them':<34} {rest:8.2f}   (argmax, q rows, the inspector's logits, Python)")
+
+
 def params_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     from engine.spec.sampling import probs_for_positions
 
@@ -138,6 +169,7 @@ def main() -> None:
         drafter._sync(ids)
         drafter._prefill(ids)
         profile("draft (0.5B)", engine, engine.draft, drafter.pool, drafter.seq, ids, args.reps, bw)
+        profile_propose(drafter, ids, args.reps)
 
 
 if __name__ == "__main__":
