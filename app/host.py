@@ -32,6 +32,7 @@ from typing import Any
 
 from PySide6.QtCore import QObject, Qt, Signal
 
+from app.host_signals import HostSignals
 from app.request_handle import RequestHandle
 from engine.api.config import SamplingParams, SpecParams
 from engine.api.protocol import (
@@ -96,14 +97,7 @@ def death_sentence(exitcode: int | None, fatal: str | None) -> str:
     return "The engine process exited unexpectedly."
 
 
-class EngineHost(QObject):
-    loadProgress = Signal(str, float)
-    loaded = Signal(object)
-    loadFailed = Signal(str)
-    loadCancelled = Signal()
-    modelsListed = Signal(list)
-    statusReady = Signal(object)
-    died = Signal(str)
+class EngineHost(HostSignals):
     _message = Signal(object)  # reader thread -> GUI thread: (process, message)
     _lost = Signal(object)  # reader thread -> GUI thread: the process whose pipe closed
 

@@ -24,6 +24,7 @@ from typing import Any
 
 from PySide6.QtCore import QObject, Qt, Signal
 
+from app.host_signals import HostSignals
 from app.request_handle import RequestHandle
 from engine.api.config import SamplingParams, SpecParams
 from engine.api.events import Summary
@@ -47,14 +48,7 @@ def _file_name(model: str) -> str:
     return model.replace("\\", "/").rsplit("/", 1)[-1] if model.startswith(("/", ".")) or ":\\" in model else model
 
 
-class RemoteHost(QObject):
-    loadProgress = Signal(str, float)
-    loaded = Signal(object)
-    loadFailed = Signal(str)
-    loadCancelled = Signal()
-    modelsListed = Signal(list)
-    statusReady = Signal(object)
-    died = Signal(str)
+class RemoteHost(HostSignals):
     _post = Signal(object)  # worker thread -> GUI thread: (request id, what, value)
 
     def __init__(self, url: str, api_key: str | None = None, plain_url: str | None = None, *,
