@@ -6,8 +6,8 @@ import torch
 
 from engine.api.config import SamplingParams, SpecParams
 from engine.model.forward import common_prefix
-from engine.spec.sampling import point_mass
 from engine.spec.drafters.base import OwnK, Proposal
+from engine.spec.sampling import point_mass
 
 
 class NGramDrafter(OwnK):
