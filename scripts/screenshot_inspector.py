@@ -25,11 +25,7 @@ def main() -> int:
 
     from app.views.tokens import REJECTED
 
-    controller.scan_models()  # as app.main does: the model panel then knows the pair's context limit and KV cost
-    w.load_models(None)
-    wait_until(lambda: not controller.loading)
-    print("loaded", controller.info, flush=True)
-    if not controller.ready:
+    if not xvfb_window.load_pair(controller, w):
         return 1
     w.controls.max_tokens_spin.setValue(int(os.environ.get("N", "70")))
     w.controls.temp_slider.setValue(int(os.environ.get("T", "80")))

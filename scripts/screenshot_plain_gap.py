@@ -25,11 +25,7 @@ def main() -> int:
     wait_until = functools.partial(xvfb_window.wait_until, timeout=900)
     idle = functools.partial(xvfb_window.idle, controller, w)
 
-    controller.scan_models()  # as app.main does: the model panel then knows the pair's context limit and KV cost
-    w.load_models(None)
-    wait_until(lambda: not controller.loading)
-    print("loaded", controller.info, flush=True)
-    if not controller.ready:
+    if not xvfb_window.load_pair(controller, w):
         return 1
     w.controls.temp_slider.setValue(0)
     w.controls.k_slider.setValue(4)

@@ -24,11 +24,7 @@ def main() -> int:
     idle = functools.partial(xvfb_window.idle, controller, w)
     from engine.api.events import Phase
 
-    t0 = time.time()
-    w.load_models(None)
-    wait_until(lambda: not controller.loading)
-    print("loaded", controller.info, f"{time.time() - t0:.1f}s", flush=True)
-    if not controller.ready:
+    if not xvfb_window.load_pair(controller, w, timeout=1200, scan=False):
         return 1
     w.controls.max_tokens_spin.setValue(int(os.environ.get("N1", "48")))
     w.controls.k_slider.setValue(int(os.environ.get("K", "4")))

@@ -12,7 +12,6 @@ import functools
 import os
 import signal
 import sys
-import time
 
 import xvfb_window  # noqa: E402  (scripts/, beside this file)
 
@@ -23,15 +22,11 @@ def main() -> int:
     wait_until = functools.partial(xvfb_window.wait_until, timeout=900)
     idle = functools.partial(xvfb_window.idle, controller, w)
 
-    controller.scan_models()
-    t0 = time.time()
-    w.load_models(None)
-    wait(300)
-    if w.load_dialog is not None:
-        w.load_dialog.grab().save("/tmp/speclens-load_dialog.png")
-    wait_until(lambda: not controller.loading)
-    print("loaded", controller.info, f"{time.time() - t0:.1f}s", flush=True)
-    if not controller.ready:
+    def shoot_dialog() -> None:
+        if w.load_dialog is not None:
+            w.load_dialog.grab().save("/tmp/speclens-load_dialog.png")
+
+    if not xvfb_window.load_pair(controller, w, on_shown=shoot_dialog):
         return 1
     w.controls.max_tokens_spin.setValue(int(os.environ.get("N1", "60")))
     w.controls.k_slider.setValue(5)

@@ -52,6 +52,23 @@ def wait_until(cond, timeout: float = 900) -> None:
             raise TimeoutError
 
 
+def load_pair(controller, w, timeout: float = 900, scan: bool = True, on_shown=None) -> bool:
+    """Load the pair (embedded, or MODELS=tiny's) as the window's Load does and wait for it; prints what loaded and
+    how long it took, and returns whether the engine is ready. scan: list the local models first, as app.main does
+    (the model panel then knows the pair's context limit and KV cost). on_shown: called 300 ms in, the load dialog
+    up (a screenshot of it)."""
+    if scan:
+        controller.scan_models()
+    t0 = time.time()
+    w.load_models(None)
+    if on_shown is not None:
+        wait(300)
+        on_shown()
+    wait_until(lambda: not controller.loading, timeout)
+    print("loaded", controller.info, f"{time.time() - t0:.1f}s", flush=True)
+    return controller.ready
+
+
 def idle(controller, w) -> bool:
     """No request running and no repaint pending."""
     return not controller.busy and not w.frame_timer.isActive()
