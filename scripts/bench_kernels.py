@@ -109,7 +109,7 @@ def main() -> None:
     header = f"{'kernel':<26}" + "".join(f"{f'R={r}':>16}" for r in rows)
     by_word = {name.split()[0]: name for name in SHAPES}
     for word in args.shapes.split(","):
-        name = by_word.get(word.split()[0] if word.strip() else word)
+        name = by_word.get(word.strip().partition(" ")[0])
         if name is None:
             sys.exit(f"unknown shape {word!r}: choose from {', '.join(by_word)}")
         k, n = SHAPES[name]

@@ -6,7 +6,7 @@ import torch
 
 from engine.api.config import SamplingParams
 from engine.spec.sampling import (
-    point_mass, probs_for_positions, probs_from_logits, repetition_penalty, residual, sample, top_ids, top_k_filter,
+    greedy_token, point_mass, probs_for_positions, probs_from_logits, repetition_penalty, residual, sample, top_ids, top_k_filter,
     top_p_filter,
 )
 from engine.spec.accept import accept_reject
@@ -292,3 +292,14 @@ def test_logsumexp_matches_torch_on_rows_with_minus_infinity():
     x[1, 65600:] = float("-inf")
     torch.testing.assert_close(logsumexp(x), torch.logsumexp(x, -1, keepdim=True), rtol=4e-6, atol=1e-5)  # fp32
     torch.testing.assert_close(logsumexp(x[1]), torch.logsumexp(x[1], -1, keepdim=True), rtol=4e-6, atol=1e-5)
+
+
+@pytest.mark.parametrize("penalty", [1.0, 3.0])
+def test_greedy_token_is_where_the_transform_puts_its_point_mass(penalty):
+    params = SamplingParams(temperature=0.0, repetition_penalty=penalty)
+    g = torch.Generator().manual_seed(5)
+    for _ in range(20):
+        logits = torch.randn(50, generator=g)
+        context = torch.topk(logits, 3).indices  # the top tokens seen: a penalty can move the argmax
+        probs = probs_from_logits(logits, params, context)
+        assert probs[greedy_token(logits, params, context)] == 1.0

@@ -95,6 +95,11 @@ def probs_from_logits(logits: torch.Tensor, params: SamplingParams, context: tor
     return _rows(repetition_penalty(logits.float(), context, params.repetition_penalty), params)
 
 
+def greedy_token(logits: torch.Tensor, params: SamplingParams, context: torch.Tensor) -> int:
+    """Where probs_from_logits puts its point mass under greedy, without building the row. logits (V,)"""
+    return int(argmax(repetition_penalty(logits.float(), context, params.repetition_penalty)))
+
+
 def probs_for_positions(
     logits: torch.Tensor, params: SamplingParams, context: torch.Tensor, drafted: torch.Tensor
 ) -> torch.Tensor:

@@ -12,7 +12,7 @@ from engine.model.forward import common_prefix, forward_chunked
 from engine.model.kv_cache import KVPool
 from engine.model.transformer import Transformer
 from engine.spec.drafters.base import DraftStopped, OwnK, Proposal
-from engine.spec.sampling import argmax, point_mass, probs_from_logits, repetition_penalty, sample
+from engine.spec.sampling import greedy_token, point_mass, probs_from_logits, sample
 
 # A regular round leaves the draft cache at most one token behind the committed ids (the last drafted
 # token after a bonus round); more than that is a prompt, or text another drafter made, to prefill.
@@ -25,11 +25,6 @@ def confidence(logits: torch.Tensor, q: torch.Tensor | None, token: int, greedy:
     if greedy:
         return float(torch.softmax(logits, -1)[token])
     return float(q[token])
-
-
-def greedy_row(logits: torch.Tensor, context: torch.Tensor, penalty: float) -> int:
-    """The row greedy drafting takes: where probs_from_logits puts its point mass, without building the row."""
-    return int(argmax(repetition_penalty(logits.float(), context, penalty)))
 
 
 class ModelDrafter(OwnK):
@@ -87,7 +82,7 @@ class ModelDrafter(OwnK):
             logits = forward_chunked(self.model, self.pool, self.seq, feed, self.device, head_rows=True)[:n]  # (n,)
             self.cached.extend(feed)
             if params.greedy:
-                r = greedy_row(logits, ctx, params.repetition_penalty)
+                r = greedy_token(logits, params, ctx)
                 raw.append(logits.clone())  # a copy: the model may reuse its output buffer
             else:
                 qs.append(probs_from_logits(logits, params, ctx))  # (n,)
