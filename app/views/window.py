@@ -4,18 +4,17 @@ The controller's signals arrive in the GUI thread; the slots only append to buff
 20 Hz QTimer repaints from those buffers (the chat at up to 20 Hz, 10 Hz while rounds stream in continuously;
 one chart per frame, as the charts' GUI-time budget allows: see app/views/charts.py), so the engine's rate never
 sets the paint rate. If the engine process dies, a banner says why in one sentence and offers to reload the
-models; the chat, the charts and the session stats stay.
+models; the chat, the charts and the session stats stay. Loading and the crash banner: app/views/model_loading.py;
+the stats and trace files: app/views/session_files.py; the menus: app/views/menus.py.
 """
 from __future__ import annotations
 
 import sys
 import time
-from pathlib import Path
 
 from PySide6.QtCore import QByteArray, QSettings, Qt, QTimer
 from PySide6.QtGui import QCloseEvent, QGuiApplication
 from PySide6.QtWidgets import (
-    QFileDialog,
     QHBoxLayout,
     QLabel,
     QMainWindow,
@@ -30,11 +29,9 @@ from PySide6.QtWidgets import (
 from app import __version__
 from app.controller import ChatController
 from app.dialogs.compare import CompareDialog
-from app.dialogs.load_dialog import LoadDialog, describe_target
-from app.dialogs.trace_window import TraceWindow, open_trace_dialog, save_trace_dialog
+from app.dialogs.load_dialog import LoadDialog
 from app.dialogs.tuner_dialog import TunerDialog
 from app.session.names import drafter_name
-from app.session.trace import Settings, count_replies, session_trace
 from app.views.attach_mode import AttachMode
 from app.views.charts import ChartsPanel
 from app.views.chat_view import ChatView
@@ -43,14 +40,14 @@ from app.views.crash_banner import CrashBanner
 from app.views.inspector_dock import InspectorDock
 from app.views.legend import OriginLegend
 from app.views.menus import Commands, MainMenus
+from app.views.model_loading import ModelLoading
 from app.views.prompt_edit import PromptEdit
 from app.views.reply_footer import reply_footer
 from app.views.resources import app_icon
+from app.views.session_files import SessionFiles
 from app.views.stepper import StepPanel
 from app.views.theme import THEMES, apply_theme
-from engine.analysis.stats import tuner_path
 from engine.api.events import RoundEvent, Summary
-from engine.api.protocol import EngineInfo
 
 
 FRAME_MS = 50  # repaint timer, 20 Hz: one chart per frame within the charts' time budget ...
@@ -58,7 +55,7 @@ TEXT_FRAME_S = 0.09  # ... and the chat at most every other frame (about 10 Hz) 
 TEXT_ROUNDS_PER_FRAME = 24  # ... and at most this many rounds of text per frame: one frame's layout stays short
 
 
-class MainWindow(QMainWindow, MainMenus):
+class MainWindow(QMainWindow, MainMenus, ModelLoading, SessionFiles):
     def __init__(self, controller: ChatController, settings: QSettings | None = None, *,
                  unattended: bool = False) -> None:
         """unattended: errors go to stderr instead of a dialog (a scripted check of the app, e.g. --load-test)."""
@@ -369,126 +366,6 @@ class MainWindow(QMainWindow, MainMenus):
         c.drafter_combo.setCurrentIndex(max(c.drafter_combo.findData(drafter), 0))
         c.k_slider.setValue(k)
         self.statusBar().showMessage(f"K set to {k} ({drafter_name(drafter)})", 5000)
-
-    # ---- models and the engine process ---------------------------------------------------------------------
-    def load_models(self, target: str | None = None, draft: str | None = None, device: str | None = None) -> None:
-        """Load in the background behind a progress dialog (None: the embedded pair)."""
-        if self.controller.load(target, draft, device, self.controls.context_tokens()):
-            self.controls.show_requested(target, draft)  # a refused path stays in view, to retry or change
-            self._open_load_dialog(target)
-
-    def reload_models(self) -> None:
-        """After a crash: a new engine process with the same models."""
-        if self.controller.loading:
-            return
-        self.banner.hide()
-        req = self.controller.reload()
-        self._open_load_dialog(req.target)
-
-    def _open_load_dialog(self, target: str | None) -> None:
-        self.controls.set_loading(True)
-        dlg = LoadDialog(target, self)
-        dlg.canceled.connect(self._cancel_load)
-        dlg.show()
-        self.load_dialog = dlg
-        self.statusBar().showMessage(f"Loading {describe_target(target)}\u2026")
-
-    def _cancel_load(self) -> None:
-        self.controller.cancel_load()
-        self.statusBar().showMessage("Cancelling the load\u2026")
-
-    def _close_load_dialog(self) -> None:
-        self.controls.set_loading(False)
-        if self.load_dialog is not None:
-            self.load_dialog.canceled.disconnect(self._cancel_load)
-            self.load_dialog.close()
-            self.load_dialog.deleteLater()
-            self.load_dialog = None
-
-    def _on_load_progress(self, stage: str, fraction: float) -> None:
-        if self.load_dialog is not None:
-            self.load_dialog.show_progress(stage, fraction)
-
-    def _on_loaded(self, info: EngineInfo) -> None:
-        self._close_load_dialog()
-        self.banner.hide()
-        self.controls.set_loaded(info.target_name, info.draft_name, info.device, info.dtype_name)
-        pair = info.target_name + (f" + {info.draft_name}" if info.draft_name else "")
-        context = f" \u00b7 context {info.context:,} tokens" if info.context else ""
-        self.model_label.setText(f"{pair} \u00b7 {info.device} \u00b7 {info.dtype_name}{context}")
-        self.notice_label.setText(info.notice)
-        self.notice_label.setToolTip(info.notice)
-        self.notice_label.setVisible(bool(info.notice))
-        self.statusBar().clearMessage()
-        if not info.notice:  # a passing message would cover the notice for its first seconds
-            self.statusBar().showMessage(f"Loaded {pair}", 5000)
-        self._update_actions()
-
-    def _on_load_failed(self, message: str) -> None:
-        self._close_load_dialog()
-        self.statusBar().clearMessage()
-        self.show_error("Could not load the model", message)
-
-    def _on_load_cancelled(self) -> None:
-        self._close_load_dialog()
-        self.statusBar().showMessage("Loading cancelled" + ("; the current model stays loaded."
-                                                            if self.controller.ready else "."), 5000)
-
-    def _on_engine_died(self, sentence: str) -> None:
-        """The window stays: one sentence in the banner and the status bar, and a way to reload."""
-        self._close_load_dialog()
-        self.banner.show_message(sentence)
-        self.model_label.setText("Engine stopped")
-        self.statusBar().showMessage(sentence, 10000)
-        self._update_actions()
-
-    def _on_models(self, models: list) -> None:
-        self.controls.set_local_models(models)
-        self.controls.select_pair(*self.controls.saved_pair)
-
-    def open_model_folder(self) -> None:
-        path = QFileDialog.getExistingDirectory(self, "Open a model folder")
-        if path:
-            self.load_models(path, None)
-
-    # ---- export --------------------------------------------------------------------------------------------
-    def export_stats(self, path: str | None = None) -> bool:
-        if path is None:
-            start = str(self.settings.value("export/dir", str(Path.home())))
-            path, _ = QFileDialog.getSaveFileName(self, "Export session stats", str(Path(start) / "speclens-stats.csv"),
-                                                  "CSV files (*.csv)")
-            if not path:
-                return False
-        try:
-            main, side = self.controller.stats.write_csv(path)
-        except OSError as e:
-            self.show_error("Could not export the session stats",
-                            f"{path} could not be written:\n{e.strerror or e}\n\nThe session is kept; "
-                            "try another folder.")
-            return False
-        self.settings.setValue("export/dir", str(Path(path).parent))
-        sweeps = f" and {tuner_path(path).name} (the K tuner)" if self.controller.stats.sweeps else ""
-        self.statusBar().showMessage(f"Wrote {main.name} ({len(self.controller.stats.round_rows())} rounds) and "
-                                     f"{side.name}{sweeps}",
-                                     6000)
-        return True
-
-    # ---- traces --------------------------------------------------------------------------------------------
-    def save_trace(self, path: str | None = None) -> bool:
-        c, ctl = self.controller, self.controls
-        if not c.stats.records:
-            self.statusBar().showMessage("Nothing to save yet: send a message first.", 4000)
-            return False
-        trace = session_trace(c.stats.records, c.conversation, c.info,
-                              Settings(ctl.sampling_params(), ctl.spec_params(), ctl.system_prompt()), __version__)
-        written = save_trace_dialog(self, trace, self.settings, path)
-        if written is not None:
-            self.statusBar().showMessage(f"Wrote {written.name} ({count_replies(trace.replies)})", 6000)
-        return written is not None
-
-    def open_trace(self, path: str | None = None) -> TraceWindow | None:
-        """In a window of its own: this session stays as it is, whatever the file holds."""
-        return open_trace_dialog(self, self.settings, path)
 
     # ---- look + persistence --------------------------------------------------------------------------------
     def set_theme(self, mode: str) -> None:
