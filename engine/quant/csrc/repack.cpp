@@ -1,11 +1,15 @@
 // GGUF blocks -> packed units (layout in quant.h), and the exact dequantizer over packed units.
-// Runs once per tensor at load: plain C++, parallel over groups.
+// Runs once per tensor at load: plain C++ (a whole unit of Q4_K, Q5_K or Q6_K in SSE2), parallel over groups.
 #include <omp.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <type_traits>
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 #include "quant.h"
 #include "unit.h"
@@ -133,7 +137,9 @@ namespace {
 
 // Repacking runs once per tensor at load (~1.6 GB for the embedded pair, where the first touch of the new
 // buffer alone costs ~0.6 ms per MB), so it moves 4 quants at a time as 32-bit words: a "step" word holds
-// one column's quants of 4 consecutive inputs, one per byte, exactly as a unit stores them.
+// one column's quants of 4 consecutive inputs, one per byte, exactly as a unit stores them. These words are the
+// reference; where 8 columns fill a unit, the K-quants' units are packed 16 bytes at a time (below), the same bytes
+// (the exact-weight tests pack both ways: full groups and a padded one).
 
 inline uint32_t ld32(const void* p) { uint32_t v; std::memcpy(&v, p, 4); return v; }
 inline void st32(void* p, uint32_t v) { std::memcpy(p, &v, 4); }
@@ -172,7 +178,8 @@ inline void q6_half(const uint8_t* ql, const uint8_t* qh, uint8_t (*qv)[3][STEP]
 }
 
 // One GGUF block into column c of the unit: each of the column's steps is a 32-bit word at 4c of its vector.
-template <bool Q5>
+// `quants` false: the scales, mins and 5th bits only (pack_q45k_unit does the 4-bit quants of all 8 columns).
+template <bool Q5, bool quants = true>
 void pack_q45k(const uint8_t* blk, void* unit, int c) {
     using B = std::conditional_t<Q5, BlockQ5K, BlockQ4K>;
     const B& b = *reinterpret_cast<const B*>(blk);
@@ -186,13 +193,95 @@ void pack_q45k(const uint8_t* blk, void* unit, int c) {
         const int sh = 4 * (j % 2);
         uint32_t h = 0;
         for (int t = 0; t < 4; ++t) {  // low nibbles: step t, high: step t + 4
-            const uint32_t lo = (ld32(src + 4 * t) >> sh) & LO4, hi = (ld32(src + 4 * t + 16) >> sh) & LO4;
-            st32(u.qs[j][t] + 4 * c, lo | hi << 4);
+            if constexpr (quants) {
+                const uint32_t lo = (ld32(src + 4 * t) >> sh) & LO4, hi = (ld32(src + 4 * t + 16) >> sh) & LO4;
+                st32(u.qs[j][t] + 4 * c, lo | hi << 4);
+            }
             if constexpr (Q5) h |= ((ld32(b.qh + 4 * t) >> j) & BIT0) << t | ((ld32(b.qh + 4 * t + 16) >> j) & BIT0) << (t + 4);
         }
         if constexpr (Q5) st32(static_cast<UnitQ5K*>(unit)->qh[j] + 4 * c, h);
     }
 }
+
+#if defined(__SSE2__)
+// Words t of 8 columns side by side (x[c]: column c's 4 words): two 4x4 transposes of 32-bit words, st[4 * h + t]
+// holding word t of columns 4h..4h+3 -- a unit's step t, in halves.
+inline void transpose_steps(const __m128i* x, __m128i* st) {
+    for (int h = 0; h < 2; ++h) {
+        const __m128i* v = x + 4 * h;
+        const __m128i lo01 = _mm_unpacklo_epi32(v[0], v[1]), lo23 = _mm_unpacklo_epi32(v[2], v[3]);
+        const __m128i hi01 = _mm_unpackhi_epi32(v[0], v[1]), hi23 = _mm_unpackhi_epi32(v[2], v[3]);
+        __m128i* o = st + 4 * h;
+        o[0] = _mm_unpacklo_epi64(lo01, lo23), o[1] = _mm_unpackhi_epi64(lo01, lo23);
+        o[2] = _mm_unpacklo_epi64(hi01, hi23), o[3] = _mm_unpackhi_epi64(hi01, hi23);
+    }
+}
+inline void store16(uint8_t* p, __m128i v) { _mm_storeu_si128(reinterpret_cast<__m128i*>(p), v); }
+inline __m128i load16(const uint8_t* p) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)); }
+
+inline void store_steps(const __m128i* x, uint8_t (*qs)[STEP]) {
+    __m128i st[8];
+    transpose_steps(x, st);
+    for (int h = 0; h < 2; ++h)
+        for (int t = 0; t < 4; ++t) store16(qs[t] + 16 * h, st[4 * h + t]);
+}
+
+// The 4-bit quants of a whole Q4_K/Q5_K unit, 16 bytes of a column at a time, in the SSE2 every x86-64 CPU has:
+// the same bytes as pack_q45k's words (a chunk's low nibbles are sub-block 2k, its high ones 2k + 1; inputs 16-31
+// go to the high nibble of a step's byte). The words one column at a time made this most of the load's repacking.
+template <bool Q5>
+void pack_q45k_unit(const uint8_t* const* blk, void* unit) {
+    using B = std::conditional_t<Q5, BlockQ5K, BlockQ4K>;
+    UnitQ4K& u = *static_cast<UnitQ4K*>(unit);
+    const __m128i m4 = _mm_set1_epi8(0x0F);
+    for (int k = 0; k < 4; ++k) {
+        __m128i even[GROUP], odd[GROUP];
+        for (int c = 0; c < GROUP; ++c) {
+            const uint8_t* q = reinterpret_cast<const B*>(blk[c])->qs + 32 * k;
+            const __m128i a = load16(q), b = load16(q + 16);  // inputs 0-15 of both sub-blocks, then 16-31
+            even[c] = _mm_or_si128(_mm_and_si128(a, m4), _mm_slli_epi16(_mm_and_si128(b, m4), 4));
+            odd[c] = _mm_or_si128(_mm_and_si128(_mm_srli_epi16(a, 4), m4), _mm_andnot_si128(m4, b));
+        }
+        store_steps(even, u.qs[2 * k]);
+        store_steps(odd, u.qs[2 * k + 1]);
+    }
+    for (int c = 0; c < GROUP; ++c) pack_q45k<Q5, false>(blk[c], unit, c);
+}
+
+// A whole Q6_K unit: per sub-block, each column's 16 six-bit quants as bytes (q6_half's words), transposed to steps,
+// then folded into the unit's three vectors as pack_q6k folds the words (steps 2 and 3 give their top 2 bits to
+// steps 0 and 1, and share a byte in their low 4).
+void pack_q6k_unit(const uint8_t* const* blk, void* unit) {
+    UnitQ6K& u = *static_cast<UnitQ6K*>(unit);
+    const __m128i m4 = _mm_set1_epi8(0x0F), m2 = _mm_set1_epi8(0x03), m30 = _mm_set1_epi8(0x30);
+    for (int h = 0; h < 2; ++h)  // each half of the block: 128 inputs, ql[64], qh[32]
+        for (int i = 0; i < 8; ++i) {  // sub-block 8h + i: inputs 16i.. of the half
+            const __m128i lo_shift = _mm_cvtsi32_si128(4 * (i / 4)), hi_shift = _mm_cvtsi32_si128(2 * (i / 2));
+            __m128i q[GROUP];
+            for (int c = 0; c < GROUP; ++c) {
+                const BlockQ6K& b = *reinterpret_cast<const BlockQ6K*>(blk[c]);
+                const __m128i lo = _mm_and_si128(_mm_srl_epi16(load16(b.ql + 64 * h + 16 * (i % 4)), lo_shift), m4);
+                const __m128i hi = _mm_and_si128(_mm_srl_epi16(load16(b.qh + 32 * h + 16 * (i % 2)), hi_shift), m2);
+                q[c] = _mm_or_si128(lo, _mm_slli_epi16(hi, 4));
+            }
+            __m128i st[8];
+            transpose_steps(q, st);
+            for (int half = 0; half < 2; ++half) {
+                const __m128i* s = st + 4 * half;
+                const __m128i top2 = _mm_slli_epi16(_mm_and_si128(s[2], m30), 2), top3 = _mm_slli_epi16(_mm_and_si128(s[3], m30), 2);
+                store16(u.qv[8 * h + i][0] + 16 * half, _mm_or_si128(s[0], top2));
+                store16(u.qv[8 * h + i][1] + 16 * half, _mm_or_si128(s[1], top3));
+                store16(u.qv[8 * h + i][2] + 16 * half,
+                        _mm_or_si128(_mm_and_si128(s[2], m4), _mm_slli_epi16(_mm_and_si128(s[3], m4), 4)));
+            }
+        }
+    for (int c = 0; c < GROUP; ++c) {
+        const BlockQ6K& b = *reinterpret_cast<const BlockQ6K*>(blk[c]);
+        u.d[c] = rd16(b.d);
+        for (int j = 0; j < 16; ++j) u.sc[j][c] = b.scales[j];
+    }
+}
+#endif
 
 void pack_q6k(const uint8_t* blk, void* unit, int c) {
     const auto& b = *reinterpret_cast<const BlockQ6K*>(blk);
@@ -257,6 +346,18 @@ PackFn pack_fn(int qtype) {
     }
 }
 
+using PackUnitFn = void (*)(const uint8_t* const*, void*);  // 8 columns' blocks into one unit
+
+PackUnitFn pack_unit_fn(int qtype) {  // nullptr: column by column
+#if defined(__SSE2__)
+    if (qtype == Q4_K) return pack_q45k_unit<false>;
+    if (qtype == Q5_K) return pack_q45k_unit<true>;
+    if (qtype == Q6_K) return pack_q6k_unit;
+#endif
+    (void)qtype;
+    return nullptr;
+}
+
 }  // namespace
 
 void repack(int qtype, const uint8_t* raw, int64_t raw_rows, int64_t N, int64_t K, const int64_t* rows,
@@ -266,17 +367,28 @@ void repack(int qtype, const uint8_t* raw, int64_t raw_rows, int64_t N, int64_t 
     const int64_t groups = (N + GROUP - 1) / GROUP, units = K / L.unit_k;
     const int64_t row_bytes = K / L.blk * L.blk_bytes;
     const PackFn pack = pack_fn(qtype);
+    const PackUnitFn pack_unit = pack_unit_fn(qtype);
 #pragma omp parallel for schedule(dynamic, chunk_of(groups, nthreads)) num_threads(nthreads)
     for (int64_t g = 0; g < groups; ++g) {
+        int64_t src[GROUP];  // each column's row in raw; -1: a padding column
+        bool whole = true;
+        for (int c = 0; c < GROUP; ++c) {
+            const int64_t n = g * GROUP + c;
+            src[c] = n < N ? (rows ? rows[n] : n) : -1;
+            if (src[c] < 0 || src[c] >= raw_rows) src[c] = -1, whole = false;
+        }
         for (int64_t u = 0; u < units; ++u) {
             uint8_t* dst = packed + (g * units + u) * L.unit_bytes;
-            if (g * GROUP + GROUP > N || rows) std::memset(dst, 0, L.unit_bytes);  // padding columns stay zero
-            for (int c = 0; c < GROUP; ++c) {
-                const int64_t n = g * GROUP + c;
-                const int64_t src = n < N ? (rows ? rows[n] : n) : -1;
-                if (src < 0 || src >= raw_rows) continue;
-                pack(raw + src * row_bytes + u * (L.unit_k / L.blk) * L.blk_bytes, dst, c);
+            const int64_t at = u * (L.unit_k / L.blk) * L.blk_bytes;
+            if (whole && pack_unit) {
+                const uint8_t* blk[GROUP];
+                for (int c = 0; c < GROUP; ++c) blk[c] = raw + src[c] * row_bytes + at;
+                pack_unit(blk, dst);
+                continue;
             }
+            if (!whole || rows) std::memset(dst, 0, L.unit_bytes);  // padding columns stay zero
+            for (int c = 0; c < GROUP; ++c)
+                if (src[c] >= 0) pack(raw + src[c] * row_bytes + at, dst, c);
         }
     }
 }
