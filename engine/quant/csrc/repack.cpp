@@ -189,11 +189,11 @@ void pack_q45k(const uint8_t* blk, void* unit, int c) {
     kquant_scales(b.scales, sc, m);
     for (int j = 0; j < 8; ++j) {
         u.sc[j][c] = sc[j], u.m[j][c] = m[j];
-        const uint8_t* src = b.qs + 32 * (j / 2);  // sub-block j: nibble half j % 2 of chunk j / 2
-        const int sh = 4 * (j % 2);
         uint32_t h = 0;
         for (int t = 0; t < 4; ++t) {  // low nibbles: step t, high: step t + 4
             if constexpr (quants) {
+                const uint8_t* src = b.qs + 32 * (j / 2);  // sub-block j: nibble half j % 2 of chunk j / 2
+                const int sh = 4 * (j % 2);
                 const uint32_t lo = (ld32(src + 4 * t) >> sh) & LO4, hi = (ld32(src + 4 * t + 16) >> sh) & LO4;
                 st32(u.qs[j][t] + 4 * c, lo | hi << 4);
             }
@@ -201,6 +201,18 @@ void pack_q45k(const uint8_t* blk, void* unit, int c) {
         }
         if constexpr (Q5) st32(static_cast<UnitQ5K*>(unit)->qh[j] + 4 * c, h);
     }
+}
+
+// `quants` false: the scale and the sub-block scales only (pack_q6k_unit does the quants of all 8 columns).
+template <bool quants = true>
+void pack_q6k(const uint8_t* blk, void* unit, int c) {
+    const auto& b = *reinterpret_cast<const BlockQ6K*>(blk);
+    auto& u = *static_cast<UnitQ6K*>(unit);
+    u.d[c] = rd16(b.d);
+    for (int j = 0; j < 16; ++j) u.sc[j][c] = b.scales[j];
+    if constexpr (quants)
+        for (int h = 0; h < 2; ++h)  // each half of the block: 128 inputs, ql[64], qh[32]
+            q6_half(b.ql + 64 * h, b.qh + 32 * h, u.qv + 8 * h, c);
 }
 
 #if defined(__SSE2__)
@@ -275,22 +287,9 @@ void pack_q6k_unit(const uint8_t* const* blk, void* unit) {
                         _mm_or_si128(_mm_and_si128(s[2], m4), _mm_slli_epi16(_mm_and_si128(s[3], m4), 4)));
             }
         }
-    for (int c = 0; c < GROUP; ++c) {
-        const BlockQ6K& b = *reinterpret_cast<const BlockQ6K*>(blk[c]);
-        u.d[c] = rd16(b.d);
-        for (int j = 0; j < 16; ++j) u.sc[j][c] = b.scales[j];
-    }
+    for (int c = 0; c < GROUP; ++c) pack_q6k<false>(blk[c], unit, c);
 }
 #endif
-
-void pack_q6k(const uint8_t* blk, void* unit, int c) {
-    const auto& b = *reinterpret_cast<const BlockQ6K*>(blk);
-    auto& u = *static_cast<UnitQ6K*>(unit);
-    u.d[c] = rd16(b.d);
-    for (int j = 0; j < 16; ++j) u.sc[j][c] = b.scales[j];
-    for (int h = 0; h < 2; ++h)  // each half of the block: 128 inputs, ql[64], qh[32]
-        q6_half(b.ql + 64 * h, b.qh + 32 * h, u.qv + 8 * h, c);
-}
 
 void pack_q80(const uint8_t* blk, void* unit, int c) {
     const auto& b = *reinterpret_cast<const BlockQ80*>(blk);
@@ -336,7 +335,7 @@ PackFn pack_fn(int qtype) {
     switch (qtype) {
         case Q4_K: return pack_q45k<false>;
         case Q5_K: return pack_q45k<true>;
-        case Q6_K: return pack_q6k;
+        case Q6_K: return pack_q6k<>;
         case Q8_0: return pack_q80;
         case Q5_0: return pack_q50;
         case Q4_0: return pack_q40;
