@@ -177,8 +177,10 @@ void attend(const AttnArgs& a) {
 #pragma omp parallel num_threads(a.nthreads)
     {
         std::vector<float> s(static_cast<size_t>(G) * (KEY_CHUNK + 8));
-        // items in (query, chunk, KV head) order
-#pragma omp for schedule(static)
+        // items in (query, chunk, KV head) order, handed out one at a time: a query's last chunk is partial, so
+        // equal shares of items are unequal work (at 150 positions a static split gave one thread both full
+        // chunks and left the other idle ~70% of the call)
+#pragma omp for schedule(dynamic, 1)
         for (int64_t it = 0; it < items; ++it) {
             const int t = static_cast<int>(it / (chunks * a.Hkv)), g = static_cast<int>(it % a.Hkv);
             const int64_t c = it / a.Hkv % chunks, n = a.S - a.T + t + 1;  // keys this query may see
