@@ -7,26 +7,38 @@
 
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
 namespace sq {
 
-void linear(const Lin& w, const float* x, int R, float* y, const IsaFns& f, int nthreads) {
-    const MatArgs a{w.qtype, w.packed, w.N, w.K, w.bias, y, nthreads};
-    if (w.exact) {
-        f.matmul_f32(a, x, R);
-        return;
-    }
-    const int64_t nb = w.K / ABLK;
+namespace {
+
+// y (R, ldy): the columns of parts w[0..n) side by side, from x (R, K) quantized once; every part int8-activated
+void linear_q8(const Lin* w, int n, const float* x, int R, float* y, int64_t ldy, const IsaFns& f, int nthreads) {
+    const int64_t K = w[0].K, nb = K / ABLK;
     thread_local std::vector<int8_t> q;
     thread_local std::vector<float> dx, xs;
     thread_local std::vector<int32_t> b16, b32;
-    q.resize(R * w.K);
+    q.resize(R * K);
     for (auto* v : {&dx, &xs}) v->resize(R * nb);
     for (auto* v : {&b16, &b32}) v->resize(R * nb);
-    f.quantize_acts(x, R, w.K, q.data(), dx.data(), xs.data(), b16.data(), b32.data());
-    f.matmul_q8(a, ActQ{R, w.K, q.data(), dx.data(), xs.data(), b16.data(), b32.data()});
+    f.quantize_acts(x, R, K, q.data(), dx.data(), xs.data(), b16.data(), b32.data());
+    MatArgs a[MAX_PARTS];
+    int64_t col = 0;
+    for (int i = 0; i < n; col += w[i++].N) a[i] = MatArgs{w[i].qtype, w[i].packed, w[i].N, K, w[i].bias, y + col, nthreads, ldy};
+    f.matmul_q8(a, n, ActQ{R, K, q.data(), dx.data(), xs.data(), b16.data(), b32.data()});
+}
+
+}  // namespace
+
+void linear(const Lin& w, const float* x, int R, float* y, const IsaFns& f, int nthreads) {
+    if (w.exact) {
+        f.matmul_f32(MatArgs{w.qtype, w.packed, w.N, w.K, w.bias, y, nthreads}, x, R);
+        return;
+    }
+    linear_q8(&w, 1, x, R, y, w.N, f, nthreads);
 }
 
 namespace {
@@ -55,11 +67,13 @@ void rope(float* x, int heads, int D, const float* cos, const float* sin) {
     }
 }
 
-// Linear layers made of parts (q|k|v stored as different block types): each part into its columns.
+// Linear layers made of parts (q|k|v stored as different block types): each part into its columns, all in one call
+// to the kernels where every part takes int8 activations.
 void linear_parts(const std::vector<Lin>& parts, const float* x, int R, float* y, int64_t ldy,
                   std::vector<float>& tmp, const IsaFns& f, int nthreads) {
-    if (parts.size() == 1) {
-        linear(parts[0], x, R, y, f, nthreads);
+    const int n = static_cast<int>(parts.size());
+    if (n <= MAX_PARTS && std::none_of(parts.begin(), parts.end(), [](const Lin& p) { return p.exact; })) {
+        linear_q8(parts.data(), n, x, R, y, ldy, f, nthreads);
         return;
     }
     int64_t col = 0;

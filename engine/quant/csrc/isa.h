@@ -7,7 +7,7 @@ namespace sq {
 
 struct IsaFns {  // the dispatched kernels of one instruction set
     void (*quantize_acts)(const float*, int, int64_t, int8_t*, float*, float*, int32_t*, int32_t*);
-    void (*matmul_q8)(const MatArgs&, const ActQ&);
+    void (*matmul_q8)(const MatArgs*, int, const ActQ&);
     void (*matmul_f32)(const MatArgs&, const float*, int);
     void (*attend)(const AttnArgs&);
     void (*silu_mul)(const float*, int, int64_t, float*, int);

@@ -101,7 +101,7 @@ float unit_q8(int qtype, const uint8_t* u, int c, const RowView& xv, float acc) 
 
 }  // namespace
 
-void matmul_q8(const MatArgs& a, const ActQ& x) {
+static void matmul_q8_one(const MatArgs& a, const ActQ& x) {
     Layout L;
     layout_of(a.qtype, &L);
     const int64_t groups = (a.N + GROUP - 1) / GROUP, units = a.K / L.unit_k;
@@ -118,8 +118,12 @@ void matmul_q8(const MatArgs& a, const ActQ& x) {
                     const int64_t b0 = u * bpu * x.R;  // the unit's first block
                     acc = unit_q8(a.qtype, unit, c, RowView{x.q + ABLK * b0, x.dx + b0, x.xs + b0, x.R, r}, acc);
                 }
-                a.out[r * a.N + n] = a.bias ? acc + a.bias[n] : acc;
+                a.out[r * a.row_stride() + n] = a.bias ? acc + a.bias[n] : acc;
             }
+}
+
+void matmul_q8(const MatArgs* parts, int n, const ActQ& x) {
+    for (int i = 0; i < n; ++i) matmul_q8_one(parts[i], x);
 }
 
 void matmul_f32(const MatArgs& a, const float* x, int R) {
@@ -141,7 +145,7 @@ void matmul_f32(const MatArgs& a, const float* x, int R) {
                     }
                 }
                 const float y = (acc[0] + acc[1]) + (acc[2] + acc[3]);
-                a.out[r * a.N + n] = a.bias ? y + a.bias[n] : y;
+                a.out[r * a.row_stride() + n] = a.bias ? y + a.bias[n] : y;
             }
 }
 

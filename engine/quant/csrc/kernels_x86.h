@@ -549,7 +549,7 @@ static inline void store_group(const __m256* acc, int R, const MatArgs& a, int64
     const int64_t n0 = g * GROUP, nv = std::min<int64_t>(GROUP, a.N - n0);
     const __m256 b = a.bias && nv == GROUP ? _mm256_loadu_ps(a.bias + n0) : _mm256_setzero_ps();
     for (int r = 0; r < R; ++r) {
-        float* o = a.out + r * a.N + n0;
+        float* o = a.out + r * a.row_stride() + n0;
         if (nv == GROUP) {
             _mm256_storeu_ps(o, a.bias ? _mm256_add_ps(acc[r], b) : acc[r]);
         } else {
@@ -651,25 +651,46 @@ static GroupsFn<V> groups_fn(int qtype, int rows) {  // rows 1 .. MAX_ROWS
 static int pair_rows(int qtype) { return g_pair_from ? g_pair_from : qtype == Q6_K ? 7 : 3; }
 #endif
 
-void matmul_q8(const MatArgs& a, const ActQ& x) {
-    Layout L;
-    layout_of(a.qtype, &L);
-    const int64_t groups = (a.N + GROUP - 1) / GROUP, units = a.K / L.unit_k;
-    const GroupsFn<V256> one = groups_fn<V256>(a.qtype, x.R);
+// One parallel loop over the output groups of all parts: a layer stored as parts of different block types (q | k | v
+// of a Q4_K_M file) then costs one fork/join and one tail, not one per part.
+void matmul_q8(const MatArgs* parts, int n, const ActQ& x) {
+    struct Part {
+        Layout L;
+        int64_t groups, units, items;
+        GroupsFn<V256> one;
 #if SQ_ZMM
-    if (x.R >= pair_rows(a.qtype)) {
-        const GroupsFn<V512> two = groups_fn<V512>(a.qtype, x.R);
-        const int64_t items = (groups + 1) / 2;  // an odd last group goes alone
-#pragma omp parallel for schedule(dynamic, chunk_of(items, a.nthreads)) num_threads(a.nthreads)
-        for (int64_t i = 0; i < items; ++i) {
-            if (2 * i + 1 < groups) two(a, x, L, units, 2 * i);
-            else one(a, x, L, units, 2 * i);
-        }
-        return;
-    }
+        GroupsFn<V512> two;  // null: one group per item
 #endif
-#pragma omp parallel for schedule(dynamic, chunk_of(groups, a.nthreads)) num_threads(a.nthreads)
-    for (int64_t g = 0; g < groups; ++g) one(a, x, L, units, g);
+    } p[MAX_PARTS];
+    int64_t total = 0;
+    for (int i = 0; i < n; ++i) {
+        const MatArgs& a = parts[i];
+        Part& q = p[i];
+        layout_of(a.qtype, &q.L);
+        q.groups = (a.N + GROUP - 1) / GROUP, q.units = a.K / q.L.unit_k, q.items = q.groups;
+        q.one = groups_fn<V256>(a.qtype, x.R);
+#if SQ_ZMM
+        q.two = x.R >= pair_rows(a.qtype) ? groups_fn<V512>(a.qtype, x.R) : nullptr;
+        if (q.two) q.items = (q.groups + 1) / 2;  // an odd last group goes alone
+#endif
+        total += q.items;
+    }
+    const int nthreads = parts[0].nthreads;
+#pragma omp parallel for schedule(dynamic, chunk_of(total, nthreads)) num_threads(nthreads)
+    for (int64_t it = 0; it < total; ++it) {
+        int i = 0;
+        int64_t j = it;
+        while (j >= p[i].items) j -= p[i++].items;
+        const Part& q = p[i];
+#if SQ_ZMM
+        if (q.two) {
+            if (2 * j + 1 < q.groups) q.two(parts[i], x, q.L, q.units, 2 * j);
+            else q.one(parts[i], x, q.L, q.units, 2 * j);
+            continue;
+        }
+#endif
+        q.one(parts[i], x, q.L, q.units, j);
+    }
 }
 
 void matmul_f32(const MatArgs& a, const float* x, int R) {

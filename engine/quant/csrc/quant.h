@@ -117,9 +117,14 @@ struct MatArgs {
     const uint8_t* packed;
     int64_t N, K;          // output and input features
     const float* bias;     // (N,) or null
-    float* out;            // (R, N)
+    float* out;            // (R, N), rows ldo apart
     int nthreads;
+    int64_t ldo = 0;       // out's row stride; 0: N
+    int64_t row_stride() const { return ldo ? ldo : N; }
 };
+
+// matmul_q8 takes a layer made of up to this many parts (q | k | v stored as different block types) at once
+constexpr int MAX_PARTS = 4;
 
 // Causal attention of T queries (the last T of S positions) over one layer's cache, in attend.h.
 constexpr int MAX_HEAD_DIM = 256;
@@ -148,14 +153,15 @@ void dequant_cols(int qtype, const uint8_t* packed, int64_t N, int64_t K, const 
                   float* out);
 
 // One namespace per instruction set; all produce bitwise identical results (same integer sums, same
-// float operations in the same order per output element). requant_q40: packed units of any type -> packed Q4_0
+// float operations in the same order per output element). matmul_q8: n <= MAX_PARTS matrices over the same
+// activations, each into its own `out`. requant_q40: packed units of any type -> packed Q4_0
 // units of the same matrix, each column's 32-input blocks of exact weights quantized by ggml's reference rule
 // (d = the signed value of largest magnitude / -8); the scalar one is the statement of the rule (repack.cpp).
 #define SQ_DECLARE_ISA(ns)                                                                   \
     namespace ns {                                                                           \
     void quantize_acts(const float* x, int R, int64_t K, int8_t* q, float* dx, float* xs,    \
                        int32_t* bs16, int32_t* bs32);                                        \
-    void matmul_q8(const MatArgs& a, const ActQ& x);                                         \
+    void matmul_q8(const MatArgs* parts, int n, const ActQ& x);                              \
     void matmul_f32(const MatArgs& a, const float* x, int R);                                \
     void attend(const AttnArgs& a);                                                          \
     void silu_mul(const float* gu, int T, int64_t I, float* out, int nthreads);              \
