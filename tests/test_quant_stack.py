@@ -25,7 +25,7 @@ MAX_LEN = 64
 IDS = [5, 17, 99, 3, 42, 7, 250, 1, 64, 12, 88]
 
 
-@pytest.fixture(scope="module", params=[("llama", "Q8_0"), ("qwen2", "mixed"), ("llama", "F16")])
+@pytest.fixture(scope="module", params=[("llama", "Q8_0"), ("qwen2", "mixed"), ("llama", "F16"), ("qwen2", "parts")])
 def gguf_path(request, tmp_path_factory):
     arch, qtype = request.param
     tok = make_tokenizer()
@@ -60,6 +60,22 @@ def test_the_stack_is_the_module_path(gguf_path):
     ref = run(model, [1] * len(IDS))
     torch.testing.assert_close(fast, ref, rtol=1e-5, atol=1e-5)
     assert not torch.equal(fast, torch.zeros_like(fast))
+
+
+def test_layers_of_parts_of_different_types_are_the_module_path(tmp_path):
+    """int8 activations through q|k|v and gate|up stored as parts of different block types (the kernels run them in
+    one call, each part into its columns): the torch modules' result (each part its own matmul) up to attention's
+    and the norms' order of sums."""
+    tok = make_tokenizer()
+    gf = GGUFFile(write_gguf(tmp_path / "parts.gguf", make_hf_model("qwen2", len(tok)), tok, "parts"))
+    assert {gf.tensors["blk.0.attn_" + n + ".weight"].qtype.name for n in "qkv"} == {"Q8_0", "Q5_0", "Q4_0"}
+    model = build_model(gf, MAX_LEN)
+    assert model.stack is not None and len(model.layers[0].attn.qkv.parts) == 3
+    fast = run(model, [1, 3, 7])
+    model.stack = None
+    ref = run(model, [1, 3, 7])
+    torch.testing.assert_close(fast, ref, rtol=1e-4, atol=1e-4)
+    assert fast.abs().max() > 1e-3
 
 
 @pytest.mark.parametrize("act", ["int8", "fp32"])

@@ -79,10 +79,14 @@ def llamacpp_permute(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
+PARTS = {"attn_k": "Q5_0", "attn_v": "Q4_0", "ffn_gate": "Q4_0"}  # write_gguf's "parts": these, the rest Q8_0
+
+
 def write_gguf(path: Path, model, tok: PreTrainedTokenizerFast | None, qtype: str = "F32",
                rope_freqs: np.ndarray | None = None) -> Path:
     """Export an HF model the way llama.cpp would: renamed, q/k permuted for llama, 2-D weights in `qtype`
-    ("F32", "F16", "Q8_0" or "mixed": F16 attention, Q8_0 MLP/embeddings), norms and biases in F32."""
+    ("F32", "F16", "Q8_0", "mixed": F16 attention, Q8_0 MLP/embeddings, or "parts": q, k, v as Q8_0, Q5_0, Q4_0
+    and the MLP's gate as Q4_0, so the fused layers are made of parts of different types), norms and biases in F32."""
     cfg = model.config
     arch = cfg.model_type
     w = gguf.GGUFWriter(str(path), arch)
@@ -118,14 +122,14 @@ def write_gguf(path: Path, model, tok: PreTrainedTokenizerFast | None, qtype: st
         if arch == "llama" and name.endswith(("attn_q.weight", "attn_k.weight")):
             heads = cfg.num_attention_heads if "attn_q" in name else cfg.num_key_value_heads
             arr = llamacpp_permute(arr, heads)
-        kind = qtype if qtype != "mixed" else ("F16" if "attn" in name else "Q8_0")
+        kind = {"mixed": "F16" if "attn" in name else "Q8_0", "parts": PARTS.get(name.split(".")[-2], "Q8_0")}.get(qtype, qtype)
         if arr.ndim == 1 or kind == "F32":
             w.add_tensor(name, arr)
         elif kind == "F16":
             w.add_tensor(name, arr.astype(np.float16))
         else:
-            w.add_tensor(name, gguf.quants.quantize(arr, gguf.GGMLQuantizationType.Q8_0),
-                         raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+            t = gguf.GGMLQuantizationType[kind]
+            w.add_tensor(name, gguf.quants.quantize(arr, t), raw_dtype=t)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
