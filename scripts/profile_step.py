@@ -9,7 +9,9 @@ For the target (and the draft) it times, in alternating rounds after a real prom
 - `matmuls alone`: every layer's linear layers called one after another as the stack calls them (cold weights, as
   in a step); the stack's time minus this is attention, norms, rope, activation quantization and thread hand-offs;
 - the memory floor: the bytes of packed weights one step reads (layers + LM head) over the read bandwidth measured
-  here (a 2-thread sum over 512 MB).
+  here (a 2-thread sum over 512 MB), once in every round beside the step: on a host whose speed drifts, a step
+  and a bandwidth measured minutes apart can put their ratio anywhere; `pass / floor` is the median of the
+  rounds' own ratios.
 For the draft it also times what drafting costs as the round loop runs it: `ModelDrafter.propose` of K tokens
 (greedy, no early stop), per drafted token, beside the same K forward passes alone; the difference is the drafting
 loop's own work (the argmax, the q rows, the inspector's logits, Python).
@@ -27,6 +29,7 @@ import torch
 from engine.api.config import SamplingParams
 from engine.io.loading import load_engine
 from engine.io.provision import default_pair
+from engine.model.pages import collapse
 from engine.model.transformer import Transformer
 from engine.quant.linear import QuantLinear
 from engine.runtime.verify import decide, inspector_rows, score
@@ -63,7 +66,22 @@ class Parts:
         return statistics.median(self.times[name])
 
 
-def profile(role: str, engine, model: Transformer, pool, seq: int, ids: list[int], reps: int, bw: float,
+class Reader:
+    """The read bandwidth of a multi-threaded sum over 512 MB, measured when asked (bench_kernels.read_bandwidth's
+    buffer, on huge pages where the kernel allows)."""
+
+    def __init__(self, threads: int) -> None:
+        read_bandwidth(threads)  # warms the threads and the pages
+        self.buf = torch.ones(128 << 20)
+        collapse(self.buf.view(torch.uint8))
+
+    def gbps(self) -> float:
+        t0 = time.perf_counter()
+        self.buf.sum()
+        return self.buf.numel() * 4 / (time.perf_counter() - t0) / 1e9
+
+
+def profile(role: str, engine, model: Transformer, pool, seq: int, ids: list[int], reps: int, reader: Reader,
             rows: int = 1) -> None:
     params = SamplingParams(temperature=0.0)
     parts = Parts()
@@ -73,12 +91,14 @@ def profile(role: str, engine, model: Transformer, pool, seq: int, ids: list[int
     vocab = engine.vocab
     layer_lins = linears(model)
     head_in = torch.randn(rows, model.cfg.hidden_size)
+    bws: list[float] = []
     empty = torch.empty(0, dtype=torch.long)
     drafted = torch.tensor(ids[-rows:-1], dtype=torch.long)  # a verify pass scores the last token and rows - 1 drafts
     for _ in range(reps):
         m.truncate_to(seq, base)
         # The step as the engine runs it: score (embedding, stack, head, sampling transform) and decide.
         scores = parts.time("step", lambda: score(model, pool, ids, drafted, params, vocab, engine.device))
+        bws.append(reader.gbps())
         if rows == 1:  # a plain step's decide and inspector rows (a verify pass's need the draft's q)
             verdict = parts.time("  then decide", lambda: decide(empty, None, scores.p, None)[2])
             parts.time("inspector rows (apart)", lambda: inspector_rows(scores, empty, None, verdict, text_of, True))
@@ -99,6 +119,7 @@ def profile(role: str, engine, model: Transformer, pool, seq: int, ids: list[int
         parts.times.setdefault("matmuls alone (layers)", []).append(sum(parts.times.pop("_lin")) * 1e3)
         parts.time("LM head alone", lambda: model.lm_head(head_in))
     m.truncate_to(seq, base)
+    bw = statistics.median(bws)
     floor = step_bytes(model) / bw / 1e6
     print(f"\n== {role}: {len(model.layers)} layers, a pass of {rows} token(s) after {base}, median ms of {reps} rounds ==")
     for name in parts.times:
@@ -107,8 +128,9 @@ def profile(role: str, engine, model: Transformer, pool, seq: int, ids: list[int
     mat = parts.median("matmuls alone (layers)")
     print(f"  {'stack minus its matmuls':<34} {stack - mat:8.2f}   (attention, norms, rope, act. quantization, hand-offs)")
     print(f"  {'memory floor':<34} {floor:8.2f}   ({step_bytes(model) / 1e6:.0f} MB of weights at {bw:.1f} GB/s)")
-    whole = parts.median("step")
-    print(f"  {'pass / floor':<34} {whole / floor:8.2f}")
+    ratios = [t * b * 1e6 / step_bytes(model) for t, b in zip(parts.times["step"], bws)]
+    print(f"  {'pass / floor':<34} {statistics.median(ratios):8.2f}   (median of the rounds' own, "
+          f"{min(ratios):.2f}-{max(ratios):.2f})")
 
 
 def profile_propose(drafter, ids: list[int], reps: int, k: int = 4) -> None:
@@ -158,17 +180,17 @@ def main() -> None:
     engine.settle()  # the steady state: the weights on huge pages where the kernel allows
     print(f"CPU: {cpu_line()}")
     print(f"torch {torch.__version__}, {args.threads} threads, weights {engine.dtype_name}")
-    bw = read_bandwidth(args.threads)
+    reader = Reader(args.threads)
     text = "def quicksort(items):\n    " * (args.context // 8)
     ids = engine.tokenizer.encode(text)[: args.context]
     engine._prefill(ids)
     for rows in (int(r) for r in args.rows.split(",")):
-        profile("target (1.5B)", engine, engine.target, engine.target_pool, 0, ids, args.reps, bw, rows)
+        profile("target (1.5B)", engine, engine.target, engine.target_pool, 0, ids, args.reps, reader, rows)
     drafter = engine.model_drafter
     if drafter is not None:
         drafter._sync(ids)
         drafter._prefill(ids)
-        profile("draft (0.5B)", engine, engine.draft, drafter.pool, drafter.seq, ids, args.reps, bw)
+        profile("draft (0.5B)", engine, engine.draft, drafter.pool, drafter.seq, ids, args.reps, reader)
         profile_propose(drafter, ids, args.reps)
 
 
