@@ -43,17 +43,24 @@ def cpu_line() -> str:
     return this_cpu().line()
 
 
-def read_bandwidth(threads: int) -> float:
+class ReadBandwidth:
     """GB/s of a multi-threaded sum over 512 MB (a stand-in for streaming weights), on huge pages where the kernel
-    allows, as the engine's weights are after load (engine.model.pages.HugePages)."""
-    t = torch.ones(128 << 20)
-    collapse(t.view(torch.uint8))
-    best = float("inf")
-    for _ in range(5):
+    allows, as the engine's weights are after load (engine.model.pages.HugePages); `once` reads it once."""
+
+    def __init__(self) -> None:
+        self.buf = torch.ones(128 << 20)
+        collapse(self.buf.view(torch.uint8))
+
+    def once(self) -> float:
         t0 = CLOCK()
-        t.sum()
-        best = min(best, CLOCK() - t0)
-    return t.numel() * 4 / best / 1e9
+        self.buf.sum()
+        return self.buf.numel() * 4 / (CLOCK() - t0) / 1e9
+
+
+def read_bandwidth(threads: int) -> float:
+    """The best of five reads (torch's `threads` threads: set by the caller)."""
+    reader = ReadBandwidth()
+    return max(reader.once() for _ in range(5))
 
 
 CLOCK = time.perf_counter

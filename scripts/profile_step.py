@@ -29,11 +29,10 @@ import torch
 from engine.api.config import SamplingParams
 from engine.io.loading import load_engine
 from engine.io.provision import default_pair
-from engine.model.pages import collapse
 from engine.model.transformer import Transformer
 from engine.quant.linear import QuantLinear
 from engine.runtime.verify import decide, inspector_rows, score
-from bench_kernels import cpu_line, read_bandwidth
+from bench_kernels import ReadBandwidth, cpu_line
 
 
 def linears(model: Transformer) -> list[QuantLinear]:
@@ -66,22 +65,7 @@ class Parts:
         return statistics.median(self.times[name])
 
 
-class Reader:
-    """The read bandwidth of a multi-threaded sum over 512 MB, measured when asked (bench_kernels.read_bandwidth's
-    buffer, on huge pages where the kernel allows)."""
-
-    def __init__(self, threads: int) -> None:
-        read_bandwidth(threads)  # warms the threads and the pages
-        self.buf = torch.ones(128 << 20)
-        collapse(self.buf.view(torch.uint8))
-
-    def gbps(self) -> float:
-        t0 = time.perf_counter()
-        self.buf.sum()
-        return self.buf.numel() * 4 / (time.perf_counter() - t0) / 1e9
-
-
-def profile(role: str, engine, model: Transformer, pool, seq: int, ids: list[int], reps: int, reader: Reader,
+def profile(role: str, engine, model: Transformer, pool, seq: int, ids: list[int], reps: int, reader: ReadBandwidth,
             rows: int = 1) -> None:
     params = SamplingParams(temperature=0.0)
     parts = Parts()
@@ -98,7 +82,7 @@ def profile(role: str, engine, model: Transformer, pool, seq: int, ids: list[int
         m.truncate_to(seq, base)
         # The step as the engine runs it: score (embedding, stack, head, sampling transform) and decide.
         scores = parts.time("step", lambda: score(model, pool, ids, drafted, params, vocab, engine.device))
-        bws.append(reader.gbps())
+        bws.append(reader.once())
         if rows == 1:  # a plain step's decide and inspector rows (a verify pass's need the draft's q)
             verdict = parts.time("  then decide", lambda: decide(empty, None, scores.p, None)[2])
             parts.time("inspector rows (apart)", lambda: inspector_rows(scores, empty, None, verdict, text_of, True))
@@ -180,7 +164,8 @@ def main() -> None:
     engine.settle()  # the steady state: the weights on huge pages where the kernel allows
     print(f"CPU: {cpu_line()}")
     print(f"torch {torch.__version__}, {args.threads} threads, weights {engine.dtype_name}")
-    reader = Reader(args.threads)
+    reader = ReadBandwidth()
+    reader.once()  # the first read faults the pages in
     text = "def quicksort(items):\n    " * (args.context // 8)
     ids = engine.tokenizer.encode(text)[: args.context]
     engine._prefill(ids)

@@ -27,18 +27,23 @@ void linear_q8(const Lin* w, int n, const float* x, int R, float* y, int64_t ldy
     f.quantize_acts(x, R, K, q.data(), dx.data(), xs.data(), b16.data(), b32.data());
     MatArgs a[MAX_PARTS];
     int64_t col = 0;
-    for (int i = 0; i < n; col += w[i++].N) a[i] = MatArgs{w[i].qtype, w[i].packed, w[i].N, K, w[i].bias, y + col, nthreads, ldy};
+    for (int i = 0; i < n; col += w[i++].N)
+        a[i] = MatArgs{w[i].qtype, w[i].packed, w[i].N, K, w[i].bias, y + col, nthreads, ldy};
     f.matmul_q8(a, n, ActQ{R, K, q.data(), dx.data(), xs.data(), b16.data(), b32.data()});
+}
+
+// y (R, ldy): w's columns
+void linear_into(const Lin& w, const float* x, int R, float* y, int64_t ldy, const IsaFns& f, int nthreads) {
+    if (w.exact)
+        f.matmul_f32(MatArgs{w.qtype, w.packed, w.N, w.K, w.bias, y, nthreads, ldy}, x, R);
+    else
+        linear_q8(&w, 1, x, R, y, ldy, f, nthreads);
 }
 
 }  // namespace
 
 void linear(const Lin& w, const float* x, int R, float* y, const IsaFns& f, int nthreads) {
-    if (w.exact) {
-        f.matmul_f32(MatArgs{w.qtype, w.packed, w.N, w.K, w.bias, y, nthreads}, x, R);
-        return;
-    }
-    linear_q8(&w, 1, x, R, y, w.N, f, nthreads);
+    linear_into(w, x, R, y, w.N, f, nthreads);
 }
 
 namespace {
@@ -68,21 +73,16 @@ void rope(float* x, int heads, int D, const float* cos, const float* sin) {
 }
 
 // Linear layers made of parts (q|k|v stored as different block types): each part into its columns, all in one call
-// to the kernels where every part takes int8 activations.
-void linear_parts(const std::vector<Lin>& parts, const float* x, int R, float* y, int64_t ldy,
-                  std::vector<float>& tmp, const IsaFns& f, int nthreads) {
+// to the kernels where every part takes int8 activations, else part by part.
+void linear_parts(const std::vector<Lin>& parts, const float* x, int R, float* y, int64_t ldy, const IsaFns& f,
+                  int nthreads) {
     const int n = static_cast<int>(parts.size());
     if (n <= MAX_PARTS && std::none_of(parts.begin(), parts.end(), [](const Lin& p) { return p.exact; })) {
         linear_q8(parts.data(), n, x, R, y, ldy, f, nthreads);
         return;
     }
     int64_t col = 0;
-    for (const Lin& p : parts) {
-        tmp.resize(R * p.N);
-        linear(p, x, R, tmp.data(), f, nthreads);
-        for (int r = 0; r < R; ++r) std::memcpy(y + r * ldy + col, tmp.data() + r * p.N, sizeof(float) * p.N);
-        col += p.N;
-    }
+    for (const Lin& p : parts) linear_into(p, x, R, y + col, ldy, f, nthreads), col += p.N;
 }
 
 }  // namespace
@@ -90,7 +90,7 @@ void linear_parts(const std::vector<Lin>& parts, const float* x, int R, float* y
 void decode(const Stack& st, const Cache& c, float* x, int T, int64_t start, const IsaFns& f, int nthreads) {
     const int C = st.C, H = st.H, Hkv = st.Hkv, D = st.D, I = st.I;
     const int64_t nq = static_cast<int64_t>(H) * D, nkv = static_cast<int64_t>(Hkv) * D, nqkv = nq + 2 * nkv;
-    std::vector<float> h(T * C), qkv(T * nqkv), att(T * nq), y(T * C), gu(T * 2 * I), act(T * I), tmp;
+    std::vector<float> h(T * C), qkv(T * nqkv), att(T * nq), y(T * C), gu(T * 2 * I), act(T * I);
     std::vector<float> q(T * nq);
     const int64_t layer_size = c.slots * nkv;
     for (size_t li = 0; li < st.layers.size(); ++li) {
@@ -98,7 +98,7 @@ void decode(const Stack& st, const Cache& c, float* x, int T, int64_t start, con
         float* kc = c.k + li * layer_size;
         float* vc = c.v + li * layer_size;
         for (int t = 0; t < T; ++t) rmsnorm(x + t * C, L.attn_norm, C, st.eps, h.data() + t * C);
-        linear_parts(L.qkv, h.data(), T, qkv.data(), nqkv, tmp, f, nthreads);
+        linear_parts(L.qkv, h.data(), T, qkv.data(), nqkv, f, nthreads);
         for (int t = 0; t < T; ++t) {
             float* row = qkv.data() + t * nqkv;
             const float* cs = st.cos + (start + t) * D;
@@ -114,7 +114,7 @@ void decode(const Stack& st, const Cache& c, float* x, int T, int64_t start, con
         linear(L.o, att.data(), T, y.data(), f, nthreads);
         for (int64_t i = 0; i < static_cast<int64_t>(T) * C; ++i) x[i] += y[i];
         for (int t = 0; t < T; ++t) rmsnorm(x + t * C, L.mlp_norm, C, st.eps, h.data() + t * C);
-        linear_parts(L.gate_up, h.data(), T, gu.data(), 2 * I, tmp, f, nthreads);
+        linear_parts(L.gate_up, h.data(), T, gu.data(), 2 * I, f, nthreads);
         f.silu_mul(gu.data(), T, I, act.data(), nthreads);
         linear(L.down, act.data(), T, y.data(), f, nthreads);
         for (int64_t i = 0; i < static_cast<int64_t>(T) * C; ++i) x[i] += y[i];
