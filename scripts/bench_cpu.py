@@ -9,6 +9,10 @@ printed). Our rates are decode rates (the target's and the draft's prompt prefil
 figures; the end-to-end rates are printed beside them. Prints tokens/s, the ratios against the peers, the cost
 of a target pass over 1..9 tokens in decode steps, alpha, c, the Leviathan bound, the time to a ready pair and
 the peak RSS with the pair loaded.
+
+llama.cpp's plain decode of the target is also read (llama-bench, one repetition) before our first mode and after each
+one, and every mode's rate is set against the mean of the two readings around it: on a shared host whose speed drifts
+by ±25% from minute to minute, that ratio holds where one set against llama.cpp's full run, minutes later, need not.
 """
 from __future__ import annotations
 
@@ -40,6 +44,7 @@ from engine.api.events import RoundEvent, Summary
 from engine.io.provision import default_pair
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "bench"
+DEFAULT_MODE = "hybrid K=4 stop"  # the app's default settings (app/views/controls_panel.py)
 
 
 def cpu_line() -> str:
@@ -127,6 +132,41 @@ def hf_generate(target: Path, prompts: list[list[int]], max_new: int) -> dict:
     return {"tokens_per_s": tokens / seconds, "tokens": tokens, "outputs": outputs}
 
 
+class PeerPlain:
+    """llama.cpp's plain decode of the target (`llama-bench` tg, one repetition), read before our first mode and after
+    each one: on a host whose speed drifts from minute to minute, each of our modes is set against the mean of the
+    two readings around it, not against a figure taken ten minutes later."""
+
+    def __init__(self, target: Path, max_new: int) -> None:
+        self.target, self.max_new = target, max_new
+        self.bin: Path | None = None
+        build = SHARED / "llama_cpp_build.sh"  # prints its tools' folder; builds them first on a new machine
+        if build.is_file():
+            run = subprocess.run(["bash", str(build)], env=os.environ | {"PYTHON": sys.executable}, text=True,
+                                 capture_output=True)
+            if run.returncode == 0 and (Path(run.stdout.strip()) / "llama-bench").is_file():
+                self.bin = Path(run.stdout.strip())
+            else:
+                print(f"llama.cpp build failed ({run.returncode}): {run.stderr.strip()[-300:]}", file=sys.stderr)
+
+    def read(self) -> float | None:
+        if self.bin is None:
+            return None
+        run = subprocess.run([str(self.bin / "llama-bench"), "-m", str(self.target), "-t", str(torch.get_num_threads()),
+                              "-p", "0", "-n", str(self.max_new), "-r", "1", "-o", "json"],
+                             text=True, capture_output=True)
+        if run.returncode != 0:
+            print(f"llama-bench failed ({run.returncode}): {run.stderr.strip()[-300:]}", file=sys.stderr)
+            return None
+        return float(json.loads(run.stdout)[0]["avg_ts"])
+
+
+def around(series: list[float | None], i: int) -> float | None:
+    """The mean of the peer's readings just before and just after our mode i."""
+    pair = [v for v in series[i : i + 2] if v is not None]
+    return sum(pair) / len(pair) if pair else None
+
+
 def llama_cpp(target: Path, draft: Path, prompts: Path, max_new: int) -> dict | None:
     script = SHARED / "llama_cpp_peer.sh"
     if not script.is_file():
@@ -142,6 +182,11 @@ def llama_cpp(target: Path, draft: Path, prompts: Path, max_new: int) -> dict | 
             print(f"llama.cpp peer failed ({run.returncode}): {run.stderr.strip()[-500:]}", file=sys.stderr)
             return None
         return json.loads(out.read_text())
+
+
+def fmt(v: float | None, spec: str, unit: str = "") -> str:
+    """A table cell: v formatted, or a dash of the same width."""
+    return format(v, spec) + unit if v is not None else "-".rjust(len(format(0.0, spec)) + len(unit))
 
 
 def main() -> int:
@@ -175,13 +220,19 @@ def main() -> int:
     modes = [("plain", SpecParams(enabled=False))] + [(f"draft K={k}", SpecParams(k=k)) for k in ks] + \
         [(f"draft K={k} stop", SpecParams(k=k, stop_below=STOP_BELOW)) for k in (2, 4, 6)] + \
         [("ngram K=4", SpecParams(k=4, drafter="ngram")),
-         ("hybrid K=4 stop", SpecParams(k=4, drafter="hybrid", stop_below=STOP_BELOW))]
+         (DEFAULT_MODE, SpecParams(k=4, drafter="hybrid", stop_below=STOP_BELOW))]
     ours = {}
+    peer_plain = None if a.no_peer else PeerPlain(target, a.max_new_tokens)
+    series = [peer_plain.read() if peer_plain else None]  # llama.cpp's plain rate before each mode, and after the last
     for name, spec in modes:
         our_mode(engine, prompts[:1], 4, spec)  # warm-up
         ours[name] = our_mode(engine, prompts, a.max_new_tokens, spec)
+        series.append(peer_plain.read() if peer_plain else None)
+        near = around(series, len(ours) - 1)
         print(f"  ours {name}: {ours[name]['tokens_per_s']:.2f} tok/s decode, {ours[name]['e2e_tokens_per_s']:.2f} "
-              "end to end", file=sys.stderr, flush=True)
+              "end to end" + (f"; llama.cpp plain around it {near:.2f} tok/s" if near else ""), file=sys.stderr,
+              flush=True)
+    adjacent = {name: around(series, i) for i, name in enumerate(ours)}
     rss_now, rss_peak = rss_mb()
     costs = pass_costs(engine, prompts[0])
     plain_rounds = ours["plain"]["rounds"]
@@ -198,7 +249,8 @@ def main() -> int:
             print(f"transformers generate skipped: {e}", file=sys.stderr)
 
     base = ours["plain"]
-    print(f"\n{'mode':<22}{'tok/s':>8}{'e2e':>7}{'vs our plain':>14}{'same tokens':>13}{'alpha':>7}{'c':>6}{'bound':>7}")
+    print(f"\n{'mode':<22}{'tok/s':>8}{'e2e':>7}{'vs our plain':>14}{'same tokens':>13}{'alpha':>7}{'c':>6}{'bound':>7}"
+          f"{'llama.cpp around':>18}{'ratio':>7}")
     summary = {}
     for name, r in ours.items():
         same = sum(o == b for o, b in zip(r["outputs"], base["outputs"]))
@@ -209,13 +261,15 @@ def main() -> int:
         if spec_rounds and spec.drafter == "model":
             c = sum(e.draft_ms for e in spec_rounds) / sum(len(e.drafted) for e in spec_rounds) / plain_ms
             bound = theoretical_speedup(alpha, spec.k, c) if not spec.stop_below else None  # the bound is for a fixed K
+        near = adjacent[name]
         summary[name] = {"tokens_per_s": r["tokens_per_s"], "e2e_tokens_per_s": r["e2e_tokens_per_s"],
                          "tokens": r["tokens"], "same_as_plain": same,
-                         "alpha": alpha, "c": c, "leviathan_bound": bound}
-        fmt = lambda v, f: format(v, f) if v is not None else "-"  # noqa: E731
+                         "alpha": alpha, "c": c, "leviathan_bound": bound, "llama_cpp_plain_around": near,
+                         "over_llama_cpp_plain_around": r["tokens_per_s"] / near if near else None}
         print(f"ours {name:<17}{r['tokens_per_s']:>8.2f}{r['e2e_tokens_per_s']:>7.2f}"
               f"{r['tokens_per_s'] / base['tokens_per_s']:>13.2f}x"
-              f"{same:>9}/{len(base['outputs'])}{fmt(alpha, '>7.3f')}{fmt(c, '>6.2f')}{fmt(bound, '>6.2f')}x")
+              f"{same:>9}/{len(base['outputs'])}{fmt(alpha, '>7.3f')}{fmt(c, '>6.2f')}{fmt(bound, '>6.2f', 'x')}"
+              f"{fmt(near, '>18.2f')}{fmt(near and r['tokens_per_s'] / near, '>6.2f', 'x')}")
     if hf:
         same = sum(o == b for o, b in zip(hf["outputs"], base["outputs"]))
         print(f"{'transformers generate':<22}{'':>8}{hf['tokens_per_s']:>7.2f}"  # end to end, like our e2e column
@@ -227,7 +281,12 @@ def main() -> int:
     ratios = {f"best speculative ({best_name}) / our plain": best / base["tokens_per_s"]}
     if hf:
         ratios["our plain / transformers generate (end to end)"] = base["e2e_tokens_per_s"] / hf["tokens_per_s"]
-    if peer:
+    if adjacent["plain"]:  # each against llama.cpp's plain read just before and after it
+        ratios |= {"our plain / llama.cpp plain around it": base["tokens_per_s"] / adjacent["plain"],
+                   f"our best speculative ({best_name}) / llama.cpp plain around it": best / adjacent[best_name],
+                   f"the app's default ({DEFAULT_MODE}) / llama.cpp plain around it":
+                       ours[DEFAULT_MODE]["tokens_per_s"] / adjacent[DEFAULT_MODE]}
+    if peer:  # llama.cpp's full run, after all of ours
         lp = peer["target_plain_tokens_per_s"]
         lspec = max(s["tokens_per_s"] for s in peer["speculative"])
         ratios |= {"our plain / llama.cpp plain": base["tokens_per_s"] / lp,
@@ -241,7 +300,7 @@ def main() -> int:
         Path(a.json).write_text(json.dumps({
             "machine": cpu_line(), "date": str(date.today()), "max_new_tokens": a.max_new_tokens,
             "prompts": len(prompts), "ready_s": ready_s, "huge_pages_mb": huge / 1e6, "kernels": kernels, "rss_mb": rss_now, "peak_rss_mb": rss_peak,
-            "ours": summary, "pass_ms": costs, "plain_step_ms": plain_ms,
+            "ours": summary, "pass_ms": costs, "plain_step_ms": plain_ms, "llama_cpp_plain_series": series,
             "transformers_generate": hf and {"tokens_per_s": hf["tokens_per_s"], "tokens": hf["tokens"]},
             "llama_cpp": peer, "ratios": ratios,
         }, indent=1))
