@@ -10,9 +10,10 @@ figures; the end-to-end rates are printed beside them. Prints tokens/s, the rati
 of a target pass over 1..9 tokens in decode steps, alpha, c, the Leviathan bound, the time to a ready pair and
 the peak RSS with the pair loaded.
 
-llama.cpp's plain decode of the target is also read (llama-bench, one repetition) before our first mode and after each
-one, and every mode's rate is set against the mean of the two readings around it: on a shared host whose speed drifts
-by ±25% from minute to minute, that ratio holds where one set against llama.cpp's full run, minutes later, need not.
+The modes take turns on each prompt (the order reversed on every other prompt), and llama.cpp's plain decode of the
+target is read (llama-bench, one repetition) before the first prompt and after each: on a shared host whose speed
+drifts by ±25% from minute to minute, every mode and the mean of those readings then span the same minutes, and
+their ratios hold where a mode measured in one minute and llama.cpp's full run ten minutes later need not.
 """
 from __future__ import annotations
 
@@ -61,25 +62,34 @@ def rss_mb() -> tuple[float, float]:
     return cur, peak
 
 
-def our_mode(engine: Engine, prompts: list[list[int]], max_new: int, spec: SpecParams) -> dict:
-    """tokens_per_s: the decode rate, prompt processing excluded as llama.cpp's figures exclude it: the target's
+class ModeRun:
+    """One of our modes over the prompts, a prompt at a time (the modes take turns on each prompt).
+    tokens_per_s: the decode rate, prompt processing excluded as llama.cpp's figures exclude it: the target's
     prefill (llama-bench tg) and the draft model's (llama-speculative-simple evaluates the prompt on the target
     and the draft before its decode timer starts; ours is lazy, in the first round, and reported on its own);
     e2e_tokens_per_s: wall clock from request to last token, everything included."""
-    tokens, seconds, decode_s, outputs, rounds = 0, 0.0, 0.0, [], []
-    for p in prompts:
+
+    def __init__(self, spec: SpecParams) -> None:
+        self.spec = spec
+        self.tokens, self.seconds, self.decode_s = 0, 0.0, 0.0
+        self.outputs: list[list[int]] = []
+        self.rounds: list[RoundEvent] = []
+
+    def add(self, engine: Engine, prompt: list[int], max_new: int) -> None:
         engine.reset()
         t = time.perf_counter()
-        events = list(engine.generate(p, SamplingParams(max_new_tokens=max_new), spec))
-        seconds += time.perf_counter() - t
+        events = list(engine.generate(prompt, SamplingParams(max_new_tokens=max_new), self.spec))
+        self.seconds += time.perf_counter() - t
         s = events[-1]
         assert isinstance(s, Summary)
-        decode_s += s.total_s - s.prefill_s - s.draft_prefill_ms / 1e3
-        tokens += s.new_tokens
-        outputs.append(list(s.token_ids))
-        rounds += [e for e in events if isinstance(e, RoundEvent)]
-    return {"tokens_per_s": tokens / decode_s, "e2e_tokens_per_s": tokens / seconds, "tokens": tokens,
-            "outputs": outputs, "rounds": rounds}
+        self.decode_s += s.total_s - s.prefill_s - s.draft_prefill_ms / 1e3
+        self.tokens += s.new_tokens
+        self.outputs.append(list(s.token_ids))
+        self.rounds += [e for e in events if isinstance(e, RoundEvent)]
+
+    def result(self) -> dict:
+        return {"tokens_per_s": self.tokens / self.decode_s, "e2e_tokens_per_s": self.tokens / self.seconds,
+                "tokens": self.tokens, "outputs": self.outputs, "rounds": self.rounds}
 
 
 def pass_costs(engine: Engine, prompt: list[int], widths=(1, 2, 3, 5, 9), repeats: int = 12) -> dict[int, float]:
@@ -133,9 +143,9 @@ def hf_generate(target: Path, prompts: list[list[int]], max_new: int) -> dict:
 
 
 class PeerPlain:
-    """llama.cpp's plain decode of the target (`llama-bench` tg, one repetition), read before our first mode and after
-    each one: on a host whose speed drifts from minute to minute, each of our modes is set against the mean of the
-    two readings around it, not against a figure taken ten minutes later."""
+    """llama.cpp's plain decode of the target (`llama-bench` tg, one repetition), read before our first prompt and
+    after each prompt's turn of all our modes: on a host whose speed drifts from minute to minute, the mean of these
+    readings spans the same minutes as every one of our modes."""
 
     def __init__(self, target: Path, max_new: int) -> None:
         self.target, self.max_new = target, max_new
@@ -159,12 +169,6 @@ class PeerPlain:
             print(f"llama-bench failed ({run.returncode}): {run.stderr.strip()[-300:]}", file=sys.stderr)
             return None
         return float(json.loads(run.stdout)[0]["avg_ts"])
-
-
-def around(series: list[float | None], i: int) -> float | None:
-    """The mean of the peer's readings just before and just after our mode i."""
-    pair = [v for v in series[i : i + 2] if v is not None]
-    return sum(pair) / len(pair) if pair else None
 
 
 def llama_cpp(target: Path, draft: Path, prompts: Path, max_new: int) -> dict | None:
@@ -221,18 +225,22 @@ def main() -> int:
         [(f"draft K={k} stop", SpecParams(k=k, stop_below=STOP_BELOW)) for k in (2, 4, 6)] + \
         [("ngram K=4", SpecParams(k=4, drafter="ngram")),
          (DEFAULT_MODE, SpecParams(k=4, drafter="hybrid", stop_below=STOP_BELOW))]
-    ours = {}
-    peer_plain = None if a.no_peer else PeerPlain(target, a.max_new_tokens)
-    series = [peer_plain.read() if peer_plain else None]  # llama.cpp's plain rate before each mode, and after the last
+    runs = {name: ModeRun(spec) for name, spec in modes}
     for name, spec in modes:
-        our_mode(engine, prompts[:1], 4, spec)  # warm-up
-        ours[name] = our_mode(engine, prompts, a.max_new_tokens, spec)
+        ModeRun(spec).add(engine, prompts[0], 4)  # warm-up
+    peer_plain = None if a.no_peer else PeerPlain(target, a.max_new_tokens)
+    series = [peer_plain.read() if peer_plain else None]  # llama.cpp's plain rate before the first prompt
+    for i, p in enumerate(prompts):
+        # every mode on this prompt, in turn; the order reversed on every other prompt, so that a steady drift of
+        # the host's speed moves all modes alike
+        for name in (list(runs) if i % 2 == 0 else list(runs)[::-1]):
+            runs[name].add(engine, p, a.max_new_tokens)
         series.append(peer_plain.read() if peer_plain else None)
-        near = around(series, len(ours) - 1)
-        print(f"  ours {name}: {ours[name]['tokens_per_s']:.2f} tok/s decode, {ours[name]['e2e_tokens_per_s']:.2f} "
-              "end to end" + (f"; llama.cpp plain around it {near:.2f} tok/s" if near else ""), file=sys.stderr,
-              flush=True)
-    adjacent = {name: around(series, i) for i, name in enumerate(ours)}
+        print(f"  prompt {i + 1}/{len(prompts)}: all modes done"
+              + (f"; llama.cpp plain {series[-1]:.2f} tok/s" if series[-1] else ""), file=sys.stderr, flush=True)
+    ours = {name: r.result() for name, r in runs.items()}
+    readings = [v for v in series if v is not None]
+    peer_same = statistics.mean(readings) if readings else None  # llama.cpp's plain over the same minutes
     rss_now, rss_peak = rss_mb()
     costs = pass_costs(engine, prompts[0])
     plain_rounds = ours["plain"]["rounds"]
@@ -249,8 +257,11 @@ def main() -> int:
             print(f"transformers generate skipped: {e}", file=sys.stderr)
 
     base = ours["plain"]
+    if peer_same:
+        print(f"\nllama.cpp's plain decode read {len(readings)} times between our prompts: mean {peer_same:.2f} tok/s "
+              f"(range {min(readings):.2f}-{max(readings):.2f})")
     print(f"\n{'mode':<22}{'tok/s':>8}{'e2e':>7}{'vs our plain':>14}{'same tokens':>13}{'alpha':>7}{'c':>6}{'bound':>7}"
-          f"{'llama.cpp around':>18}{'ratio':>7}")
+          f"{'vs llama.cpp plain':>20}")
     summary = {}
     for name, r in ours.items():
         same = sum(o == b for o, b in zip(r["outputs"], base["outputs"]))
@@ -261,15 +272,14 @@ def main() -> int:
         if spec_rounds and spec.drafter == "model":
             c = sum(e.draft_ms for e in spec_rounds) / sum(len(e.drafted) for e in spec_rounds) / plain_ms
             bound = theoretical_speedup(alpha, spec.k, c) if not spec.stop_below else None  # the bound is for a fixed K
-        near = adjacent[name]
         summary[name] = {"tokens_per_s": r["tokens_per_s"], "e2e_tokens_per_s": r["e2e_tokens_per_s"],
                          "tokens": r["tokens"], "same_as_plain": same,
-                         "alpha": alpha, "c": c, "leviathan_bound": bound, "llama_cpp_plain_around": near,
-                         "over_llama_cpp_plain_around": r["tokens_per_s"] / near if near else None}
+                         "alpha": alpha, "c": c, "leviathan_bound": bound,
+                         "over_llama_cpp_plain_same_minutes": r["tokens_per_s"] / peer_same if peer_same else None}
         print(f"ours {name:<17}{r['tokens_per_s']:>8.2f}{r['e2e_tokens_per_s']:>7.2f}"
               f"{r['tokens_per_s'] / base['tokens_per_s']:>13.2f}x"
               f"{same:>9}/{len(base['outputs'])}{fmt(alpha, '>7.3f')}{fmt(c, '>6.2f')}{fmt(bound, '>6.2f', 'x')}"
-              f"{fmt(near, '>18.2f')}{fmt(near and r['tokens_per_s'] / near, '>6.2f', 'x')}")
+              f"{fmt(peer_same and r['tokens_per_s'] / peer_same, '>19.2f', 'x')}")
     if hf:
         same = sum(o == b for o, b in zip(hf["outputs"], base["outputs"]))
         print(f"{'transformers generate':<22}{'':>8}{hf['tokens_per_s']:>7.2f}"  # end to end, like our e2e column
@@ -281,11 +291,11 @@ def main() -> int:
     ratios = {f"best speculative ({best_name}) / our plain": best / base["tokens_per_s"]}
     if hf:
         ratios["our plain / transformers generate (end to end)"] = base["e2e_tokens_per_s"] / hf["tokens_per_s"]
-    if adjacent["plain"]:  # each against llama.cpp's plain read just before and after it
-        ratios |= {"our plain / llama.cpp plain around it": base["tokens_per_s"] / adjacent["plain"],
-                   f"our best speculative ({best_name}) / llama.cpp plain around it": best / adjacent[best_name],
-                   f"the app's default ({DEFAULT_MODE}) / llama.cpp plain around it":
-                       ours[DEFAULT_MODE]["tokens_per_s"] / adjacent[DEFAULT_MODE]}
+    if peer_same:  # against llama.cpp's plain read between our prompts: the same minutes
+        ratios |= {"our plain / llama.cpp plain (same minutes)": base["tokens_per_s"] / peer_same,
+                   f"our best speculative ({best_name}) / llama.cpp plain (same minutes)": best / peer_same,
+                   f"the app's default ({DEFAULT_MODE}) / llama.cpp plain (same minutes)":
+                       ours[DEFAULT_MODE]["tokens_per_s"] / peer_same}
     if peer:  # llama.cpp's full run, after all of ours
         lp = peer["target_plain_tokens_per_s"]
         lspec = max(s["tokens_per_s"] for s in peer["speculative"])
@@ -300,7 +310,7 @@ def main() -> int:
         Path(a.json).write_text(json.dumps({
             "machine": cpu_line(), "date": str(date.today()), "max_new_tokens": a.max_new_tokens,
             "prompts": len(prompts), "ready_s": ready_s, "huge_pages_mb": huge / 1e6, "kernels": kernels, "rss_mb": rss_now, "peak_rss_mb": rss_peak,
-            "ours": summary, "pass_ms": costs, "plain_step_ms": plain_ms, "llama_cpp_plain_series": series,
+            "ours": summary, "pass_ms": costs, "plain_step_ms": plain_ms, "llama_cpp_plain_between_prompts": series,
             "transformers_generate": hf and {"tokens_per_s": hf["tokens_per_s"], "tokens": hf["tokens"]},
             "llama_cpp": peer, "ratios": ratios,
         }, indent=1))
