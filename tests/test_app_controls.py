@@ -11,7 +11,7 @@ def test_panel_values(qtbot):
     p = ControlsPanel()
     qtbot.addWidget(p)
     assert p.sampling_params() == SamplingParams(temperature=0.0, top_p=1.0, top_k=0, max_new_tokens=256, seed=None)
-    assert DEFAULT_DRAFTER == "hybrid"  # the fastest mode on Zen 4 and 5; on Zen 3 within the runs' spread (README, Performance)
+    assert DEFAULT_DRAFTER == "hybrid"  # fastest on Zen 4/5; on Zen 3 within the runs' spread (README)
     assert p.spec_params() == SpecParams(enabled=True, k=DEFAULT_K, drafter="hybrid", adaptive=False, k_max=16,
                                          stop_below=STOP_BELOW)
     p.stop_check.setChecked(False)
