@@ -7,6 +7,12 @@ every operand in registers (no weight decoding, no loads but the activations', n
 an upper bound on the tile's speed. The decoding of the weights, the Q4_K mins and everything outside the tile
 come on top.
 
+Beside it, the real tile: the extension's int8 kernel over one Q4_K layer (1536 -> 8960, 8 MB: in L3, not in L2) on
+one thread, for 1-9 rows in alternation, the least time of each. What each row beyond the first adds (the slope of a
+line through rows 2-9) is the tile's own per-row cost; against the sequence above it says how much of the row loop
+is not integer dot. One row's time also holds the work done once per weight block (its decoding), which more rows
+share. The real tile runs the AVX2 kernels whatever the CPU's best, so that both sides are AVX2 code.
+
 From it: the least time a pass of R tokens can take over the target's matrices (all of them counted at the
 Q4_K block's cost, though Q6_K's costs more), on the given threads, against the step's memory floor (the packed
 weights a step reads over the read bandwidth measured here, as scripts/profile_step.py). Issue 24 asks a pass of
@@ -18,14 +24,21 @@ from __future__ import annotations
 
 import argparse
 import shutil
+import statistics
 import subprocess
 import tempfile
+import time
 from pathlib import Path
+
+import numpy as np
+import torch
 
 from engine.io.gguf_file import GGUFFile
 from engine.io.provision import default_pair
+from engine.quant import ext, formats
 from bench_kernels import cpu_line, read_bandwidth
 
+ROUNDS = 9  # turns of the sequence and the real tile, each the best of a few timings
 ROWS = 4  # independent rows in flight: 8 weight + 4 accumulator + scale + 2 scratch registers of 16
 
 
@@ -45,6 +58,7 @@ SOURCE = r"""
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 alignas(64) int8_t act[4096];
 alignas(64) float dx[64];
 __attribute__((noinline)) double run(long n) {
@@ -53,23 +67,58 @@ __attribute__((noinline)) double run(long n) {
         asm volatile(BODY :: "r"(act), "r"(dx) : "xmm9", "xmm10", "xmm11", "xmm12", "xmm14", "xmm15", "memory");
     return std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count();
 }
-int main() {
+int main(int argc, char** argv) {
     const long n = 1000000;
     double best = 1e30;
-    for (int k = 0; k < 41; ++k) best = std::min(best, run(n) / n / ROWS);
+    for (int k = 0; k < std::atoi(argv[1]); ++k) best = std::min(best, run(n) / n / ROWS);
     std::printf("%.4f\n", best);
 }
 """
 
 
-def ns_per_row_block() -> float:
-    """Best of 41 timings of the sequence, ns per row-block per row, on one core."""
+def build_sequence(folder: Path) -> Path:
+    """The sequence's timing program, compiled into folder: `prog N` prints the best of N timings, ns per row-block
+    per row, on one core."""
     body = "".join(f'"{line}\\n"\n' for r in range(ROWS) for line in row_asm(r))
-    with tempfile.TemporaryDirectory() as d:
-        src, exe = Path(d) / "bound.cpp", Path(d) / "bound"
-        src.write_text(SOURCE.replace("BODY", body).replace("ROWS", str(ROWS)))
-        subprocess.run([shutil.which("g++") or "g++", "-O2", "-mavx2", "-mfma", "-o", str(exe), str(src)], check=True)
-        return float(subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout)
+    src, exe = folder / "bound.cpp", folder / "bound"
+    src.write_text(SOURCE.replace("BODY", body).replace("ROWS", str(ROWS)))
+    subprocess.run([shutil.which("g++") or "g++", "-O2", "-mavx2", "-mfma", "-o", str(exe), str(src)], check=True)
+    return exe
+
+
+def sequence_ns(exe: Path, tries: int) -> float:
+    return float(subprocess.run([str(exe), str(tries)], check=True, capture_output=True, text=True).stdout)
+
+
+class RealTile:
+    """The extension's int8 kernel over one Q4_K layer, 1536 -> 8960 (8 MB: in L3, not in L2), on one thread."""
+
+    K, N = 1536, 8960
+    ROW_BLOCKS = K * N // 256
+
+    def __init__(self, mod, max_rows: int = 9) -> None:
+        self.mod, self.qt = mod, int(formats.T.Q4_K)
+        raw = formats.random_rows(self.qt, self.N, self.K, np.random.default_rng(0))
+        self.packed = mod.repack(raw, self.qt, self.N, self.K, None, 1)
+        self.xs = {r: torch.randn(r, self.K) for r in range(1, max_rows + 1)}
+
+    def rows_ms(self, reps: int) -> dict[int, float]:
+        """Least ms per row count; the counts take turns, round by round, so a drift of the host's speed moves all
+        of them alike."""
+        best = {r: float("inf") for r in self.xs}
+        for _ in range(reps):
+            for r, x in self.xs.items():
+                t0 = time.perf_counter()
+                self.mod.matmul(self.packed, self.qt, self.N, self.K, x, None, False, 1)
+                best[r] = min(best[r], (time.perf_counter() - t0) * 1e3)
+        return best
+
+    def per_row_ns(self, rows_ms: dict[int, float]) -> float:
+        """What each row beyond the first adds, ns per row-block: the least-squares slope through rows 2 and up."""
+        pts = {r: ms for r, ms in rows_ms.items() if r >= 2}
+        mx, my = statistics.mean(pts), statistics.mean(pts.values())
+        slope = sum((x - mx) * (y - my) for x, y in pts.items()) / sum((x - mx) ** 2 for x in pts)
+        return slope * 1e6 / self.ROW_BLOCKS
 
 
 def step_matrices(path: Path) -> tuple[int, int]:
@@ -80,6 +129,20 @@ def step_matrices(path: Path) -> tuple[int, int]:
     return sum(t.numel for t in mats) // 256, sum(t.nbytes for t in mats)
 
 
+def turns(tile: RealTile | None) -> tuple[list[float], list[float], dict[int, float]]:
+    """The sequence's ns and the real tile's per-row ns, timed in turns: on a host whose speed drifts between
+    minutes, only the two taken in the same turn compare. Also the last turn's times per row count."""
+    seq, real, rows_ms = [], [], {}
+    with tempfile.TemporaryDirectory() as d:
+        exe = build_sequence(Path(d))
+        for _ in range(ROUNDS):
+            seq.append(sequence_ns(exe, 9))
+            if tile is not None:
+                rows_ms = tile.rows_ms(5)
+                real.append(tile.per_row_ns(rows_ms))
+    return seq, real, rows_ms
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--threads", type=int, default=2)
@@ -87,17 +150,34 @@ def main() -> int:
     a = ap.parse_args()
     path = Path(a.gguf) if a.gguf else default_pair()[0]
     blocks, nbytes = step_matrices(path)
-    ns = ns_per_row_block()
+    mod = ext.load()
+    avx2 = mod is not None and "avx2" in mod.supported_isas()
+    if avx2:
+        mod.set_isa("avx2")
+    seq, real, rows_ms = turns(RealTile(mod) if avx2 else None)
+    ns = statistics.median(seq)
     gbs = read_bandwidth(a.threads)
     floor_ms = nbytes / gbs / 1e6
     print(cpu_line())
-    print(f"the AVX2 tile's integer dot, operands in registers: {ns:.3f} ns per row-block per row (one core)")
+    print(f"the AVX2 tile's integer dot, operands in registers: {ns:.3f} ns per row-block per row (one core; the "
+          f"median of {ROUNDS} turns, each the best of 9; range {min(seq):.3f}-{max(seq):.3f})")
+    tile_ns = None
+    if real:
+        tile_ns = statistics.median(real)
+        ratios = [r / s for r, s in zip(real, seq)]
+        print(f"the real Q4_K tile (AVX2 kernels; 1536 -> 8960 in L3, one thread): each row beyond the first "
+              f"adds {tile_ns:.3f} ns per row-block (range {min(real):.3f}-{max(real):.3f}), "
+              f"{statistics.median(ratios):.2f}x the sequence in the same turn (range {min(ratios):.2f}-{max(ratios):.2f})")
+        print("  its last turn, least ms of 5 per row count: " + ", ".join(f"{r}: {ms:.3f}" for r, ms in rows_ms.items()))
     print(f"{path.name}: {blocks / 1e6:.2f} M row-blocks a row; a step reads {nbytes / 1e6:.0f} MB, at {gbs:.1f} GB/s "
           f"a floor of {floor_ms:.1f} ms")
     for rows, goal in ((5, 1.25), (9, 1.6)):
         ms = rows * blocks * ns / a.threads / 1e6
         print(f"pass of {rows} tokens on {a.threads} threads: >= {ms:.1f} ms of integer dots = {ms / floor_ms:.2f} floor "
               f"steps, {ms / (1.1 * floor_ms):.2f} steps of 1.1x the floor (goal <= {goal})")
+        if tile_ns is not None:
+            ms = rows * blocks * tile_ns / a.threads / 1e6
+            print(f"  at the real tile's cost per row: >= {ms:.1f} ms = {ms / floor_ms:.2f} floor steps")
     return 0
 
 
