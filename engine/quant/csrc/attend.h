@@ -117,15 +117,21 @@ static void attend_group(const AttnArgs& a, const float* q, int g, int64_t j0, i
         const int64_t slot = a.read ? a.read[j0 + j] : a.base + j0 + j;
         return base + (slot * a.Hkv + g) * a.D;
     };
+    // A block's K (then V) rows, found once for all heads: with the slot lookup and its multiplies inside the loops
+    // below, the attention of 1-5 queries over 150-2000 positions took 9-27% longer at D = 128, up to 12% at D = 64.
+    const float* rows[KEY_BLOCK];
+    const auto find_rows = [&](const float* base, int64_t b0, int64_t b1) {
+        for (int64_t j = b0; j < b1; ++j) rows[j - b0] = row(base, j);
+    };
     // scores s_j = (q . k_j) * scale: the dot product in 8 lanes in d order, then hsum8; eight keys at a time
     for (int64_t b0 = 0; b0 < n; b0 += KEY_BLOCK) {
         const int64_t b1 = std::min<int64_t>(b0 + KEY_BLOCK, n), full = b0 + (b1 - b0) / 8 * 8;
+        find_rows(a.k, b0, b1);
         for (int h = 0; h < G; ++h) {
             const float* qh = q + static_cast<int64_t>(h) * a.D;
             float* sh = s + h * SS;
             for (int64_t i = b0; i < full; i += 8) {
-                const float* k[8];
-                for (int u = 0; u < 8; ++u) k[u] = row(a.k, i + u);
+                const float* const* k = rows + (i - b0);
                 f8 c[8] = {};
                 for (int d = 0; d < DV; ++d) {
                     const f8 qd = load8(qh + 8 * d);
@@ -136,7 +142,7 @@ static void attend_group(const AttnArgs& a, const float* q, int g, int64_t j0, i
                 std::memcpy(sh + i, &r, sizeof r);
             }
             for (int64_t i = full; i < b1; ++i) {
-                const float* k = row(a.k, i);
+                const float* k = rows[i - b0];
                 f8 c = {};
                 for (int d = 0; d < DV; ++d) c += load8(qh + 8 * d) * load8(k + 8 * d);
                 sh[i] = hsum8(c) * a.scale;
@@ -150,13 +156,14 @@ static void attend_group(const AttnArgs& a, const float* q, int g, int64_t j0, i
     for (int c0 = 0; c0 < DV; c0 += step) {
         for (int64_t b0 = 0; b0 < n; b0 += KEY_BLOCK) {
             const int64_t b1 = std::min<int64_t>(b0 + KEY_BLOCK, n);
+            find_rows(a.v, b0, b1);
             for (int h = 0; h < G; ++h) {
                 float* oh = part + h * stride + 2 + 8 * c0;
                 const float* p = s + h * SS;
                 f8 o[DV_ ? 8 : MAX_HEAD_DIM / 8] = {};
                 if (b0) std::memcpy(o, oh, sizeof(float) * 8 * step);
                 for (int64_t j = b0; j < b1; ++j) {
-                    const float* v = row(a.v, j) + 8 * c0;
+                    const float* v = rows[j - b0] + 8 * c0;
                     const float pj = p[j];
 #pragma GCC unroll 8
                     for (int c = 0; c < step; ++c) o[c] += pj * load8(v + 8 * c);
