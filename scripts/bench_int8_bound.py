@@ -38,7 +38,9 @@ from engine.io.provision import default_pair
 from engine.quant import ext, formats
 from bench_kernels import cpu_line, read_bandwidth
 
-ROUNDS = 9  # turns of the sequence and the real tile, each the best of a few timings
+ROUNDS = 9  # turns of the sequence and the real tile
+SEQ_TRIES = 9  # the sequence's timings in a turn, the best kept
+TILE_REPS = 5  # the real tile's rounds over all row counts in a turn, the least of each kept
 ROWS = 4  # independent rows in flight: 8 weight + 4 accumulator + scale + 2 scratch registers of 16
 
 
@@ -115,10 +117,9 @@ class RealTile:
 
     def per_row_ns(self, rows_ms: dict[int, float]) -> float:
         """What each row beyond the first adds, ns per row-block: the least-squares slope through rows 2 and up."""
-        pts = {r: ms for r, ms in rows_ms.items() if r >= 2}
-        mx, my = statistics.mean(pts), statistics.mean(pts.values())
-        slope = sum((x - mx) * (y - my) for x, y in pts.items()) / sum((x - mx) ** 2 for x in pts)
-        return slope * 1e6 / self.ROW_BLOCKS
+        pts = [(r, ms) for r, ms in rows_ms.items() if r >= 2]
+        fit = statistics.linear_regression([r for r, _ in pts], [ms for _, ms in pts])
+        return fit.slope * 1e6 / self.ROW_BLOCKS
 
 
 def step_matrices(path: Path) -> tuple[int, int]:
@@ -136,9 +137,9 @@ def turns(tile: RealTile | None) -> tuple[list[float], list[float], dict[int, fl
     with tempfile.TemporaryDirectory() as d:
         exe = build_sequence(Path(d))
         for _ in range(ROUNDS):
-            seq.append(sequence_ns(exe, 9))
+            seq.append(sequence_ns(exe, SEQ_TRIES))
             if tile is not None:
-                rows_ms = tile.rows_ms(5)
+                rows_ms = tile.rows_ms(TILE_REPS)
                 real.append(tile.per_row_ns(rows_ms))
     return seq, real, rows_ms
 
@@ -160,15 +161,17 @@ def main() -> int:
     floor_ms = nbytes / gbs / 1e6
     print(cpu_line())
     print(f"the AVX2 tile's integer dot, operands in registers: {ns:.3f} ns per row-block per row (one core; the "
-          f"median of {ROUNDS} turns, each the best of 9; range {min(seq):.3f}-{max(seq):.3f})")
+          f"median of {ROUNDS} turns, each the best of {SEQ_TRIES}; range {min(seq):.3f}-{max(seq):.3f})")
     tile_ns = None
     if real:
         tile_ns = statistics.median(real)
         ratios = [r / s for r, s in zip(real, seq)]
-        print(f"the real Q4_K tile (AVX2 kernels; 1536 -> 8960 in L3, one thread): each row beyond the first "
-              f"adds {tile_ns:.3f} ns per row-block (range {min(real):.3f}-{max(real):.3f}), "
-              f"{statistics.median(ratios):.2f}x the sequence in the same turn (range {min(ratios):.2f}-{max(ratios):.2f})")
-        print("  its last turn, least ms of 5 per row count: " + ", ".join(f"{r}: {ms:.3f}" for r, ms in rows_ms.items()))
+        print(f"the real Q4_K tile (AVX2 kernels; {RealTile.K} -> {RealTile.N} in L3, one thread): each row beyond "
+              f"the first adds {tile_ns:.3f} ns per row-block (range {min(real):.3f}-{max(real):.3f}), "
+              f"{statistics.median(ratios):.2f}x the sequence in the same turn "
+              f"(range {min(ratios):.2f}-{max(ratios):.2f})")
+        times = ", ".join(f"{r}: {ms:.3f}" for r, ms in rows_ms.items())
+        print(f"  its last turn, least ms of {TILE_REPS} per row count: {times}")
     print(f"{path.name}: {blocks / 1e6:.2f} M row-blocks a row; a step reads {nbytes / 1e6:.0f} MB, at {gbs:.1f} GB/s "
           f"a floor of {floor_ms:.1f} ms")
     for rows, goal in ((5, 1.25), (9, 1.6)):

@@ -113,15 +113,14 @@ static void attend_group(const AttnArgs& a, const float* q, int g, int64_t j0, i
                          int64_t stride) {
     const int G = a.H / a.Hkv, DV = DV_ ? DV_ : a.D / 8;
     const int64_t n = j1 - j0, SS = KEY_CHUNK + 8;
-    const auto row = [&](const float* base, int64_t j) {
-        const int64_t slot = a.read ? a.read[j0 + j] : a.base + j0 + j;
-        return base + (slot * a.Hkv + g) * a.D;
-    };
     // A block's K (then V) rows, found once for all heads: with the slot lookup and its multiplies inside the loops
     // below, the attention of 1-5 queries over 150-2000 positions took 9-27% longer at D = 128, up to 12% at D = 64.
     const float* rows[KEY_BLOCK];
     const auto find_rows = [&](const float* base, int64_t b0, int64_t b1) {
-        for (int64_t j = b0; j < b1; ++j) rows[j - b0] = row(base, j);
+        for (int64_t j = b0; j < b1; ++j) {
+            const int64_t slot = a.read ? a.read[j0 + j] : a.base + j0 + j;
+            rows[j - b0] = base + (slot * a.Hkv + g) * a.D;
+        }
     };
     // scores s_j = (q . k_j) * scale: the dot product in 8 lanes in d order, then hsum8; eight keys at a time
     for (int64_t b0 = 0; b0 < n; b0 += KEY_BLOCK) {
