@@ -4,11 +4,12 @@
 // -ffp-contract=off), so all ISAs give the same bits.
 //
 // Keys are taken in chunks of KEY_CHUNK positions, fixed by position (chunk c holds keys c*KEY_CHUNK ..), as in
-// split-K "flash decoding". One work item is a (query, chunk, KV head): there is work for every core even for one
-// query. Inside it, keys go KEY_BLOCK at a time through the G query heads that share the KV head, so each block of
-// K and V rows comes from L2 or memory once and from L1 G times (a pass per query head read them G times: 2x slower
-// at 2000 positions over the whole cache; a chunk per query head from L2, ~8% slower than blocks from L1). Each
-// (query, head, chunk) keeps its own max, sum and unnormalised output; a second loop merges the chunks in order.
+// split-K "flash decoding". One work item is a (chunk, KV head), for all the queries of the call: there is work for
+// every core even for one query. Inside it, keys go KEY_BLOCK at a time through the queries and the G query heads
+// that share the KV head, so each block of K and V rows comes from L2 or memory once and from L1 T * G times (a pass
+// per query head read them G times: 2x slower at 2000 positions over the whole cache; a chunk per query head from
+// L2, ~8% slower than blocks from L1). Each (query, head, chunk) keeps its own max, sum and unnormalised output; a
+// second loop merges the chunks in order.
 //
 // Batch invariance: a (query, head, chunk) result depends only on the query, the head and the keys of the chunk
 // the query may see, in ascending order, and the merge runs over chunks in ascending order. So a position's bits
@@ -173,33 +174,138 @@ static void attend_group(const AttnArgs& a, const float* q, int g, int64_t j0, i
     }
 }
 
+// attend_queries' loops: the operations of attend_group's, in the same order, as functions of their own. Inlined into
+// its loops over queries and heads, GCC ran out of registers and kept the sums on the stack, and the pass took 10-30%
+// longer than one item per query; attend_group keeps its loops inline, which measured 5-15% faster at one query over
+// short contexts than these calls.
+
+// s[i] = (q . k_i) * scale for the n keys whose rows are given: the dot product in 8 lanes in d order, then hsum8;
+// eight keys at a time (hsum8x8 sums each lane in hsum8's order), then one at a time.
+template <int DV_>
+[[gnu::noinline]] static void scores(const float* q, const float* const* rows, int64_t n, int DV, float scale, float* s) {
+    if (DV_) DV = DV_;
+    const int64_t full = n / 8 * 8;
+    for (int64_t i = 0; i < full; i += 8) {
+        const float* const* k = rows + i;
+        f8 c[8] = {};
+        for (int d = 0; d < DV; ++d) {
+            const f8 qd = load8(q + 8 * d);
+#pragma GCC unroll 8
+            for (int u = 0; u < 8; ++u) c[u] += qd * load8(k[u] + 8 * d);
+        }
+        const f8 r = hsum8x8(c) * scale;
+        std::memcpy(s + i, &r, sizeof r);
+    }
+    for (int64_t i = full; i < n; ++i) {
+        f8 c = {};
+        for (int d = 0; d < DV; ++d) c += load8(q + 8 * d) * load8(rows[i] + 8 * d);
+        s[i] = hsum8(c) * scale;
+    }
+}
+
+// o += sum_j p[j] * v_j in ascending j over the n keys whose rows are given, for the `step` output vectors from
+// vector c0 on; o is read from and written back to out (zero first when fresh).
+template <int DV_>
+[[gnu::noinline]] static void values(const float* p, const float* const* rows, int64_t n, int c0, int step, float* out,
+                                     bool fresh) {
+    if (DV_) step = 8;
+    // vector by vector in and out: a memcpy of the whole array kept it on the stack, not in registers
+    f8 o[DV_ ? 8 : MAX_HEAD_DIM / 8];
+#pragma GCC unroll 8
+    for (int c = 0; c < step; ++c) o[c] = fresh ? f8{} : load8(out + 8 * c);
+    for (int64_t j = 0; j < n; ++j) {
+        const float* v = rows[j] + 8 * c0;
+        const float pj = p[j];
+#pragma GCC unroll 8
+        for (int c = 0; c < step; ++c) o[c] += pj * load8(v + 8 * c);
+    }
+#pragma GCC unroll 8
+    for (int c = 0; c < step; ++c) std::memcpy(out + 8 * c, &o[c], sizeof o[c]);
+}
+
+// All the queries of a pass over one (chunk, KV head): the same per-(query, head) operations as attend_group, in the
+// same order, with each block of K (then V) rows found once and read from L1 by every query and head. A verify pass
+// of 2-9 queries over 1000-3800 positions took 0.79-0.88 of the time of one item per query (no change at 150).
+template <int DV_>
+[[gnu::noinline]] static void attend_queries(const AttnArgs& a, int64_t c, int g, float* s, float* P, int64_t chunks, int64_t stride) {
+    const int G = a.H / a.Hkv, DV = DV_ ? DV_ : a.D / 8, D = a.D;
+    const int64_t SS = KEY_CHUNK + 8, j0 = c * KEY_CHUNK;
+    int t0 = 0;  // the first query that sees any key of this chunk
+    while (t0 < a.T && a.S - a.T + t0 + 1 <= j0) ++t0;
+    const int64_t jend = std::min<int64_t>(j0 + KEY_CHUNK, a.S);  // the last query sees all S keys
+    const int64_t nmax = jend - j0;
+    const auto seen = [&](int t) { return std::min<int64_t>(jend, a.S - a.T + t + 1) - j0; };  // keys of query t here
+    const float* rows[KEY_BLOCK];
+    const auto find_rows = [&](const float* base, int64_t b0, int64_t b1) {
+        for (int64_t j = b0; j < b1; ++j) {
+            const int64_t slot = a.read ? a.read[j0 + j] : a.base + j0 + j;
+            rows[j - b0] = base + (slot * a.Hkv + g) * a.D;
+        }
+    };
+    for (int64_t b0 = 0; b0 < nmax; b0 += KEY_BLOCK) {
+        find_rows(a.k, b0, std::min<int64_t>(b0 + KEY_BLOCK, nmax));
+        for (int t = t0; t < a.T; ++t) {
+            const int64_t b1 = std::min<int64_t>(b0 + KEY_BLOCK, seen(t));
+            if (b1 <= b0) continue;
+            const float* qt = a.q + (static_cast<int64_t>(t) * a.H + g * G) * D;
+            for (int h = 0; h < G; ++h)
+                scores<DV_>(qt + static_cast<int64_t>(h) * D, rows, b1 - b0, DV, a.scale, s + (t * G + h) * SS + b0);
+        }
+    }
+    for (int t = t0; t < a.T; ++t)
+        for (int h = 0; h < G; ++h)
+            softmax_part(s + (t * G + h) * SS, seen(t), P + ((t * chunks + c) * a.H + g * G + h) * stride);
+    const int step = DV_ ? 8 : DV;
+    for (int c0 = 0; c0 < DV; c0 += step) {
+        for (int64_t b0 = 0; b0 < nmax; b0 += KEY_BLOCK) {
+            find_rows(a.v, b0, std::min<int64_t>(b0 + KEY_BLOCK, nmax));
+            for (int t = t0; t < a.T; ++t) {
+                const int64_t b1 = std::min<int64_t>(b0 + KEY_BLOCK, seen(t));
+                if (b1 <= b0) continue;
+                for (int h = 0; h < G; ++h)
+                    values<DV_>(s + (t * G + h) * SS + b0, rows, b1 - b0, c0, step,
+                                P + ((t * chunks + c) * a.H + g * G + h) * stride + 2 + 8 * c0, b0 == 0);
+            }
+        }
+    }
+}
+
 void attend(const AttnArgs& a) {
     const int G = a.H / a.Hkv, D = a.D, DV = a.D / 8;
     const int64_t chunks = (a.S + KEY_CHUNK - 1) / KEY_CHUNK, stride = D + 2;
-    const int64_t items = static_cast<int64_t>(a.T) * chunks * a.Hkv;
     thread_local std::vector<float> parts;  // (T, chunks, H, stride)
     parts.resize(static_cast<size_t>(a.T) * chunks * a.H * stride);
     float* P = parts.data();
 #pragma omp parallel num_threads(a.nthreads)
     {
-        std::vector<float> s(static_cast<size_t>(G) * (KEY_CHUNK + 8));
-        // items in (query, chunk, KV head) order, handed out one at a time: a query's last chunk is partial, so
-        // equal shares of items are unequal work (at 150 positions a static split gave one thread both full
-        // chunks and left the other idle ~70% of the call)
+        std::vector<float> s(static_cast<size_t>(G) * (KEY_CHUNK + 8) * a.T);
+        // Items handed out one at a time: a query's last chunk is partial, so equal shares of items are unequal work
+        // (at 150 positions a static split gave one thread both full chunks and left the other idle ~70% of the call).
+        if (a.T > 1) {  // a verify pass: one item per (chunk, KV head), for all the queries
 #pragma omp for schedule(dynamic, 1)
-        for (int64_t it = 0; it < items; ++it) {
-            const int t = static_cast<int>(it / (chunks * a.Hkv)), g = static_cast<int>(it % a.Hkv);
-            const int64_t c = it / a.Hkv % chunks, n = a.S - a.T + t + 1;  // keys this query may see
-            const int64_t j0 = c * KEY_CHUNK, j1 = std::min<int64_t>(j0 + KEY_CHUNK, n);
-            if (j0 >= j1) continue;  // beyond this query's keys: the merge never reads it
-            const float* q = a.q + (static_cast<int64_t>(t) * a.H + g * G) * D;
-            float* part = P + ((t * chunks + c) * a.H + g * G) * stride;
-            if (D == 128)
-                attend_group<16>(a, q, g, j0, j1, s.data(), part, stride);
-            else if (D == 64)
-                attend_group<8>(a, q, g, j0, j1, s.data(), part, stride);
-            else
-                attend_group<0>(a, q, g, j0, j1, s.data(), part, stride);
+            for (int64_t it = 0; it < chunks * a.Hkv; ++it) {
+                const int64_t c = it / a.Hkv;
+                const int g = static_cast<int>(it % a.Hkv);
+                if (D == 128)
+                    attend_queries<16>(a, c, g, s.data(), P, chunks, stride);
+                else if (D == 64)
+                    attend_queries<8>(a, c, g, s.data(), P, chunks, stride);
+                else
+                    attend_queries<0>(a, c, g, s.data(), P, chunks, stride);
+            }
+        } else {  // one query: an item per (chunk, KV head)
+#pragma omp for schedule(dynamic, 1)
+            for (int64_t it = 0; it < chunks * a.Hkv; ++it) {
+                const int64_t c = it / a.Hkv, j0 = c * KEY_CHUNK, j1 = std::min<int64_t>(j0 + KEY_CHUNK, a.S);
+                const int g = static_cast<int>(it % a.Hkv);
+                float* part = P + (c * a.H + g * G) * stride;
+                if (D == 128)
+                    attend_group<16>(a, a.q + g * G * D, g, j0, j1, s.data(), part, stride);
+                else if (D == 64)
+                    attend_group<8>(a, a.q + g * G * D, g, j0, j1, s.data(), part, stride);
+                else
+                    attend_group<0>(a, a.q + g * G * D, g, j0, j1, s.data(), part, stride);
+            }
         }
         // merge each (query, head) over its chunks, in chunk order
 #pragma omp for schedule(static)
