@@ -104,80 +104,9 @@ static void softmax_part(float* s, int64_t n, float* part) {
     part[0] = mx, part[1] = sum;
 }
 
-// One work item: the G query heads q .. q + (G-1)*D that share KV head g, over keys [j0, j1). s: scratch of
-// G * (KEY_CHUNK + 8) floats; part: G rows of max | sum | unnormalised output (D), `stride` apart. DV = D / 8 when
-// it is 8 or 16 (compile-time loops, registers), else 0 (any D): the same operations in the same order either way.
-// Keys go KEY_BLOCK at a time through all G heads, so a block's K (then V) rows are read from L2 or memory once
-// and from L1 G times.
-template <int DV_>
-static void attend_group(const AttnArgs& a, const float* q, int g, int64_t j0, int64_t j1, float* s, float* part,
-                         int64_t stride) {
-    const int G = a.H / a.Hkv, DV = DV_ ? DV_ : a.D / 8;
-    const int64_t n = j1 - j0, SS = KEY_CHUNK + 8;
-    // A block's K (then V) rows, found once for all heads: with the slot lookup and its multiplies inside the loops
-    // below, the attention of 1-5 queries over 150-2000 positions took 9-27% longer at D = 128, up to 12% at D = 64.
-    const float* rows[KEY_BLOCK];
-    const auto find_rows = [&](const float* base, int64_t b0, int64_t b1) {
-        for (int64_t j = b0; j < b1; ++j) {
-            const int64_t slot = a.read ? a.read[j0 + j] : a.base + j0 + j;
-            rows[j - b0] = base + (slot * a.Hkv + g) * a.D;
-        }
-    };
-    // scores s_j = (q . k_j) * scale: the dot product in 8 lanes in d order, then hsum8; eight keys at a time
-    for (int64_t b0 = 0; b0 < n; b0 += KEY_BLOCK) {
-        const int64_t b1 = std::min<int64_t>(b0 + KEY_BLOCK, n), full = b0 + (b1 - b0) / 8 * 8;
-        find_rows(a.k, b0, b1);
-        for (int h = 0; h < G; ++h) {
-            const float* qh = q + static_cast<int64_t>(h) * a.D;
-            float* sh = s + h * SS;
-            for (int64_t i = b0; i < full; i += 8) {
-                const float* const* k = rows + (i - b0);
-                f8 c[8] = {};
-                for (int d = 0; d < DV; ++d) {
-                    const f8 qd = load8(qh + 8 * d);
-#pragma GCC unroll 8
-                    for (int u = 0; u < 8; ++u) c[u] += qd * load8(k[u] + 8 * d);
-                }
-                const f8 r = hsum8x8(c) * a.scale;
-                std::memcpy(sh + i, &r, sizeof r);
-            }
-            for (int64_t i = full; i < b1; ++i) {
-                const float* k = rows[i - b0];
-                f8 c = {};
-                for (int d = 0; d < DV; ++d) c += load8(qh + 8 * d) * load8(k + 8 * d);
-                sh[i] = hsum8(c) * a.scale;
-            }
-        }
-    }
-    for (int h = 0; h < G; ++h) softmax_part(s + h * SS, n, part + h * stride);
-    // o = sum_j p_j v_j in ascending j, per output vector; for DV 8 or 16 eight vectors at a time in registers,
-    // kept in `part` from one block of keys to the next
-    const int step = DV_ ? 8 : DV;
-    for (int c0 = 0; c0 < DV; c0 += step) {
-        for (int64_t b0 = 0; b0 < n; b0 += KEY_BLOCK) {
-            const int64_t b1 = std::min<int64_t>(b0 + KEY_BLOCK, n);
-            find_rows(a.v, b0, b1);
-            for (int h = 0; h < G; ++h) {
-                float* oh = part + h * stride + 2 + 8 * c0;
-                const float* p = s + h * SS;
-                f8 o[DV_ ? 8 : MAX_HEAD_DIM / 8] = {};
-                if (b0) std::memcpy(o, oh, sizeof(float) * 8 * step);
-                for (int64_t j = b0; j < b1; ++j) {
-                    const float* v = rows[j - b0] + 8 * c0;
-                    const float pj = p[j];
-#pragma GCC unroll 8
-                    for (int c = 0; c < step; ++c) o[c] += pj * load8(v + 8 * c);
-                }
-                std::memcpy(oh, o, sizeof(float) * 8 * step);
-            }
-        }
-    }
-}
-
-// attend_queries' loops: the operations of attend_group's, in the same order, as functions of their own. Inlined into
-// its loops over queries and heads, GCC ran out of registers and kept the sums on the stack, and the pass took 10-30%
-// longer than one item per query; attend_group keeps its loops inline, which measured 5-15% faster at one query over
-// short contexts than these calls.
+// The two loops of a work item, as functions of their own: inlined into attend_queries' loops over queries and heads,
+// GCC ran out of registers and kept the sums on the stack, and a pass took 10-30% longer than with one item per
+// query. One query through them measured 0.87-1.06 of its time with the loops inline (within the host's noise).
 
 // s[i] = (q . k_i) * scale for the n keys whose rows are given: the dot product in 8 lanes in d order, then hsum8;
 // eight keys at a time (hsum8x8 sums each lane in hsum8's order), then one at a time.
@@ -223,9 +152,12 @@ template <int DV_>
     for (int c = 0; c < step; ++c) std::memcpy(out + 8 * c, &o[c], sizeof o[c]);
 }
 
-// All the queries of a pass over one (chunk, KV head): the same per-(query, head) operations as attend_group, in the
-// same order, with each block of K (then V) rows found once and read from L1 by every query and head. A verify pass
-// of 2-9 queries over 1000-3800 positions took 0.79-0.88 of the time of one item per query (no change at 150).
+// One work item: the queries of the call over one (chunk, KV head), each with the G query heads that share the KV
+// head. s: scratch of T * G * (KEY_CHUNK + 8) floats; P: the (T, chunks, H, stride) rows of max | sum |
+// unnormalised output (D). DV = D / 8 when it is 8 or 16 (compile-time loops, registers), else 0 (any D): the same
+// operations in the same order either way. Keys go KEY_BLOCK at a time through every query and head, so a block's
+// K (then V) rows are found once, read from L2 or memory once and from L1 T * G times. For a verify pass of 2-16
+// queries this took 0.69-0.92 of the time of one item per query (each reading the chunk again), bits equal.
 template <int DV_>
 [[gnu::noinline]] static void attend_queries(const AttnArgs& a, int64_t c, int g, float* s, float* P, int64_t chunks, int64_t stride) {
     const int G = a.H / a.Hkv, DV = DV_ ? DV_ : a.D / 8, D = a.D;
@@ -279,33 +211,18 @@ void attend(const AttnArgs& a) {
 #pragma omp parallel num_threads(a.nthreads)
     {
         std::vector<float> s(static_cast<size_t>(G) * (KEY_CHUNK + 8) * a.T);
-        // Items handed out one at a time: a query's last chunk is partial, so equal shares of items are unequal work
-        // (at 150 positions a static split gave one thread both full chunks and left the other idle ~70% of the call).
-        if (a.T > 1) {  // a verify pass: one item per (chunk, KV head), for all the queries
+        // Items handed out one at a time: the last chunk is partial, so equal shares of items are unequal work (at 150
+        // positions a static split gave one thread both full chunks and left the other idle ~70% of the call).
 #pragma omp for schedule(dynamic, 1)
-            for (int64_t it = 0; it < chunks * a.Hkv; ++it) {
-                const int64_t c = it / a.Hkv;
-                const int g = static_cast<int>(it % a.Hkv);
-                if (D == 128)
-                    attend_queries<16>(a, c, g, s.data(), P, chunks, stride);
-                else if (D == 64)
-                    attend_queries<8>(a, c, g, s.data(), P, chunks, stride);
-                else
-                    attend_queries<0>(a, c, g, s.data(), P, chunks, stride);
-            }
-        } else {  // one query: an item per (chunk, KV head)
-#pragma omp for schedule(dynamic, 1)
-            for (int64_t it = 0; it < chunks * a.Hkv; ++it) {
-                const int64_t c = it / a.Hkv, j0 = c * KEY_CHUNK, j1 = std::min<int64_t>(j0 + KEY_CHUNK, a.S);
-                const int g = static_cast<int>(it % a.Hkv);
-                float* part = P + (c * a.H + g * G) * stride;
-                if (D == 128)
-                    attend_group<16>(a, a.q + g * G * D, g, j0, j1, s.data(), part, stride);
-                else if (D == 64)
-                    attend_group<8>(a, a.q + g * G * D, g, j0, j1, s.data(), part, stride);
-                else
-                    attend_group<0>(a, a.q + g * G * D, g, j0, j1, s.data(), part, stride);
-            }
+        for (int64_t it = 0; it < chunks * a.Hkv; ++it) {
+            const int64_t c = it / a.Hkv;
+            const int g = static_cast<int>(it % a.Hkv);
+            if (D == 128)
+                attend_queries<16>(a, c, g, s.data(), P, chunks, stride);
+            else if (D == 64)
+                attend_queries<8>(a, c, g, s.data(), P, chunks, stride);
+            else
+                attend_queries<0>(a, c, g, s.data(), P, chunks, stride);
         }
         // merge each (query, head) over its chunks, in chunk order
 #pragma omp for schedule(static)
