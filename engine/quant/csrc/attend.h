@@ -111,7 +111,8 @@ static void softmax_part(float* s, int64_t n, float* part) {
 // s[i] = (q . k_i) * scale for the n keys whose rows are given: the dot product in 8 lanes in d order, then hsum8;
 // eight keys at a time (hsum8x8 sums each lane in hsum8's order), then one at a time.
 template <int DV_>
-[[gnu::noinline]] static void scores(const float* q, const float* const* rows, int64_t n, int DV, float scale, float* s) {
+[[gnu::noinline]] static void scores(const float* q, const float* const* rows, int64_t n, int DV, float scale,
+                                     float* s) {
     if (DV_) DV = DV_;
     const int64_t full = n / 8 * 8;
     for (int64_t i = 0; i < full; i += 8) {
@@ -159,7 +160,8 @@ template <int DV_>
 // K (then V) rows are found once, read from L2 or memory once and from L1 T * G times. For a verify pass of 2-16
 // queries this took 0.69-0.92 of the time of one item per query (each reading the chunk again), bits equal.
 template <int DV_>
-[[gnu::noinline]] static void attend_queries(const AttnArgs& a, int64_t c, int g, float* s, float* P, int64_t chunks, int64_t stride) {
+[[gnu::noinline]] static void attend_queries(const AttnArgs& a, int64_t c, int g, float* s, float* P, int64_t chunks,
+                                             int64_t stride) {
     const int G = a.H / a.Hkv, DV = DV_ ? DV_ : a.D / 8, D = a.D;
     const int64_t SS = KEY_CHUNK + 8, j0 = c * KEY_CHUNK;
     int t0 = 0;  // the first query that sees any key of this chunk
