@@ -30,6 +30,7 @@ from pathlib import Path
 
 import torch
 
+from bench_cpu import alpha_hat
 from bench_prefill import llama_bench, side_by_side
 
 from engine.api.config import STOP_BELOW, SamplingParams, SpecParams
@@ -60,14 +61,14 @@ def theirs(binary: Path, target: Path, depths: list[int], n: int, reps: int, thr
     return {r["n_depth"]: r["avg_ts"] for r in json.loads(run.stdout) if r["n_gen"] == n}
 
 
-def pasted(engine: Engine, depth: int) -> list[dict[str, str]]:
-    """An earlier exchange whose document is this README cut to `depth` tokens ([] at depth 0)."""
+def pasted(engine: Engine, document: list[int], depth: int) -> list[dict[str, str]]:
+    """An earlier exchange whose document is the first `depth` of the document's tokens ([] at depth 0)."""
     if depth == 0:
         return []
-    ids = engine.tokenizer.encode((ROOT / "README.md").read_text(encoding="utf-8"), add_special_tokens=False)
-    if len(ids) < depth:
-        raise SystemExit(f"README.md has {len(ids)} tokens, fewer than the depth {depth}")
-    return [{"role": "user", "content": "Keep this document in mind for my next questions.\n\n" + engine.tokenizer.decode(ids[:depth])},
+    if len(document) < depth:
+        raise SystemExit(f"README.md has {len(document)} tokens, fewer than the depth {depth}")
+    text = engine.tokenizer.decode(document[:depth])
+    return [{"role": "user", "content": "Keep this document in mind for my next questions.\n\n" + text},
             {"role": "assistant", "content": "Understood: I have read the document."}]
 
 
@@ -89,33 +90,28 @@ class Tally:
     def rate(self) -> float:
         return self.tokens / self.seconds
 
-    def alpha(self) -> float:
-        acc = sum(e.accepted for e in self.rounds)
-        rejected = sum(e.accepted < len(e.drafted) for e in self.rounds if e.drafted)
-        return acc / (acc + rejected) if acc + rejected else 0.0
-
     def verify_ms(self, width: int) -> float | None:
         ms = [e.verify_ms for e in self.rounds if len(e.drafted) + 1 == width]
         return statistics.median(ms) if ms else None
 
 
 def speculation_at(engine: Engine, depths: list[int], n: int) -> dict[int, tuple[Tally, Tally, int]]:
-    """Per depth: (plain, default speculative, mean context tokens before the question)."""
+    """Per depth: (plain, default speculative, the earlier exchange's tokens before the question)."""
     prompts = [p["messages"] for p in read_prompts(PROMPTS)]
+    document = engine.tokenizer.encode((ROOT / "README.md").read_text(encoding="utf-8"), add_special_tokens=False)
     out = {}
     for depth in depths:
         engine.reset()
-        plain, spec, context = Tally(), Tally(), 0
-        earlier = pasted(engine, depth)
+        plain, spec = Tally(), Tally()
+        earlier = pasted(engine, document, depth)
         asked = [engine.encode_chat(earlier + messages) for messages in prompts]
         if max(map(len, asked)) + n > engine.max_seq_len:
-            raise SystemExit(f"--spec at D = {depth}: a prompt of {max(map(len, asked))} tokens and {n} new ones do not "
-                             f"fit the {engine.max_seq_len}-token context; choose a smaller depth")
+            raise SystemExit(f"--spec at D = {depth}: a prompt of {max(map(len, asked))} tokens and {n} new ones do "
+                             f"not fit the {engine.max_seq_len}-token context; choose a smaller depth")
         for ids in asked:
-            context += len(engine.encode_chat(earlier)) if earlier else 0
             plain.add(engine, ids, n, SpecParams(enabled=False))
             spec.add(engine, ids, n, DEFAULT_SPEC)
-        out[depth] = plain, spec, context // len(prompts)
+        out[depth] = plain, spec, len(engine.encode_chat(earlier)) if earlier else 0
         print(f"  D = {depth}: done", flush=True)
     return out
 
@@ -128,7 +124,7 @@ def spec_table(results: dict[int, tuple[Tally, Tally, int]], peer: dict[int, flo
         theirs_v = f"{spec.rate / peer[depth]:.2f}x" if peer and depth in peer else "-"
         passes = f"{five / step:.2f}" if step and five else "-"
         print(f"{depth:>6} {context:>8} {plain.rate:>12.2f} {spec.rate:>11.2f} {spec.rate / plain.rate:>10.2f}x "
-              f"{theirs_v:>15} {spec.alpha():>6.2f} {passes:>14}")
+              f"{theirs_v:>15} {alpha_hat(spec.rounds):>6.2f} {passes:>14}")
 
 
 def main() -> int:
