@@ -32,6 +32,7 @@ from engine.io.provision import default_pair
 from engine.model.transformer import Transformer
 from engine.quant.linear import QuantLinear
 from engine.runtime.verify import decide, inspector_rows, score
+from bench_cpu import pass_costs
 from bench_kernels import ReadBandwidth, cpu_line
 
 
@@ -177,6 +178,10 @@ def main() -> None:
         drafter._prefill(ids)
         profile("draft (0.5B)", engine, engine.draft, drafter.pool, drafter.seq, ids, args.reps, reader)
         profile_propose(drafter, ids, args.reps)
+    # Each width above ran in its own minutes; in steps, a pass compares only with a step timed beside it.
+    costs = pass_costs(engine, ids, repeats=args.reps)
+    print("\n== target passes in one-token passes, the widths taking turns (median of " + f"{args.reps} rounds) ==")
+    print("  " + ", ".join(f"{w}: {ms:.1f} ms = {ms / costs[1]:.2f}" for w, ms in costs.items()))
 
 
 if __name__ == "__main__":
