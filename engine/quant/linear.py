@@ -117,12 +117,15 @@ class QuantLinear(nn.Module):
     @classmethod
     def concat(cls, parts: Sequence[QuantLinear]) -> QuantLinear:
         """One layer whose outputs are the parts' outputs side by side (fused q/k/v, gate/up). Needs one type
-        and, for the packed layout, every part but the last a multiple of 8 outputs."""
+        and, for the packed layout, every part but the last a multiple of 8 outputs (of 64 over more than 2048
+        inputs)."""
         first = parts[0]
         if any(p.qtype != first.qtype or p.in_features != first.in_features or p.act != first.act for p in parts):
             raise ValueError("concat needs parts of one type, input size and activation mode")
-        if any(p.out_features % GROUP for p in parts[:-1]):
-            raise ValueError(f"concat needs parts with multiples of {GROUP} outputs")
+        # the packed layout keeps runs of RUN groups together over a long K (quant.h, Packing): a part's must end
+        run = GROUP * (first._mod.RUN if first._mod is not None and first.in_features > first._mod.SLICE_K else 1)
+        if any(p.out_features % run for p in parts[:-1]):
+            raise ValueError(f"concat needs parts with multiples of {run} outputs")
         biases = [p.bias if p.bias is not None else torch.zeros(p.out_features) for p in parts]
         bias = torch.cat(biases) if any(p.bias is not None for p in parts) else None
         packed = None

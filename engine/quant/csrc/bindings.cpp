@@ -283,4 +283,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
             return std::make_tuple(L.unit_k, L.unit_bytes, L.blk, L.blk_bytes);
         },
         "(inputs per packed unit, bytes per packed unit, inputs per GGUF block, bytes per GGUF block)");
+    m.def(
+        "unit_at",
+        [](int64_t qtype, int64_t N, int64_t K, int64_t g, int64_t u) {
+            const Packing P(checked_layout(qtype), N, K);
+            require(g >= 0 && g < P.groups && u >= 0 && u < P.units, "unit_at: no unit ", u, " of group ", g);
+            return P.at(g, u);
+        },
+        "where unit u of output group g lies in a packed matrix, in units from its start");
+    m.attr("SLICE_K") = SLICE_K;
+    m.attr("RUN") = RUN;
 }

@@ -104,7 +104,8 @@ float unit_q8(int qtype, const uint8_t* u, int c, const RowView& xv, float acc) 
 static void matmul_q8_one(const MatArgs& a, const ActQ& x) {
     Layout L;
     layout_of(a.qtype, &L);
-    const int64_t groups = (a.N + GROUP - 1) / GROUP, units = a.K / L.unit_k;
+    const Packing P(L, a.N, a.K);
+    const int64_t groups = P.groups, units = P.units;
     const int bpu = L.unit_k / ABLK;  // activation blocks per unit
 #pragma omp parallel for schedule(dynamic, chunk_of(groups, a.nthreads)) num_threads(a.nthreads)
     for (int64_t g = 0; g < groups; ++g)
@@ -114,7 +115,7 @@ static void matmul_q8_one(const MatArgs& a, const ActQ& x) {
                 if (n >= a.N) break;
                 float acc = 0.0f;
                 for (int64_t u = 0; u < units; ++u) {
-                    const uint8_t* unit = a.packed + (g * units + u) * L.unit_bytes;
+                    const uint8_t* unit = a.packed + P.at(g, u) * L.unit_bytes;
                     const int64_t b0 = u * bpu * x.R;  // the unit's first block
                     acc = unit_q8(a.qtype, unit, c, RowView{x.q + ABLK * b0, x.dx + b0, x.xs + b0, x.R, r}, acc);
                 }
@@ -129,7 +130,8 @@ void matmul_q8(const MatArgs* parts, int n, const ActQ& x) {
 void matmul_f32(const MatArgs& a, const float* x, int R) {
     Layout L;
     layout_of(a.qtype, &L);
-    const int64_t groups = (a.N + GROUP - 1) / GROUP, units = a.K / L.unit_k;
+    const Packing P(L, a.N, a.K);
+    const int64_t groups = P.groups, units = P.units;
 #pragma omp parallel for schedule(dynamic, chunk_of(groups, a.nthreads)) num_threads(a.nthreads)
     for (int64_t g = 0; g < groups; ++g)
         for (int r = 0; r < R; ++r)
@@ -138,7 +140,7 @@ void matmul_f32(const MatArgs& a, const float* x, int R) {
                 if (n >= a.N) break;
                 float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
                 for (int64_t u = 0; u < units; ++u) {
-                    const uint8_t* unit = a.packed + (g * units + u) * L.unit_bytes;
+                    const uint8_t* unit = a.packed + P.at(g, u) * L.unit_bytes;
                     for (int k = 0; k < L.unit_k; ++k) {
                         const int64_t kk = u * L.unit_k + k;
                         acc[kk & 3] = std::fma(unit_w(a.qtype, unit, c, k), x[r * a.K + kk], acc[kk & 3]);

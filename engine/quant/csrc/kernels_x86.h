@@ -468,14 +468,17 @@ static void decode_unit(int qtype, const void* unit, float* w) {
 void requant_q40(int qtype, const uint8_t* packed, int64_t N, int64_t K, uint8_t* out, int nthreads) {
     Layout L;
     layout_of(qtype, &L);
-    const int64_t groups = (N + GROUP - 1) / GROUP, units = K / L.unit_k, blocks = K / UnitQ40::K;
+    Layout L40;
+    layout_of(Q4_0, &L40);
+    const Packing P(L, N, K), P40(L40, N, K);
+    const int64_t groups = P.groups, units = P.units;
     const int per_unit = L.unit_k / UnitQ40::K;
 #pragma omp parallel for schedule(dynamic, chunk_of(groups, nthreads)) num_threads(nthreads)
     for (int64_t g = 0; g < groups; ++g) {
         alignas(32) float w[256 * GROUP];
         const __m256 sign = _mm256_set1_ps(-0.0f), zero = _mm256_setzero_ps();
         for (int64_t u = 0; u < units; ++u) {
-            const uint8_t* unit = packed + (g * units + u) * L.unit_bytes;
+            const uint8_t* unit = packed + P.at(g, u) * L.unit_bytes;
             const float* wu = w;
             if (qtype == F32) wu = reinterpret_cast<const UnitF32*>(unit)->w[0];  // read in place
             else decode_unit(qtype, unit, w);
@@ -490,7 +493,7 @@ void requant_q40(int qtype, const uint8_t* packed, int64_t N, int64_t K, uint8_t
                 }
                 const __m256 d = _mm256_div_ps(mx, _mm256_set1_ps(-8.0f));
                 const __m256 id = _mm256_and_ps(_mm256_cmp_ps(d, zero, _CMP_NEQ_UQ), _mm256_div_ps(_mm256_set1_ps(1.0f), d));
-                auto& dst = *reinterpret_cast<UnitQ40*>(out + (g * blocks + u * per_unit + b) * sizeof(UnitQ40));
+                auto& dst = *reinterpret_cast<UnitQ40*>(out + P40.at(g, u * per_unit + b) * sizeof(UnitQ40));
                 _mm_storeu_si128(reinterpret_cast<__m128i*>(dst.d), _mm256_cvtps_ph(d, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
                 __m256i q[UnitQ40::K];
                 for (int i = 0; i < UnitQ40::K; ++i) {
@@ -585,41 +588,53 @@ template <class V, TileFn<V> tile>
     tile(v, unit, x, RT, acc);
 }
 
-// R rows of groups g .. g + V::G - 1 through all units of K (R = 0: x.R rows, one tile called with the count at run
-// time): V::G streams of weights, one register per row. Against that run-time tile, passes of 3-9 rows over a Q4_K
-// layer took 20-30% less time on Zen 4 (AVX-512), over a Q5_0 or Q8_0 layer 30-40% less.
+// R rows of n items of V::G groups from g on (V::G groups side by side), through all units of K a slice at a time
+// (R = 0: x.R rows, one tile called with the count at run time): V::G streams of weights, one register per row.
+// Against that run-time tile, passes of 3-9 rows over a Q4_K layer took 20-30% less time on Zen 4 (AVX-512), over a
+// Q5_0 or Q8_0 layer 30-40% less. Where K is sliced the items are one run (Packing): each slice's activations are
+// read by all of them while in L1, and the weights are read in the order they lie. A column's units still add up
+// in K's order, so the bits are those of one pass over K.
 template <class V, int R, TileFn<V> tile>
-static void groups_q8(const MatArgs& a, const ActQ& x, const Layout& L, int64_t units, int64_t g) {
-    constexpr int n = (R + TILE_ROWS - 1) / TILE_ROWS, rows = n ? R / n : 0, extra = n ? R % n : 0;  // n tiles
+static void groups_q8(const MatArgs& a, const ActQ& x, const Layout& L, const Packing& P, int64_t g, int64_t n) {
+    constexpr int nt = (R + TILE_ROWS - 1) / TILE_ROWS, rows = nt ? R / nt : 0, extra = nt ? R % nt : 0;  // nt tiles
     const int nrows = R ? R : x.R;
-    const int64_t gbytes = units * L.unit_bytes;
-    const V v(gbytes);
-    typename V::F acc[R ? R : MAX_ROWS];
-    for (int r = 0; r < nrows; ++r) acc[r] = V::zerof();
-    const uint8_t* unit = a.packed + g * gbytes;
-    for (int64_t u = 0; u < units; ++u, unit += L.unit_bytes) {
-        // AHEAD in each stream; with two, past a group's end into the next pair (where this thread most likely
-        // goes next) rather than into the other stream's group
-        const int64_t skip = u * L.unit_bytes + AHEAD >= gbytes ? (V::G - 1) * gbytes : 0;
-        for (int i = 0; i < V::G; ++i) prefetch_ahead(unit + i * gbytes + skip, L.unit_bytes);
-        if constexpr (R == 0) {
-            tile_rows_any<V, tile>(v, unit, tile_at(x, L, u, 0), nrows, acc);
-        } else {
-            for (int t = 0, r0 = 0; t < n; ++t) {  // `extra` tiles of rows + 1, then tiles of rows
-                if (t < extra) tile(v, unit, tile_at(x, L, u, r0), rows + 1, acc + r0), r0 += rows + 1;
-                else tile(v, unit, tile_at(x, L, u, r0), rows, acc + r0), r0 += rows;
+    typename V::F acc[RUN][R ? R : MAX_ROWS];
+    for (int64_t i = 0; i < n; ++i)
+        for (int r = 0; r < nrows; ++r) acc[i][r] = V::zerof();
+    for (int64_t s0 = 0; s0 < P.units; s0 += P.slice) {
+        const int64_t len = std::min(P.slice, P.units - s0), span = len * L.unit_bytes;
+        const V v(span);  // a group's units over this slice, and so the distance to the next group's
+        for (int64_t i = 0; i < n; ++i) {
+            const uint8_t* unit = a.packed + P.at(g + i * V::G, s0) * L.unit_bytes;
+            typename V::F sums[R ? R : MAX_ROWS];  // in registers through the slice
+            for (int r = 0; r < nrows; ++r) sums[r] = acc[i][r];
+            for (int64_t u = s0; u < s0 + len; ++u, unit += L.unit_bytes) {
+                // AHEAD in each stream; with two, past their end into the next pair's (where this thread most
+                // likely goes next) rather than into the other stream
+                const int64_t skip = (u - s0) * L.unit_bytes + AHEAD >= span ? (V::G - 1) * span : 0;
+                for (int j = 0; j < V::G; ++j) prefetch_ahead(unit + j * span + skip, L.unit_bytes);
+                if constexpr (R == 0) {
+                    tile_rows_any<V, tile>(v, unit, tile_at(x, L, u, 0), nrows, sums);
+                } else {
+                    for (int t = 0, r0 = 0; t < nt; ++t) {  // `extra` tiles of rows + 1, then tiles of rows
+                        if (t < extra) tile(v, unit, tile_at(x, L, u, r0), rows + 1, sums + r0), r0 += rows + 1;
+                        else tile(v, unit, tile_at(x, L, u, r0), rows, sums + r0), r0 += rows;
+                    }
+                }
             }
+            for (int r = 0; r < nrows; ++r) acc[i][r] = sums[r];
         }
     }
-    for (int i = 0; i < V::G; ++i) {
-        __m256 cols[MAX_ROWS];
-        for (int r = 0; r < nrows; ++r) cols[r] = V::group(acc[r], i);
-        store_group(cols, nrows, a, g + i);
-    }
+    for (int64_t i = 0; i < n; ++i)
+        for (int j = 0; j < V::G; ++j) {
+            __m256 cols[MAX_ROWS];
+            for (int r = 0; r < nrows; ++r) cols[r] = V::group(acc[i][r], j);
+            store_group(cols, nrows, a, g + i * V::G + j);
+        }
 }
 
 template <class V>
-using GroupsFn = void (*)(const MatArgs&, const ActQ&, const Layout&, int64_t, int64_t);
+using GroupsFn = void (*)(const MatArgs&, const ActQ&, const Layout&, const Packing&, int64_t, int64_t);
 
 template <class V, TileFn<V> tile, int... N>
 static GroupsFn<V> by_rows(int rows, std::integer_sequence<int, N...>) {
@@ -656,10 +671,11 @@ static int pair_rows(int qtype) { return g_pair_from ? g_pair_from : qtype == Q6
 void matmul_q8(const MatArgs* parts, int n, const ActQ& x) {
     struct Part {
         Layout L;
-        int64_t groups, units, items;
+        Packing P;
+        int64_t span, items;  // groups per item: a run where K is sliced, else one group or pair
         GroupsFn<V256> one;
 #if SQ_ZMM
-        GroupsFn<V512> two;  // null: one group per item
+        GroupsFn<V512> two;  // null: one group per register
 #endif
     } p[MAX_PARTS];
     int64_t total = 0;
@@ -667,12 +683,14 @@ void matmul_q8(const MatArgs* parts, int n, const ActQ& x) {
         const MatArgs& a = parts[i];
         Part& q = p[i];
         layout_of(a.qtype, &q.L);
-        q.groups = (a.N + GROUP - 1) / GROUP, q.units = a.K / q.L.unit_k, q.items = q.groups;
+        q.P = Packing(q.L, a.N, a.K);
         q.one = groups_fn<V256>(a.qtype, x.R);
+        q.span = q.P.slice < q.P.units ? RUN : 1;
 #if SQ_ZMM
         q.two = x.R >= pair_rows(a.qtype) ? groups_fn<V512>(a.qtype, x.R) : nullptr;
-        if (q.two) q.items = (q.groups + 1) / 2;  // an odd last group goes alone
+        if (q.two) q.span = std::max<int64_t>(q.span, 2);
 #endif
+        q.items = (q.P.groups + q.span - 1) / q.span;
         total += q.items;
     }
     const int nthreads = parts[0].nthreads;
@@ -682,21 +700,23 @@ void matmul_q8(const MatArgs* parts, int n, const ActQ& x) {
         int64_t j = it;
         while (j >= p[i].items) j -= p[i++].items;
         const Part& q = p[i];
+        const int64_t g = j * q.span, count = std::min(q.span, q.P.groups - g);
 #if SQ_ZMM
-        if (q.two) {
-            if (2 * j + 1 < q.groups) q.two(parts[i], x, q.L, q.units, 2 * j);
-            else q.one(parts[i], x, q.L, q.units, 2 * j);
+        if (q.two) {  // an odd last group goes alone
+            if (count >= 2) q.two(parts[i], x, q.L, q.P, g, count / 2);
+            if (count % 2) q.one(parts[i], x, q.L, q.P, g + count - 1, 1);
             continue;
         }
 #endif
-        q.one(parts[i], x, q.L, q.units, j);
+        q.one(parts[i], x, q.L, q.P, g, count);
     }
 }
 
 void matmul_f32(const MatArgs& a, const float* x, int R) {
     Layout L;
     layout_of(a.qtype, &L);
-    const int64_t groups = (a.N + GROUP - 1) / GROUP, units = a.K / L.unit_k;
+    const Packing P(L, a.N, a.K);
+    const int64_t groups = P.groups, units = P.units;
     int sizes[MAX_ROWS];
     const int ntiles = row_tiles(R, 3, sizes);
 #pragma omp parallel for schedule(dynamic, chunk_of(groups, a.nthreads)) num_threads(a.nthreads)
@@ -705,7 +725,7 @@ void matmul_f32(const MatArgs& a, const float* x, int R) {
         __m256 acc4[4 * MAX_ROWS];
         for (int i = 0; i < 4 * R; ++i) acc4[i] = _mm256_setzero_ps();
         for (int64_t u = 0; u < units; ++u) {
-            const uint8_t* unit = a.packed + (g * units + u) * L.unit_bytes;
+            const uint8_t* unit = a.packed + P.at(g, u) * L.unit_bytes;
             prefetch_ahead(unit, L.unit_bytes);
             const float* wu = w;
             if (a.qtype == F32) {

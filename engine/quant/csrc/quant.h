@@ -13,6 +13,7 @@
 // file's unsigned quant, c the column, e = k % 4. Bits per weight equal the file's except Q4_K/Q5_K (+0.125:
 // their 6-bit scales are kept as bytes).
 #pragma once
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <vector>
@@ -99,6 +100,25 @@ struct Layout {
     int blk_bytes;   // GGUF bytes per block
 };
 bool layout_of(int qtype, Layout* out);  // false for a type the kernels do not run
+
+// Where the units of a packed matrix lie. Over K <= SLICE_K inputs each group of 8 columns keeps its units back to
+// back. A longer K stores the groups in runs of RUN, slice by slice: the run's units over the first SLICE_K inputs
+// (group by group), then over the next. A pass over several rows takes a run through one slice at a time, so the
+// slice's activations stay in L1 while the weights stream in the order they lie in memory (kernels_x86.h,
+// groups_q8). One group's units within a slice are still back to back.
+constexpr int64_t SLICE_K = 2048, RUN = 8;
+struct Packing {
+    int64_t groups = 0, units = 0, slice = 0;  // slice: units per slice (all of them when K <= SLICE_K)
+    Packing() = default;
+    Packing(const Layout& L, int64_t N, int64_t K)
+        : groups((N + GROUP - 1) / GROUP), units(K / L.unit_k), slice(K > SLICE_K ? SLICE_K / L.unit_k : units) {}
+    // the index of unit u of group g, counted in units from the start of the matrix
+    int64_t at(int64_t g, int64_t u) const {
+        if (slice >= units) return g * units + u;
+        const int64_t r0 = g - g % RUN, n = std::min<int64_t>(RUN, groups - r0), s0 = u - u % slice;
+        return r0 * units + s0 * n + (g - r0) * std::min(slice, units - s0) + (u - s0);
+    }
+};
 
 // Quantized activations of R rows: q = round(x / dx) per 32-input block, |q| <= 127. Block-major (a block's
 // R rows adjacent), so a kernel walks the rows of one block with a constant 32-byte stride.

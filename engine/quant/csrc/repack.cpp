@@ -363,7 +363,8 @@ void repack(int qtype, const uint8_t* raw, int64_t raw_rows, int64_t N, int64_t 
             uint8_t* packed, int nthreads) {
     Layout L;
     layout_of(qtype, &L);
-    const int64_t groups = (N + GROUP - 1) / GROUP, units = K / L.unit_k;
+    const Packing P(L, N, K);
+    const int64_t groups = P.groups, units = P.units;
     const int64_t row_bytes = K / L.blk * L.blk_bytes;
     const PackFn pack = pack_fn(qtype);
     const PackUnitFn pack_unit = pack_unit_fn(qtype);
@@ -377,7 +378,7 @@ void repack(int qtype, const uint8_t* raw, int64_t raw_rows, int64_t N, int64_t 
             if (src[c] < 0 || src[c] >= raw_rows) src[c] = -1, whole = false;
         }
         for (int64_t u = 0; u < units; ++u) {
-            uint8_t* dst = packed + (g * units + u) * L.unit_bytes;
+            uint8_t* dst = packed + P.at(g, u) * L.unit_bytes;
             const int64_t at = u * (L.unit_k / L.blk) * L.blk_bytes;
             if (whole && pack_unit) {
                 const uint8_t* blk[GROUP];
@@ -435,13 +436,15 @@ void column_block(int qtype, const uint8_t* u, int c, int k0, float* x) {
 void scalar::requant_q40(int qtype, const uint8_t* packed, int64_t N, int64_t K, uint8_t* out, int nthreads) {
     Layout L;
     layout_of(qtype, &L);
-    const int64_t groups = (N + GROUP - 1) / GROUP, units = K / L.unit_k, blocks = K / UnitQ40::K;
-#pragma omp parallel for schedule(dynamic, chunk_of(groups, nthreads)) num_threads(nthreads)
-    for (int64_t g = 0; g < groups; ++g)
-        for (int64_t b = 0; b < blocks; ++b) {
+    Layout L40;
+    layout_of(Q4_0, &L40);
+    const Packing P(L, N, K), P40(L40, N, K);
+#pragma omp parallel for schedule(dynamic, chunk_of(P.groups, nthreads)) num_threads(nthreads)
+    for (int64_t g = 0; g < P.groups; ++g)
+        for (int64_t b = 0; b < P40.units; ++b) {
             const int64_t k0 = b * UnitQ40::K;
-            const uint8_t* src = packed + (g * units + k0 / L.unit_k) * L.unit_bytes;
-            auto& dst = *reinterpret_cast<UnitQ40*>(out + (g * blocks + b) * sizeof(UnitQ40));
+            const uint8_t* src = packed + P.at(g, k0 / L.unit_k) * L.unit_bytes;
+            auto& dst = *reinterpret_cast<UnitQ40*>(out + P40.at(g, b) * sizeof(UnitQ40));
             std::memset(&dst, 0, sizeof(UnitQ40));
             for (int c = 0; c < GROUP; ++c) {
                 float x[UnitQ40::K], amax = 0.0f, max = 0.0f;
@@ -463,13 +466,13 @@ void dequant_cols(int qtype, const uint8_t* packed, int64_t N, int64_t K, const 
                   float* out) {
     Layout L;
     layout_of(qtype, &L);
-    const int64_t units = K / L.unit_k;
+    const Packing P(L, N, K);
     for (int64_t i = 0; i < n_idx; ++i) {
         const int64_t n = idx[i], g = n / GROUP;
         const int c = static_cast<int>(n % GROUP);
         float* o = out + i * K;
-        for (int64_t u = 0; u < units; ++u) {
-            const uint8_t* unit = packed + (g * units + u) * L.unit_bytes;
+        for (int64_t u = 0; u < P.units; ++u) {
+            const uint8_t* unit = packed + P.at(g, u) * L.unit_bytes;
             for (int k = 0; k < L.unit_k; ++k) o[u * L.unit_k + k] = unit_w(qtype, unit, c, k);
         }
     }
