@@ -44,16 +44,17 @@ def mode_id(p) -> str:
     return f"{p[0].name}-{p[1]}"
 
 
+def rows_and_references(qt, n: int, k: int, seed: int) -> tuple[np.ndarray, torch.Tensor, torch.Tensor]:
+    """Random valid GGUF rows (n, k) of type qt, their gguf weights and their offsets (see quant_helpers), float64."""
+    raw = formats.random_rows(qt, n, k, np.random.default_rng(seed))
+    return raw, torch.from_numpy(gguf_ref(raw, qt)).double(), torch.from_numpy(offsets(raw, qt)).double()
+
+
 @pytest.fixture(scope="module")
 def cases():
     """{qtype: (raw rows, gguf weights (N, K) float64, offsets (N, K) float64, bias)}"""
-    out = {}
-    for qt in FORMATS:
-        rng = np.random.default_rng(7 + int(qt))
-        raw = formats.random_rows(qt, N, K, rng)
-        out[qt] = (raw, torch.from_numpy(gguf_ref(raw, qt)).double(),
-                   torch.from_numpy(offsets(raw, qt)).double(), torch.randn(N, generator=torch.Generator().manual_seed(int(qt))))
-    return out
+    bias = {qt: torch.randn(N, generator=torch.Generator().manual_seed(int(qt))) for qt in FORMATS}
+    return {qt: (*rows_and_references(qt, N, K, 7 + int(qt)), bias[qt]) for qt in FORMATS}
 
 
 def activations(rows: int, seed: int = 0) -> torch.Tensor:

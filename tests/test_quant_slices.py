@@ -9,18 +9,15 @@ import numpy as np
 import pytest
 import torch
 
-from engine.quant import formats
 from engine.quant.formats import FORMATS, T
 from engine.quant.linear import QuantLinear
 
 try:
     from isa import outputs_per_isa_and_threads
-    from quant_helpers import offsets
-    from test_quant_formats import gguf_ref
+    from test_quant_kernels import int8_activations, rows_and_references
 except ImportError:  # tests/ imported as a package
     from tests.isa import outputs_per_isa_and_threads
-    from tests.quant_helpers import offsets
-    from tests.test_quant_formats import gguf_ref
+    from tests.test_quant_kernels import int8_activations, rows_and_references
 
 U = 2.0 ** -24
 N, K = 100, 2560  # 13 groups: a run of 8 and one of 5; K: 10 units of 256 (or 80 of 32), slices of 2048 + 512
@@ -29,25 +26,13 @@ QUANT = [t for t in FORMATS if FORMATS[t].quantized]
 
 @pytest.fixture(scope="module")
 def cases():
-    out = {}
-    for qt in FORMATS:
-        rng = np.random.default_rng(11 + int(qt))
-        raw = formats.random_rows(qt, N, K, rng)
-        out[qt] = (raw, torch.from_numpy(gguf_ref(raw, qt)).double(), torch.from_numpy(offsets(raw, qt)).double())
-    return out
+    return {qt: rows_and_references(qt, N, K, 11 + int(qt)) for qt in FORMATS}
 
 
 def activations(rows: int, seed: int = 0) -> torch.Tensor:
     x = torch.randn(rows, K, generator=torch.Generator().manual_seed(seed))
     x[:, 2100:2132] *= 20  # an outlier block in the last slice
     return x
-
-
-def int8_activations(x: torch.Tensor) -> torch.Tensor:
-    xb = x.reshape(x.shape[0], -1, 32)
-    amax = xb.abs().amax(-1, keepdim=True)
-    q = torch.round(xb * torch.where(amax > 0, 127.0 / amax, torch.zeros_like(amax)))
-    return (q.double() * (amax / 127.0).double()).reshape(x.shape)
 
 
 def test_long_k_packs_runs_slice_by_slice(kernels):
