@@ -65,9 +65,11 @@ void silu_mul(const float* gu, int T, int64_t I, float* out, int nthreads) {
 constexpr int KEY_CHUNK = 128;  // keys per work item: K and V rows of one KV head, 128 KB at D = 128 in fp32
 constexpr int KEY_BLOCK = 32;   // keys whose K or V rows serve all G heads from L1: 16 KB at D = 128
 
+// Maxima here never hold a NaN (the lanes start at -inf and keep theirs against one), so std::max, which passes over a
+// NaN second argument as fmax does, gives fmax's result without its libm call.
 static inline float hmax8(f8 a) {
-    return std::fmax(std::fmax(std::fmax(a[0], a[1]), std::fmax(a[2], a[3])),
-                     std::fmax(std::fmax(a[4], a[5]), std::fmax(a[6], a[7])));
+    return std::max(std::max(std::max(a[0], a[1]), std::max(a[2], a[3])),
+                    std::max(std::max(a[4], a[5]), std::max(a[6], a[7])));
 }
 
 // [hsum8(c[0]), ..., hsum8(c[7])]: each lane is summed in hsum8's order, ((0+1)+(2+3))+((4+5)+(6+7)),
@@ -92,7 +94,7 @@ static void softmax_part(float* s, int64_t n, float* part) {
         m8 = v > m8 ? v : m8;
     }
     float mx = hmax8(m8);  // max is exact whatever the order
-    for (int64_t j = full; j < n; ++j) mx = std::fmax(mx, s[j]);
+    for (int64_t j = full; j < n; ++j) mx = std::max(mx, s[j]);
     f8 l8 = {};
     for (int64_t j = 0; j < n; j += 8) {  // s has room for the last partial vector
         const f8 e = exp8(load8(s + j) - mx);
@@ -232,7 +234,7 @@ void attend(const AttnArgs& a) {
             const int64_t t = th / a.H, h = th % a.H, n = a.S - a.T + t + 1, used = (n + KEY_CHUNK - 1) / KEY_CHUNK;
             const float* first = P + (t * chunks * a.H + h) * stride;
             float mx = first[0];
-            for (int64_t c = 1; c < used; ++c) mx = std::fmax(mx, first[c * a.H * stride]);
+            for (int64_t c = 1; c < used; ++c) mx = std::max(mx, first[c * a.H * stride]);
             float sum = 0.0f;
             f8 o[MAX_HEAD_DIM / 8] = {};
             for (int64_t c = 0; c < used; ++c) {

@@ -30,7 +30,7 @@ void quantize_acts(const float* x, int R, int64_t K, int8_t* q, float* dx, float
             const float* xb = x + r * K + b * ABLK;
             const int64_t o = b * R + r;  // block-major (quant.h)
             float amax = 0.0f;
-            for (int i = 0; i < ABLK; ++i) amax = std::fmax(amax, std::fabs(xb[i]));
+            for (int i = 0; i < ABLK; ++i) amax = std::max(amax, std::fabs(xb[i]));  // a NaN input is passed over
             const float d = amax / 127.0f, id = amax != 0.0f ? 127.0f / amax : 0.0f;
             int half[2] = {0, 0};
             for (int i = 0; i < ABLK; ++i) {
