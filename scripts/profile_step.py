@@ -8,6 +8,8 @@ For the target (and the draft) it times, in alternating rounds after a real prom
   sampling transform and draw, and the inspector's rows (timed on their own: the engine times them apart);
 - `matmuls alone`: every layer's linear layers called one after another as the stack calls them (cold weights, as
   in a step); the stack's time minus this is attention, norms, rope, activation quantization and thread hand-offs;
+  `of them <type>`: that time by block type, beside the type's megabytes (over several rows the types' costs part
+  from their bytes: Q6_K's tile does more work per weight than Q4_K's);
 - the memory floor: the bytes of packed weights one step reads (layers + LM head) over the read bandwidth measured
   here (a 2-thread sum over 512 MB), once in every round beside the step: on a host whose speed drifts, a step
   and a bandwidth measured minutes apart can put their ratio anywhere; `pass / floor` is the median of the
@@ -30,6 +32,7 @@ from engine.api.config import SamplingParams
 from engine.io.loading import load_engine
 from engine.io.provision import default_pair
 from engine.model.transformer import Transformer
+from engine.quant.formats import T
 from engine.quant.linear import QuantLinear
 from engine.runtime.verify import decide, inspector_rows, score
 from bench_cpu import pass_costs
@@ -75,6 +78,9 @@ def profile(role: str, engine, model: Transformer, pool, seq: int, ids: list[int
     text_of = engine.text_of
     vocab = engine.vocab
     layer_lins = linears(model)
+    type_mb: dict[int, float] = {}  # the layers' weights by block type: which type a pass over several rows waits on
+    for lin in layer_lins:
+        type_mb[lin.qtype] = type_mb.get(lin.qtype, 0.0) + lin.packed.numel() / 1e6
     head_in = torch.randn(rows, model.cfg.hidden_size)
     bws: list[float] = []
     empty = torch.empty(0, dtype=torch.long)
@@ -95,13 +101,18 @@ def profile(role: str, engine, model: Transformer, pool, seq: int, ids: list[int
         h = parts.time("decoder stack (C++)", lambda: model.stack(x, start, view))
         logits = parts.time("LM head", lambda: model.lm_head(h).float())
         parts.time("sampling transform + draw", lambda: decide(empty, None, params_probs(logits[:1], params), None))
-        acts = {}
+        acts, by_type = {}, {}
         for lin in layer_lins:  # the stack's matmuls one by one, same inputs width, cold weights
             a = acts.setdefault(lin.in_features, torch.randn(rows, lin.in_features))
             t0 = time.perf_counter()
             lin(a)
-            parts.times.setdefault("_lin", []).append(time.perf_counter() - t0)
+            dt = time.perf_counter() - t0
+            parts.times.setdefault("_lin", []).append(dt)
+            kind = f"  of them {T(lin.qtype).name} ({type_mb[lin.qtype]:.0f} MB)"
+            by_type[kind] = by_type.get(kind, 0.0) + dt
         parts.times.setdefault("matmuls alone (layers)", []).append(sum(parts.times.pop("_lin")) * 1e3)
+        for kind, seconds in by_type.items():
+            parts.times.setdefault(kind, []).append(seconds * 1e3)
         parts.time("LM head alone", lambda: model.lm_head(head_in))
     m.truncate_to(seq, base)
     bw = statistics.median(bws)
