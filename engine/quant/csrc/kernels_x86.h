@@ -21,7 +21,15 @@ struct Tile {  // the call's quantized activations, positioned at the current un
     const int32_t* bs16;
     const int32_t* bs32;
     int64_t qs, bs;  // block strides of q (bytes) and of the per-block arrays; rows are adjacent
+    const uint8_t* ahead = nullptr;  // K-quant tiles: weights to prefetch, a few lines per block (spread_prefetch)
 };
+
+// A K-quant tile asks for `per` lines of the weights ahead in each of its 8 blocks, not for a whole unit at once
+// before it: spread over the unit's work, the requests do not pile up in the miss buffers.
+static inline void spread_prefetch(const Tile& x, int block, int per) {
+    if (x.ahead)
+        for (int l = 0; l < per; ++l) _mm_prefetch(reinterpret_cast<const char*>(x.ahead + 64 * (block * per + l)), _MM_HINT_T0);
+}
 
 static inline __m128i ld8(const void* p) { return _mm_loadl_epi64(static_cast<const __m128i*>(p)); }
 using Word = int32_t __attribute__((may_alias, aligned(1)));  // 4 activations, read in place
@@ -230,6 +238,7 @@ template <class V, bool Q5>
     for (int r = 0; r < RT; ++r) S[r] = V::zerof();
 #pragma GCC unroll 1
     for (int j = 0; j < 8; ++j) {
+        spread_prefetch(x, j, 3);  // 8 x 3 lines cover a unit (Q4_K 1184 bytes, Q5_K 1440)
         const I h = Q5 ? v.ld(static_cast<const UnitQ5K*>(unit)->qh[j]) : V::zero();
         I w[8];
         for (int t = 0; t < 4; ++t) {  // steps t and t + 4
@@ -281,6 +290,7 @@ template <class V>
     for (int r = 0; r < RT; ++r) S[r] = V::zerof();
 #pragma GCC unroll 1
     for (int b = 0; b < 8; ++b) {  // activation block = sub-blocks 2b, 2b+1: steps 0-3 and 4-7
+        spread_prefetch(x, b, 4);  // 8 x 4 lines cover its 1680 bytes
         I w[8];
         q6_steps(v, u.qv[2 * b], w);
         q6_steps(v, u.qv[2 * b + 1], w + 4);
@@ -612,13 +622,23 @@ static void groups_q8(const MatArgs& a, const ActQ& x, const Layout& L, const Pa
                 // AHEAD in each stream; with two, past their end into the next pair's (where this thread most
                 // likely goes next) rather than into the other stream
                 const int64_t skip = (u - s0) * L.unit_bytes + AHEAD >= span ? (V::G - 1) * span : 0;
-                for (int j = 0; j < V::G; ++j) prefetch_ahead(unit + j * span + skip, L.unit_bytes);
+                // K-quant units over 1-6 rows: the tile prefetches as it goes (spread_prefetch). Over 7 or more rows
+                // the burst before the unit streamed better (Zen 4, a Q4_K layer over 9 rows from memory).
+                constexpr bool few = R >= 1 && R <= 6;
+                const bool spread = few && V::G == 1 && L.unit_k == 256;
+                if (!spread)
+                    for (int j = 0; j < V::G; ++j) prefetch_ahead(unit + j * span + skip, L.unit_bytes);
+                const uint8_t* ahead = spread ? unit + AHEAD : nullptr;
                 if constexpr (R == 0) {
-                    tile_rows_any<V, tile>(v, unit, tile_at(x, L, u, 0), nrows, sums);
+                    Tile t = tile_at(x, L, u, 0);
+                    t.ahead = ahead;
+                    tile_rows_any<V, tile>(v, unit, t, nrows, sums);
                 } else {
                     for (int t = 0, r0 = 0; t < nt; ++t) {  // `extra` tiles of rows + 1, then tiles of rows
-                        if (t < extra) tile(v, unit, tile_at(x, L, u, r0), rows + 1, sums + r0), r0 += rows + 1;
-                        else tile(v, unit, tile_at(x, L, u, r0), rows, sums + r0), r0 += rows;
+                        Tile tx = tile_at(x, L, u, r0);
+                        tx.ahead = t == 0 ? ahead : nullptr;
+                        if (t < extra) tile(v, unit, tx, rows + 1, sums + r0), r0 += rows + 1;
+                        else tile(v, unit, tx, rows, sums + r0), r0 += rows;
                     }
                 }
             }
