@@ -35,7 +35,9 @@ from engine.quant import ext, formats
 from engine.quant.cpu import this_cpu
 
 NOMINAL_GBS = 21.6  # what a one-row matmul reaches on the 2-vCPU EPYC development machine (issue 9)
-SHAPES = {"ffn_up 1536->8960": (1536, 8960), "ffn_down 8960->1536": (8960, 1536), "lm_head 1536->151936": (1536, 151936)}
+SHAPES = {"ffn_up 1536->8960": (1536, 8960), "ffn_down 8960->1536": (8960, 1536), "lm_head 1536->151936": (1536, 151936),
+          # the draft's (0.5B, run as Q4_0): gate|up in one call, and down
+          "draft_up 896->9728": (896, 9728), "draft_down 4864->896": (4864, 896)}
 COLD_BYTES = 192 << 20  # cycle through at least this much weight data per round
 
 
@@ -94,6 +96,8 @@ def main() -> None:
     ap.add_argument("--no-fp32", action="store_true", help="skip the fp32 baselines")
     ap.add_argument("--isa", default=None, help="scalar, avx2, avxvnni or avx512vnni, or several, comma-separated, "
                     "timed in alternation (default: the best this CPU runs)")
+    ap.add_argument("--warm", action="store_true",
+                    help="one copy of each layer, so its weights stay in cache: what the kernel's work alone costs")
     ap.add_argument("--clock", choices=("wall", "cpu"), default="wall",
                     help="cpu: one thread, timed by its CPU time (for a machine shared with other jobs)")
     args = ap.parse_args()
@@ -127,7 +131,7 @@ def main() -> None:
             qt = formats.T[tname]
             raw = formats.random_rows(qt, n, k, rng)
             nbytes = formats.packed_bytes(qt, n, k)
-            copies = max(1, -(-COLD_BYTES // nbytes))
+            copies = 1 if args.warm else max(1, -(-COLD_BYTES // nbytes))
             packed = [mod.repack(raw, int(qt), n, k, None, args.threads) for _ in range(copies)]
             floor = nbytes / bw / 1e6
             print(f"{tname} ({formats.fmt(qt).packed_bits_per_weight:.3f} bpw, {nbytes / 1e6:.1f} MB): "
