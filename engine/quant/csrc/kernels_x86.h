@@ -717,7 +717,7 @@ void matmul_q8(const MatArgs* parts, int n, const ActQ& x) {
     // Guided: each grab takes a share of what is left (half, then a quarter, ... with two threads) down to a quarter
     // of chunk_of's chunk, so a thread streams long runs of weights and takes the shared counter ~6 times a call,
     // and the tail still splits finely. Against chunk_of's equal chunks (16 grabs), a one-token target step took
-    // 2-8% less time on Zen 4, a draft step 4-14% (in one process, the schedules taking turns).
+    // 0-8% less time on Zen 4, a draft step 2-14% (in one process, the schedules taking turns).
 #pragma omp parallel for schedule(guided, std::max(1, chunk_of(total, nthreads) / 4)) num_threads(nthreads)
     for (int64_t it = 0; it < total; ++it) {
         int i = 0;
