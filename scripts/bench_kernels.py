@@ -1,4 +1,4 @@
-"""Time the quantized linear kernels against fp32 on the layer shapes that matter for the embedded target.
+"""Time the quantized linear kernels against fp32 on the layer shapes that matter for the embedded pair.
 
 For each shape (inputs -> outputs), block type and row count R it prints ms per call for the int8-activation
 kernel and the exact (fp32-activation) kernel, fp32 F.linear and fp32 oneDNN-prepacked, the memory floor
@@ -6,7 +6,8 @@ kernel and the exact (fp32-activation) kernel, fp32 F.linear and fp32 oneDNN-pre
 
 The weights are random but valid blocks. Each timing cycles through enough copies of the layer to exceed
 the last-level cache, as a real forward pass does (the whole model is ~1 GB), so one layer's time is not
-an L3 hit. Times are the minimum and median over --reps rounds.
+an L3 hit (`--warm` times one copy instead: the kernel's own work, with its weights in cache). Times are the
+minimum and median over --reps rounds.
 
 On a machine shared with other jobs, wall-clock times of a 2-thread kernel are dominated by one thread
 being descheduled; `--clock cpu` then times one thread by its own CPU time (time.thread_time), which
