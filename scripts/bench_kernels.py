@@ -130,6 +130,9 @@ def main() -> None:
         print(header)
         for tname in args.types.split(","):
             qt = formats.T[tname]
+            if k % formats.fmt(qt).block:  # the draft's 896 inputs take no K-quant blocks of 256
+                print(f"{tname}: {k} inputs are not a whole number of its {formats.fmt(qt).block}-input blocks; skipped")
+                continue
             raw = formats.random_rows(qt, n, k, rng)
             nbytes = formats.packed_bytes(qt, n, k)
             copies = 1 if args.warm else max(1, -(-COLD_BYTES // nbytes))
