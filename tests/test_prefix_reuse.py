@@ -62,8 +62,8 @@ def assert_cache_matches_fresh(model: Transformer, pool: KVPool, ids: list[int])
     ref, _ = prefill(model, ids)
     got_slots = torch.tensor(pool.manager.slots(0, 0, len(ids)))
     ref_slots = torch.tensor(ref.manager.slots(0, 0, len(ids)))
-    torch.testing.assert_close(pool.k[:, got_slots], ref.k[:, ref_slots], atol=1e-4, rtol=1e-4)
-    torch.testing.assert_close(pool.v[:, got_slots], ref.v[:, ref_slots], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(pool.k[:, :, got_slots], ref.k[:, :, ref_slots], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(pool.v[:, :, got_slots], ref.v[:, :, ref_slots], atol=1e-4, rtol=1e-4)
 
 
 def test_second_chat_turn_reuses_the_first(engine, fresh):

@@ -98,8 +98,8 @@ def test_logits_after_rollback_match_fresh_prefill(engine):
         feed(engine.target, ref, ids)
         slots = torch.tensor(tp.manager.slots(0, 0, len(ids)))
         ref_slots = torch.tensor(ref.manager.slots(0, 0, len(ids)))
-        torch.testing.assert_close(tp.k[:, slots], ref.k[:, ref_slots], atol=1e-4, rtol=1e-4)
-        torch.testing.assert_close(tp.v[:, slots], ref.v[:, ref_slots], atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(tp.k[:, :, slots], ref.k[:, :, ref_slots], atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(tp.v[:, :, slots], ref.v[:, :, ref_slots], atol=1e-4, rtol=1e-4)
         tp.manager.truncate_to(0, n)  # put the engine back as it was
         # Draft: same check on its own cache.
         d = engine.model_drafter

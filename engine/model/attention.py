@@ -18,16 +18,16 @@ ROW_WISE_MAX = 16  # up to this many queries (K + 1 <= 16) attend row by row
 
 
 def causal_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
-    """q (T, H, D) for the last T of S positions; keys, values (S, Hkv, D) -> (T, H * D)."""
+    """q (T, H, D) for the last T of S positions; keys, values (Hkv, S, D) -> (T, H * D)."""
     T, H, D = q.shape
-    S, Hkv, _ = keys.shape
+    Hkv, S, _ = keys.shape
     if T <= ROW_WISE_MAX:
         return _row_wise(q, keys, values)
     mask = torch.ones(T, S, dtype=torch.bool, device=q.device).tril(diagonal=S - T)  # query i sees keys <= S-T+i
     out = F.scaled_dot_product_attention(
         q.transpose(0, 1).unsqueeze(0),  # (1, H, T, D)
-        keys.transpose(0, 1).unsqueeze(0),  # (1, Hkv, S, D)
-        values.transpose(0, 1).unsqueeze(0),
+        keys.unsqueeze(0),  # (1, Hkv, S, D)
+        values.unsqueeze(0),
         attn_mask=mask,
         enable_gqa=H != Hkv,
     )  # (1, H, T, D)
@@ -36,14 +36,12 @@ def causal_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) 
 
 def _row_wise(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
     T, H, D = q.shape
-    S, Hkv, _ = keys.shape
-    k_all = keys.transpose(0, 1)  # (Hkv, S, D)
-    v_all = values.transpose(0, 1)
+    Hkv, S, _ = keys.shape
     scale = 1.0 / math.sqrt(D)
     rows = []
     for i in range(T):
         n = S - T + i + 1  # keys this query may see
         qi = q[i].view(Hkv, H // Hkv, D)  # (Hkv, G, D): the heads that share each key head
-        scores = torch.matmul(qi, k_all[:, :n].transpose(1, 2)) * scale  # (Hkv, G, n)
-        rows.append(torch.matmul(torch.softmax(scores.float(), dim=-1).to(q.dtype), v_all[:, :n]))  # (Hkv, G, D)
+        scores = torch.matmul(qi, keys[:, :n].transpose(1, 2)) * scale  # (Hkv, G, n)
+        rows.append(torch.matmul(torch.softmax(scores.float(), dim=-1).to(q.dtype), values[:, :n]))  # (Hkv, G, D)
     return torch.stack(rows).reshape(T, H * D)

@@ -106,7 +106,10 @@ class BlockManager:
 
 
 class KVPool:
-    """K and V tensors for every layer: (L, num_blocks * block_size, H_kv, D)."""
+    """K and V tensors for every layer: (L, H_kv, num_blocks * block_size, D).
+
+    Head-major: one KV head's keys sit one after another, so attention over a run of positions reads one
+    contiguous stretch per head rather than every other half of each slot."""
 
     def __init__(
         self, num_layers: int, num_kv_heads: int, head_dim: int, manager: BlockManager,
@@ -114,11 +117,11 @@ class KVPool:
     ) -> None:
         self.manager = manager
         n_slots = manager.num_blocks * manager.block_size
-        shape = (num_layers, n_slots, num_kv_heads, head_dim)
+        shape = (num_layers, num_kv_heads, n_slots, head_dim)
         # On the CPU in lazily zeroed pages (engine.model.pages): slots a short chat never reaches cost no memory
         alloc = pages.zeros if torch.device(device).type == "cpu" else partial(torch.zeros, device=device)
-        self.k = alloc(shape, dtype=dtype)  # (L, S, Hkv, D)
-        self.v = alloc(shape, dtype=dtype)  # (L, S, Hkv, D)
+        self.k = alloc(shape, dtype=dtype)  # (L, Hkv, S, D)
+        self.v = alloc(shape, dtype=dtype)  # (L, Hkv, S, D)
 
     def view(self, seq: int, start: int, end: int) -> CacheView:
         """Where a forward pass writing positions [start, end) of seq puts and reads its KV."""
@@ -141,10 +144,10 @@ class CacheView:
     end: int
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Store k, v (T, Hkv, D) and return the whole sequence's K, V (S, Hkv, D)."""
-        kc, vc = self.pool.k[layer], self.pool.v[layer]
-        kc.index_copy_(0, self.write_slots, k.to(kc.dtype))
-        vc.index_copy_(0, self.write_slots, v.to(vc.dtype))
+        """Store k, v (T, Hkv, D) and return the whole sequence's K, V (Hkv, S, D)."""
+        kc, vc = self.pool.k[layer], self.pool.v[layer]  # (Hkv, slots, D)
+        kc.index_copy_(1, self.write_slots, k.transpose(0, 1).to(kc.dtype))
+        vc.index_copy_(1, self.write_slots, v.transpose(0, 1).to(vc.dtype))
         if self.read_slots is None:
-            return kc[self.base : self.base + self.end], vc[self.base : self.base + self.end]
-        return kc.index_select(0, self.read_slots), vc.index_select(0, self.read_slots)
+            return kc[:, self.base : self.base + self.end], vc[:, self.base : self.base + self.end]
+        return kc.index_select(1, self.read_slots), vc.index_select(1, self.read_slots)

@@ -97,7 +97,7 @@ class Attention(nn.Module):
         pos = slice(start, start + T)
         q = rope(q.view(T, self.h, self.d), pos)  # (T, H, D)
         k = rope(k.view(T, self.hkv, self.d), pos)  # (T, Hkv, D)
-        keys, values = cache.update(self.layer, k, v.view(T, self.hkv, self.d))  # (S, Hkv, D)
+        keys, values = cache.update(self.layer, k, v.view(T, self.hkv, self.d))  # (Hkv, S, D)
         return self.o(causal_attention(q, keys, values))  # (T, C)
 
 

@@ -195,7 +195,7 @@ class PyStack {
         }
     }
 
-    // x (T, C) embeddings -> (T, C) final-normed hidden states; k, v: the pool (L, slots, Hkv, D).
+    // x (T, C) embeddings -> (T, C) final-normed hidden states; k, v: the pool (L, Hkv, slots, D).
     at::Tensor forward(const at::Tensor& x, int64_t start, const at::Tensor& k, const at::Tensor& v,
                        const at::Tensor& write, const std::optional<at::Tensor>& read, int64_t base, int64_t S,
                        int64_t nthreads) {
@@ -205,11 +205,11 @@ class PyStack {
         require(start >= 0 && start + T <= st_.P, "positions ", start, "..", start + T, " beyond the rotary table");
         const int64_t L = static_cast<int64_t>(st_.layers.size());
         for (const at::Tensor* p : {&k, &v})
-            require(p->dim() == 4 && p->size(0) == L && p->size(2) == st_.Hkv && p->size(3) == st_.D &&
+            require(p->dim() == 4 && p->size(0) == L && p->size(1) == st_.Hkv && p->size(3) == st_.D &&
                         p->scalar_type() == at::kFloat && p->is_contiguous(),
-                    "cache: (", L, ", slots, ", st_.Hkv, ", ", st_.D, ") contiguous float32");
+                    "cache: (", L, ", ", st_.Hkv, ", slots, ", st_.D, ") contiguous float32");
         require(k.sizes() == v.sizes(), "k and v caches differ in shape");
-        const int64_t slots = k.size(1);
+        const int64_t slots = k.size(2);
         require(S >= T, "sequence length ", S, " < pass width ", T);
         auto in_range = [&](const at::Tensor& idx, int64_t n, const char* what) {
             require(idx.scalar_type() == at::kLong && idx.dim() == 1 && idx.numel() == n && idx.is_contiguous(),

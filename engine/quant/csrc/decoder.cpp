@@ -106,11 +106,14 @@ void decode(const Stack& st, const Cache& c, float* x, int T, int64_t start, con
             rope(row, H, D, cs, sn);
             rope(row + nq, Hkv, D, cs, sn);
             std::memcpy(q.data() + t * nq, row, sizeof(float) * nq);
-            std::memcpy(kc + c.write[t] * nkv, row + nq, sizeof(float) * nkv);
-            std::memcpy(vc + c.write[t] * nkv, row + nq + nkv, sizeof(float) * nkv);
+            for (int g = 0; g < Hkv; ++g) {
+                const int64_t at = (g * c.slots + c.write[t]) * D;
+                std::memcpy(kc + at, row + nq + g * D, sizeof(float) * D);
+                std::memcpy(vc + at, row + nq + nkv + g * D, sizeof(float) * D);
+            }
         }
-        f.attend(AttnArgs{q.data(), kc, vc, c.read, c.base, c.S, T, H, Hkv, D, 1.0f / std::sqrt(static_cast<float>(D)),
-                          att.data(), nthreads});
+        f.attend(AttnArgs{q.data(), kc, vc, c.slots, c.read, c.base, c.S, T, H, Hkv, D,
+                          1.0f / std::sqrt(static_cast<float>(D)), att.data(), nthreads});
         linear(L.o, att.data(), T, y.data(), f, nthreads);
         for (int64_t i = 0; i < static_cast<int64_t>(T) * C; ++i) x[i] += y[i];
         for (int t = 0; t < T; ++t) rmsnorm(x + t * C, L.mlp_norm, C, st.eps, h.data() + t * C);

@@ -38,10 +38,10 @@ struct Stack {
     std::vector<Layer> layers;
 };
 
-struct Cache {  // one sequence's view of the pool (L, slots, Hkv, D) for this pass
+struct Cache {  // one sequence's view of the pool (L, Hkv, slots, D) for this pass
     float* k;
     float* v;
-    int64_t slots;         // slots per layer
+    int64_t slots;         // slots per layer and KV head
     const int64_t* write;  // (T,) slots of the new positions
     const int64_t* read;   // (S,) slots of positions 0..S-1, or null: base + j
     int64_t base, S;       // S = positions after this pass

@@ -150,8 +150,9 @@ constexpr int MAX_PARTS = 4;
 constexpr int MAX_HEAD_DIM = 256;
 struct AttnArgs {
     const float* q;        // (T, H, D)
-    const float* k;        // this layer's key slots (slots, Hkv, D)
+    const float* k;        // this layer's key slots (Hkv, slots, D)
     const float* v;        // this layer's value slots
+    int64_t slots;         // slots per KV head
     const int64_t* read;   // (S,) slot of position j, or null: slot = base + j
     int64_t base, S;
     int T, H, Hkv, D;      // D a multiple of 8, at most MAX_HEAD_DIM
