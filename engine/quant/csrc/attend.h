@@ -185,20 +185,22 @@ template <int DV_>
     const auto find_rows = [&](const float* base, int64_t b0, int64_t b1) {
         for (int64_t j = b0; j < b1; ++j) {
             const int64_t slot = a.read ? a.read[j0 + j] : a.base + j0 + j;
-            rows[j - b0] = base + (g * a.slots + slot) * a.D;
+            rows[j - b0] = base + kv_row(g, slot, a.slots, a.D);
         }
     };
     for (int64_t b0 = 0; b0 < nmax; b0 += KEY_BLOCK) {
         find_rows(a.k, b0, std::min<int64_t>(b0 + KEY_BLOCK, nmax));
         // a contiguous cache's rows KEYS_AHEAD keys on (through a read table they are elsewhere: no prefetch)
-        const float* ahead = a.read ? nullptr : a.k + (g * a.slots + a.base + j0 + b0 + KEYS_AHEAD) * a.D;
+        const float* ahead = a.read ? nullptr : a.k + kv_row(g, a.base + j0 + b0 + KEYS_AHEAD, a.slots, a.D);
         for (int t = t0; t < a.T; ++t) {
             const int64_t b1 = std::min<int64_t>(b0 + KEY_BLOCK, seen(t));
             if (b1 <= b0) continue;
             const float* qt = a.q + (static_cast<int64_t>(t) * a.H + g * G) * D;
-            for (int h = 0; h < G; ++h)  // the first call reads the block from memory: it prefetches
+            for (int h = 0; h < G; ++h) {  // the block's first call reads it from memory: that one prefetches
                 scores<DV_>(qt + static_cast<int64_t>(h) * D, rows, b1 - b0, DV, a.scale, s + (t * G + h) * SS + b0,
-                            t == t0 && h == 0 ? ahead : nullptr, a.S - (j0 + b0 + KEYS_AHEAD));
+                            ahead, a.S - (j0 + b0 + KEYS_AHEAD));
+                ahead = nullptr;
+            }
         }
     }
     for (int t = t0; t < a.T; ++t)

@@ -107,7 +107,7 @@ void decode(const Stack& st, const Cache& c, float* x, int T, int64_t start, con
             rope(row + nq, Hkv, D, cs, sn);
             std::memcpy(q.data() + t * nq, row, sizeof(float) * nq);
             for (int g = 0; g < Hkv; ++g) {
-                const int64_t at = (g * c.slots + c.write[t]) * D;
+                const int64_t at = kv_row(g, c.write[t], c.slots, D);
                 std::memcpy(kc + at, row + nq + g * D, sizeof(float) * D);
                 std::memcpy(vc + at, row + nq + nkv + g * D, sizeof(float) * D);
             }

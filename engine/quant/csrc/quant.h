@@ -148,6 +148,8 @@ constexpr int MAX_PARTS = 4;
 
 // Causal attention of T queries (the last T of S positions) over one layer's cache, in attend.h.
 constexpr int MAX_HEAD_DIM = 256;
+// The offset, in floats, of KV head g's row at a slot in one layer's head-major (Hkv, slots, D) cache
+inline int64_t kv_row(int g, int64_t slot, int64_t slots, int D) { return (g * slots + slot) * D; }
 struct AttnArgs {
     const float* q;        // (T, H, D)
     const float* k;        // this layer's key slots (Hkv, slots, D)
