@@ -188,7 +188,7 @@ def test_the_context_setting_follows_the_pair_and_shows_its_memory(qtbot):
     c = p.context
     assert c.spin.value() == 4096 and p.context_tokens() is None  # the default: the engine picks it
     assert c.spin.maximum() == 32768 and "32,768" in c.note.text()
-    per_token = (2 * 28 * 2 * 128 + 2 * 24 * 2 * 64) * 4  # float32 K and V of both models
+    per_token = (2 * 28 * 2 * 128 + 2 * 24 * 2 * 64) * 2  # float16 K and V of both models
     assert f"{per_token * 4096 / 1e9:.2f} GB" in c.note.text() and "next Load" in c.note.text()
     c.spin.setValue(16384)
     assert p.context_tokens() == 16384 and f"{per_token * 16384 / 1e9:.2f} GB" in c.note.text()

@@ -56,6 +56,8 @@ def test_the_pair_runs_quantized(engine):
     assert kernels_available(), "the C++ kernels did not build: the engine would run the slow fallback"
     for model in (engine.target, engine.draft):
         assert isinstance(model.layers[0].mlp.down, QuantLinear) and isinstance(model.lm_head, QuantLinear)
+    for pool in (engine.target_pool, engine.model_drafter.pool):  # half the memory and bytes read of fp32
+        assert pool.k.dtype == pool.v.dtype == torch.float16
 
 
 @pytest.mark.parametrize("k", [1, 4, 8])

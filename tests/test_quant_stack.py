@@ -1,5 +1,5 @@
 """The C++ decoder stack (engine/quant/stack.py): same model as the torch modules, batch-invariant, same bits
-on every instruction set and thread count, over contiguous and scattered KV blocks."""
+on every instruction set and thread count, over contiguous and scattered KV blocks, in fp32 and fp16 pools."""
 from __future__ import annotations
 
 import pytest
@@ -32,12 +32,15 @@ def gguf_path(request, tmp_path_factory):
     return write_gguf(tmp_path_factory.mktemp("g") / f"{arch}-{qtype}.gguf", make_hf_model(arch, len(tok)), tok, qtype)
 
 
-def run(model: Transformer, widths: list[int], scatter: bool = False) -> torch.Tensor:
+KV_DTYPES = [torch.float32, torch.float16]
+
+
+def run(model: Transformer, widths: list[int], scatter: bool = False, kv: torch.dtype = torch.float32) -> torch.Tensor:
     """Logits of IDS fed in passes of the given widths. scatter: another sequence takes every other block,
-    so this one's block table is not contiguous and the stack reads through its slot list."""
+    so this one's block table is not contiguous and the stack reads through its slot list. kv: the pool's dtype."""
     cfg = model.cfg
     mgr = BlockManager(16, 2, MAX_LEN)
-    pool = KVPool(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, mgr, torch.float32, "cpu")
+    pool = KVPool(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, mgr, kv, "cpu")
     mgr.allocate(0)
     if scatter:
         mgr.allocate(1)
@@ -78,18 +81,21 @@ def test_layers_of_parts_of_different_types_are_the_module_path(tmp_path):
     assert fast.abs().max() > 1e-3
 
 
+@pytest.mark.parametrize("kv", KV_DTYPES, ids=["kv32", "kv16"])
 @pytest.mark.parametrize("act", ["int8", "fp32"])
-def test_passes_are_batch_invariant_and_block_layout_free(gguf_path, act):
+def test_passes_are_batch_invariant_and_block_layout_free(gguf_path, act, kv):
     model = build_model(GGUFFile(gguf_path), MAX_LEN, act=act)
-    steps = run(model, [1] * len(IDS))
+    steps = run(model, [1] * len(IDS), kv=kv)
     for widths in ([len(IDS)], [3, 8], [2, 5, 4]):
-        assert torch.equal(run(model, widths), steps), widths
-    assert torch.equal(run(model, [4, 7], scatter=True), steps)
+        assert torch.equal(run(model, widths, kv=kv), steps), widths
+    assert torch.equal(run(model, [4, 7], scatter=True, kv=kv), steps)
 
 
-def test_same_bits_on_every_isa_and_thread_count(gguf_path):
+@pytest.mark.parametrize("kv", KV_DTYPES, ids=["kv32", "kv16"])
+def test_same_bits_on_every_isa_and_thread_count(gguf_path, kv):
+    """fp16 pools included: the scalar code's float_to_half / half_to_float and F16C round and widen alike."""
     model = build_model(GGUFFile(gguf_path), MAX_LEN)
-    outs = outputs_per_isa_and_threads(lambda: run(model, [3, 8], scatter=True))
+    outs = outputs_per_isa_and_threads(lambda: run(model, [3, 8], scatter=True, kv=kv))
     first = next(iter(outs.values()))
     assert len(outs) >= 2 and all(torch.equal(first, y) for y in outs.values()), list(outs)
 
@@ -107,6 +113,9 @@ def test_bad_calls_raise_value_errors(gguf_path):
         model.stack(x[:2], 0, CacheView(pool, torch.arange(2), None, 31, 2))
     with pytest.raises(ValueError, match="rotary"):
         model.stack(x[:1], MAX_LEN, CacheView(pool, torch.arange(1), None, 0, 1))
+    bf16 = KVPool(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, BlockManager(16, 2, MAX_LEN), torch.bfloat16, "cpu")
+    with pytest.raises(ValueError, match="float32 or float16"):
+        model.stack(x[:1], 0, CacheView(bf16, torch.arange(1), None, 0, 1))
 
 
 def test_without_the_kernels_the_modules_run(gguf_path, monkeypatch):
@@ -132,11 +141,11 @@ def wide_model(request, tmp_path_factory):
     return path, len(tok)
 
 
-def run_long(model: Transformer, vocab: int, widths: list[int]) -> torch.Tensor:
+def run_long(model: Transformer, vocab: int, widths: list[int], kv: torch.dtype = torch.float32) -> torch.Tensor:
     """Logits of passes of the given widths after a LONG-token prompt, over scattered KV blocks."""
     cfg = model.cfg
     mgr = BlockManager(96, 4, 384)
-    pool = KVPool(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, mgr, torch.float32, "cpu")
+    pool = KVPool(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, mgr, kv, "cpu")
     mgr.allocate(0)
     mgr.allocate(1)
     gen = torch.Generator().manual_seed(1)
@@ -154,14 +163,17 @@ def run_long(model: Transformer, vocab: int, widths: list[int]) -> torch.Tensor:
     return torch.cat(out)
 
 
-def test_long_contexts_at_real_head_sizes(wide_model):
+@pytest.mark.parametrize("kv", KV_DTYPES, ids=["kv32", "kv16"])
+def test_long_contexts_at_real_head_sizes(wide_model, kv):
     path, vocab = wide_model
     model = build_model(GGUFFile(path), 512, act="fp32")
     assert model.cfg.head_dim in (64, 128)
-    steps = run_long(model, vocab, [1] * 9)
+    steps = run_long(model, vocab, [1] * 9, kv)
     for widths in ([9], [3, 6], [2, 5, 2]):
-        assert torch.equal(run_long(model, vocab, widths), steps), widths
-    outs = outputs_per_isa_and_threads(lambda: run_long(model, vocab, [4, 5]))
+        assert torch.equal(run_long(model, vocab, widths, kv), steps), widths
+    outs = outputs_per_isa_and_threads(lambda: run_long(model, vocab, [4, 5], kv))
     assert len(outs) >= 2 and all(torch.equal(steps, y) for y in outs.values()), list(outs)
+    if kv == torch.float16:  # the pool's type is not lost on the way: its rounding shows
+        assert not torch.equal(steps, run_long(model, vocab, [1] * 9, torch.float32))
     model.stack = None  # the torch modules: one softmax over all keys, not chunks merged
-    torch.testing.assert_close(steps, run_long(model, vocab, [1] * 9), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(steps, run_long(model, vocab, [1] * 9, kv), rtol=1e-5, atol=1e-5)

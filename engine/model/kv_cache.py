@@ -105,11 +105,18 @@ class BlockManager:
         return first * self.block_size if table == list(range(first, first + len(table))) else None
 
 
+def kv_dtype(model_dtype: torch.dtype) -> torch.dtype:
+    """The pool's element type: float16 for a float32 model (as llama.cpp's default cache: half the memory a long
+    chat holds, and half the bytes the C++ stack's attention reads), else the model's own (bfloat16 on a GPU)."""
+    return torch.float16 if model_dtype == torch.float32 else model_dtype
+
+
 class KVPool:
     """K and V tensors for every layer: (L, H_kv, num_blocks * block_size, D).
 
     Head-major: one KV head's keys sit one after another, so attention over a run of positions reads one
-    contiguous stretch per head rather than every other half of each slot."""
+    contiguous stretch per head rather than every other half of each slot. The dtype may be narrower than the
+    model's (`kv_dtype`): values are rounded once, when written."""
 
     def __init__(
         self, num_layers: int, num_kv_heads: int, head_dim: int, manager: BlockManager,
@@ -144,10 +151,13 @@ class CacheView:
     end: int
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Store k, v (T, Hkv, D) and return the whole sequence's K, V (Hkv, S, D)."""
+        """Store k, v (T, Hkv, D) and return the whole sequence's K, V (Hkv, S, D), in k's dtype (a float16 pool's
+        values widened exactly, as the C++ stack reads them)."""
         kc, vc = self.pool.k[layer], self.pool.v[layer]  # (Hkv, slots, D)
         kc.index_copy_(1, self.write_slots, k.transpose(0, 1).to(kc.dtype))
         vc.index_copy_(1, self.write_slots, v.transpose(0, 1).to(vc.dtype))
         if self.read_slots is None:
-            return kc[:, self.base : self.base + self.end], vc[:, self.base : self.base + self.end]
-        return kc.index_select(1, self.read_slots), vc.index_select(1, self.read_slots)
+            keys, values = kc[:, self.base : self.base + self.end], vc[:, self.base : self.base + self.end]
+        else:
+            keys, values = kc.index_select(1, self.read_slots), vc.index_select(1, self.read_slots)
+        return keys.to(k.dtype), values.to(v.dtype)

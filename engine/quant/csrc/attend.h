@@ -13,6 +13,10 @@
 // contiguous stretch of K and one of V: with slots interleaving the heads, each item read every other half of each
 // slot, and after 1500 positions one-token draft steps took ~27% longer, the target's ~10%.
 //
+// An fp16 pool's rows are widened to fp32 once per block into a scratch block (widen_halves, from the including file),
+// which every query and head then reads: widening inside the dot products did it T * G times, and a 5-token pass took
+// ~12% longer than over fp32 rows. The widening is exact, so the bits are those of an fp32 pool holding the same values.
+//
 // Batch invariance: a (query, head, chunk) result depends only on the query, the head and the keys of the chunk
 // the query may see, in ascending order, and the merge runs over chunks in ascending order. So a position's bits
 // do not depend on T, on the other queries, or on which thread ran what: a verify pass of K+1 queries gives each
@@ -115,22 +119,22 @@ static void softmax_part(float* s, int64_t n, float* part) {
 
 // s[i] = (q . k_i) * scale for the n keys whose rows are given: the dot product in 8 lanes in d order, then hsum8;
 // eight keys at a time (hsum8x8 sums each lane in hsum8's order), then one at a time.
-// ahead (or null): the contiguous rows KEYS_AHEAD keys after rows[0], of which nahead exist. While a group of 8 keys
-// is scored, the rows of the group KEYS_AHEAD on are asked for, 4 of their D / 2 lines per d step: the hardware
-// prefetcher misses the order a group's rows are read in (8 rows, a vector of each at a time), and a one-token
-// pass over a long cache waited on them.
+// ahead (or null): the pool's contiguous rows KEYS_AHEAD keys after rows[0], of which nahead exist, `esize` bytes an
+// element. While a group of 8 keys is scored, the rows of the group KEYS_AHEAD on are asked for, esize of their lines
+// per d step (all of them over the D / 8 steps): the hardware prefetcher misses the order a group's rows are read in
+// (8 rows, a vector of each at a time), and a one-token pass over a long cache waited on them.
 template <int DV_>
 [[gnu::noinline]] static void scores(const float* q, const float* const* rows, int64_t n, int DV, float scale,
-                                     float* s, const float* ahead, int64_t nahead) {
+                                     float* s, const char* ahead, int64_t nahead, int esize) {
     if (DV_) DV = DV_;
     const int64_t full = n / 8 * 8;
     for (int64_t i = 0; i < full; i += 8) {
         const float* const* k = rows + i;
-        const char* pf = ahead && i + 8 <= nahead ? reinterpret_cast<const char*>(ahead + i * 8 * DV) : nullptr;
+        const char* pf = ahead && i + 8 <= nahead ? ahead + i * 8 * DV * esize : nullptr;
         f8 c[8] = {};
         for (int d = 0; d < DV; ++d) {
             if (pf)
-                for (int l = 0; l < 4; ++l) __builtin_prefetch(pf + 64 * (4 * d + l));
+                for (int l = 0; l < esize; ++l) __builtin_prefetch(pf + 64 * (esize * d + l));
             const f8 qd = load8(q + 8 * d);
 #pragma GCC unroll 8
             for (int u = 0; u < 8; ++u) c[u] += qd * load8(k[u] + 8 * d);
@@ -181,24 +185,34 @@ template <int DV_>
     const int64_t jend = std::min<int64_t>(j0 + KEY_CHUNK, a.S);  // the last query sees all S keys
     const int64_t nmax = jend - j0;
     const auto seen = [&](int t) { return std::min<int64_t>(jend, a.S - a.T + t + 1) - j0; };  // keys of query t here
+    const int esize = kv_bytes(a.kv);
     const float* rows[KEY_BLOCK];
-    const auto find_rows = [&](const float* base, int64_t b0, int64_t b1) {
+    alignas(32) float widened[KEY_BLOCK * MAX_HEAD_DIM];  // an fp16 pool's block of rows, as fp32
+    const auto find_rows = [&](const void* base, int64_t b0, int64_t b1) {
         for (int64_t j = b0; j < b1; ++j) {
-            const int64_t slot = a.read ? a.read[j0 + j] : a.base + j0 + j;
-            rows[j - b0] = base + kv_row(g, slot, a.slots, a.D);
+            const int64_t slot = a.read ? a.read[j0 + j] : a.base + j0 + j, at = kv_row(g, slot, a.slots, a.D);
+            if (a.kv == KV_F16) {
+                float* row = widened + (j - b0) * D;
+                widen_halves(static_cast<const uint16_t*>(base) + at, D, row);
+                rows[j - b0] = row;
+            } else {
+                rows[j - b0] = static_cast<const float*>(base) + at;
+            }
         }
     };
     for (int64_t b0 = 0; b0 < nmax; b0 += KEY_BLOCK) {
         find_rows(a.k, b0, std::min<int64_t>(b0 + KEY_BLOCK, nmax));
         // a contiguous cache's rows KEYS_AHEAD keys on (through a read table they are elsewhere: no prefetch)
-        const float* ahead = a.read ? nullptr : a.k + kv_row(g, a.base + j0 + b0 + KEYS_AHEAD, a.slots, a.D);
+        const char* ahead = a.read ? nullptr
+                                   : static_cast<const char*>(a.k) +
+                                         kv_row(g, a.base + j0 + b0 + KEYS_AHEAD, a.slots, a.D) * esize;
         for (int t = t0; t < a.T; ++t) {
             const int64_t b1 = std::min<int64_t>(b0 + KEY_BLOCK, seen(t));
             if (b1 <= b0) continue;
             const float* qt = a.q + (static_cast<int64_t>(t) * a.H + g * G) * D;
             for (int h = 0; h < G; ++h) {  // the block's first call reads it from memory: that one prefetches
                 scores<DV_>(qt + static_cast<int64_t>(h) * D, rows, b1 - b0, DV, a.scale, s + (t * G + h) * SS + b0,
-                            ahead, a.S - (j0 + b0 + KEYS_AHEAD));
+                            ahead, a.S - (j0 + b0 + KEYS_AHEAD), esize);
                 ahead = nullptr;
             }
         }

@@ -195,7 +195,7 @@ class PyStack {
         }
     }
 
-    // x (T, C) embeddings -> (T, C) final-normed hidden states; k, v: the pool (L, Hkv, slots, D).
+    // x (T, C) embeddings -> (T, C) final-normed hidden states; k, v: the pool (L, Hkv, slots, D), float32 or float16.
     at::Tensor forward(const at::Tensor& x, int64_t start, const at::Tensor& k, const at::Tensor& v,
                        const at::Tensor& write, const std::optional<at::Tensor>& read, int64_t base, int64_t S,
                        int64_t nthreads) {
@@ -206,9 +206,9 @@ class PyStack {
         const int64_t L = static_cast<int64_t>(st_.layers.size());
         for (const at::Tensor* p : {&k, &v})
             require(p->dim() == 4 && p->size(0) == L && p->size(1) == st_.Hkv && p->size(3) == st_.D &&
-                        p->scalar_type() == at::kFloat && p->is_contiguous(),
-                    "cache: (", L, ", ", st_.Hkv, ", slots, ", st_.D, ") contiguous float32");
-        require(k.sizes() == v.sizes(), "k and v caches differ in shape");
+                        (p->scalar_type() == at::kFloat || p->scalar_type() == at::kHalf) && p->is_contiguous(),
+                    "cache: (", L, ", ", st_.Hkv, ", slots, ", st_.D, ") contiguous float32 or float16");
+        require(k.sizes() == v.sizes() && k.scalar_type() == v.scalar_type(), "k and v caches differ in shape or type");
         const int64_t slots = k.size(2);
         require(S >= T, "sequence length ", S, " < pass width ", T);
         auto in_range = [&](const at::Tensor& idx, int64_t n, const char* what) {
@@ -223,7 +223,7 @@ class PyStack {
         require(rp || (base >= 0 && base + S <= slots), "contiguous read beyond the cache");
         at::Tensor out = x.contiguous().clone();
         if (nthreads <= 0) nthreads = at::get_num_threads();
-        const Cache c{k.data_ptr<float>(), v.data_ptr<float>(), slots, wp, rp, base, S};
+        const Cache c{k.data_ptr(), v.data_ptr(), k.scalar_type() == at::kHalf ? KV_F16 : KV_F32, slots, wp, rp, base, S};
         pybind11::gil_scoped_release nogil;
         decode(st_, c, out.data_ptr<float>(), static_cast<int>(T), start, ISAS[g_isa].fns,
                static_cast<int>(nthreads));

@@ -85,6 +85,12 @@ void linear_parts(const std::vector<Lin>& parts, const float* x, int R, float* y
     for (const Lin& p : parts) linear_into(p, x, R, y + col, ldy, f, nthreads), col += p.N;
 }
 
+// One row of D values into the pool, as its element type
+void put_row(const float* x, int D, void* dst, KvType kv, const IsaFns& f) {
+    if (kv == KV_F16) f.to_half(x, D, static_cast<uint16_t*>(dst));
+    else std::memcpy(dst, x, sizeof(float) * D);
+}
+
 }  // namespace
 
 void decode(const Stack& st, const Cache& c, float* x, int T, int64_t start, const IsaFns& f, int nthreads) {
@@ -92,11 +98,11 @@ void decode(const Stack& st, const Cache& c, float* x, int T, int64_t start, con
     const int64_t nq = static_cast<int64_t>(H) * D, nkv = static_cast<int64_t>(Hkv) * D, nqkv = nq + 2 * nkv;
     std::vector<float> h(T * C), qkv(T * nqkv), att(T * nq), y(T * C), gu(T * 2 * I), act(T * I);
     std::vector<float> q(T * nq);
-    const int64_t layer_size = c.slots * nkv;
+    const int64_t esize = kv_bytes(c.kv), layer_bytes = c.slots * nkv * esize;
     for (size_t li = 0; li < st.layers.size(); ++li) {
         const Layer& L = st.layers[li];
-        float* kc = c.k + li * layer_size;
-        float* vc = c.v + li * layer_size;
+        char* kc = static_cast<char*>(c.k) + li * layer_bytes;
+        char* vc = static_cast<char*>(c.v) + li * layer_bytes;
         for (int t = 0; t < T; ++t) rmsnorm(x + t * C, L.attn_norm, C, st.eps, h.data() + t * C);
         linear_parts(L.qkv, h.data(), T, qkv.data(), nqkv, f, nthreads);
         for (int t = 0; t < T; ++t) {
@@ -107,12 +113,12 @@ void decode(const Stack& st, const Cache& c, float* x, int T, int64_t start, con
             rope(row + nq, Hkv, D, cs, sn);
             std::memcpy(q.data() + t * nq, row, sizeof(float) * nq);
             for (int g = 0; g < Hkv; ++g) {
-                const int64_t at = kv_row(g, c.write[t], c.slots, D);
-                std::memcpy(kc + at, row + nq + g * D, sizeof(float) * D);
-                std::memcpy(vc + at, row + nq + nkv + g * D, sizeof(float) * D);
+                const int64_t at = kv_row(g, c.write[t], c.slots, D) * esize;
+                put_row(row + nq + g * D, D, kc + at, c.kv, f);
+                put_row(row + nq + nkv + g * D, D, vc + at, c.kv, f);
             }
         }
-        f.attend(AttnArgs{q.data(), kc, vc, c.slots, c.read, c.base, c.S, T, H, Hkv, D,
+        f.attend(AttnArgs{q.data(), kc, vc, c.kv, c.slots, c.read, c.base, c.S, T, H, Hkv, D,
                           1.0f / std::sqrt(static_cast<float>(D)), att.data(), nthreads});
         linear(L.o, att.data(), T, y.data(), f, nthreads);
         for (int64_t i = 0; i < static_cast<int64_t>(T) * C; ++i) x[i] += y[i];

@@ -39,8 +39,9 @@ struct Stack {
 };
 
 struct Cache {  // one sequence's view of the pool (L, Hkv, slots, D) for this pass
-    float* k;
-    float* v;
+    void* k;
+    void* v;
+    KvType kv;             // the pool's element type
     int64_t slots;         // slots per layer and KV head
     const int64_t* write;  // (T,) slots of the new positions
     const int64_t* read;   // (S,) slots of positions 0..S-1, or null: base + j

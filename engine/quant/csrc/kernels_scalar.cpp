@@ -151,6 +151,14 @@ void matmul_f32(const MatArgs& a, const float* x, int R) {
             }
 }
 
+// The fp16 KV pool's rows: written rounded to nearest even, read back exactly (attend.h widens them)
+void to_half(const float* x, int64_t n, uint16_t* out) {
+    for (int64_t i = 0; i < n; ++i) out[i] = float_to_half(x[i]);
+}
+static inline void widen_halves(const uint16_t* h, int n, float* out) {
+    for (int i = 0; i < n; ++i) out[i] = half_to_float(h[i]);
+}
+
 #include "attend.h"
 
 }  // namespace sq::scalar

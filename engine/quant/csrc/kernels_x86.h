@@ -470,6 +470,20 @@ static void decode_unit(int qtype, const void* unit, float* w) {
     }
 }
 
+// ---- the fp16 KV pool's rows (F16C): written rounded to nearest even, as float_to_half; read back exactly --------
+
+void to_half(const float* x, int64_t n, uint16_t* out) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i),
+                         _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    for (; i < n; ++i) out[i] = float_to_half(x[i]);
+}
+static inline void widen_halves(const uint16_t* h, int n, float* out) {  // n a multiple of 8 (head dims are)
+    for (int i = 0; i < n; i += 8)
+        _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h + i))));
+}
+
 // ---- re-quantization to Q4_0 (a cheaper draft) ------------------------------------------------------------
 // scalar::requant_q40's rule with a group's 8 columns side by side: each unit decoded once to its exact weights
 // (decode_unit), then per 32-input block the first largest magnitude, d = it / -8, q = min(15, trunc(x * (1/d) +

@@ -148,12 +148,17 @@ constexpr int MAX_PARTS = 4;
 
 // Causal attention of T queries (the last T of S positions) over one layer's cache, in attend.h.
 constexpr int MAX_HEAD_DIM = 256;
-// The offset, in floats, of KV head g's row at a slot in one layer's head-major (Hkv, slots, D) cache
+// The offset, in elements, of KV head g's row at a slot in one layer's head-major (Hkv, slots, D) cache
 inline int64_t kv_row(int g, int64_t slot, int64_t slots, int D) { return (g * slots + slot) * D; }
+// The KV pool's element type: fp32, or IEEE fp16 (half the bytes a long context's attention reads; values are
+// rounded to nearest even once, when written, and read back exactly)
+enum KvType : int { KV_F32 = 0, KV_F16 = 1 };
+inline int kv_bytes(KvType t) { return t == KV_F16 ? 2 : 4; }
 struct AttnArgs {
     const float* q;        // (T, H, D)
-    const float* k;        // this layer's key slots (Hkv, slots, D)
-    const float* v;        // this layer's value slots
+    const void* k;         // this layer's key slots (Hkv, slots, D), of type kv
+    const void* v;         // this layer's value slots
+    KvType kv;
     int64_t slots;         // slots per KV head
     const int64_t* read;   // (S,) slot of position j, or null: slot = base + j
     int64_t base, S;
@@ -163,7 +168,8 @@ struct AttnArgs {
     int nthreads;
 };
 
-// f16 <-> f32 without F16C (exact; used by scalar code and repacking); float_to_half rounds to nearest even
+// f16 <-> f32 without F16C (exact; used by scalar code and repacking); float_to_half rounds to nearest even, as F16C
+// and torch do (a NaN stays a NaN, its payload aside)
 float half_to_float(uint16_t h);
 uint16_t float_to_half(float f);
 
@@ -190,6 +196,7 @@ void dequant_cols(int qtype, const uint8_t* packed, int64_t N, int64_t K, const 
     void silu_mul(const float* gu, int T, int64_t I, float* out, int nthreads);              \
     void requant_q40(int qtype, const uint8_t* packed, int64_t N, int64_t K, uint8_t* out,   \
                      int nthreads);                                                          \
+    void to_half(const float* x, int64_t n, uint16_t* out);                                  \
     }
 SQ_DECLARE_ISA(scalar)
 SQ_DECLARE_ISA(avx2)
