@@ -180,15 +180,15 @@ def test_the_context_setting_follows_the_pair_and_shows_its_memory(qtbot):
     p = ControlsPanel()
     qtbot.addWidget(p)
     target = LocalModel("qwen-1.5b", Path("/c/t.gguf"), "embedded", "qwen2", 151936, 28, 1536, 1.54, 32768,
-                        2 * 28 * 2 * 128)
+                        2 * 28 * 2 * 128, 2)
     draft = LocalModel("qwen-0.5b", Path("/c/d.gguf"), "embedded", "qwen2", 151936, 24, 896, 0.49, 32768,
-                       2 * 24 * 2 * 64)
+                       2 * 24 * 2 * 64, 2)
     short = LocalModel("other", Path("/m/short"), "hf-cache", "llama", 32000, 16, 2048, 1.1, 2048, 2 * 16 * 8 * 64)
     p.set_local_models([target, draft, short])
     c = p.context
     assert c.spin.value() == 4096 and p.context_tokens() is None  # the default: the engine picks it
     assert c.spin.maximum() == 32768 and "32,768" in c.note.text()
-    per_token = (2 * 28 * 2 * 128 + 2 * 24 * 2 * 64) * 2  # float16 K and V of both models
+    per_token = (2 * 28 * 2 * 128 + 2 * 24 * 2 * 64) * 2  # float16 K and V of both models (GGUF models' caches)
     assert f"{per_token * 4096 / 1e9:.2f} GB" in c.note.text() and "next Load" in c.note.text()
     c.spin.setValue(16384)
     assert p.context_tokens() == 16384 and f"{per_token * 16384 / 1e9:.2f} GB" in c.note.text()

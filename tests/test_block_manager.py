@@ -341,13 +341,3 @@ def test_random_operations_keep_invariants(seed):
         assert all(0 <= x < m.num_blocks * m.block_size for x in slots)
     assert all(v > 20 for v in counts.values()), counts  # every kind of operation was exercised
 
-
-def test_the_pool_holds_16_bit_values():
-    import torch
-
-    from engine.api.config import KV_BYTES_PER_VALUE
-    from engine.model.kv_cache import kv_dtype
-
-    assert kv_dtype(torch.float32) == torch.float16  # the CPU
-    assert kv_dtype(torch.bfloat16) == torch.bfloat16  # a GPU
-    assert all(kv_dtype(t).itemsize == KV_BYTES_PER_VALUE for t in (torch.float32, torch.bfloat16))  # the app's cost

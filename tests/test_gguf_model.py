@@ -81,6 +81,7 @@ def test_greedy_speculative_equals_plain_on_quantized_models(tok, tmp_path, draf
     draft = write_gguf(tmp_path / "d.gguf", make_hf_model("qwen2", len(tok), num_hidden_layers=1), tok, "Q8_0")
     engine = load_engine(str(target), str(draft), device="cpu", cache=CacheConfig(max_seq_len=128))
     assert isinstance(engine.target.layers[0].mlp.down, QuantLinear)
+    assert engine.target_pool.k.dtype == engine.model_drafter.pool.k.dtype == torch.float16  # GGUF models' caches
     engine.eos_ids = set()  # random weights: run to the length limit
     greedy = SamplingParams(max_new_tokens=40)
     for prompt in ([5, 17, 99, 3], [42, 42, 7, 42, 42, 7, 42]):

@@ -176,6 +176,7 @@ def test_list_finds_compatible_cache_models_and_skips_the_rest(cache, no_embedde
     g = models["tiny/qwen-gguf/q8.gguf"]
     assert (g.source, g.arch, g.vocab_size, g.num_layers, g.hidden_size) == ("gguf", "qwen2", len(tok), 2, 32)
     assert (g.context_limit, g.kv_values_per_token) == (128, 64)  # issue 22 item 20: what a context costs
+    assert (g.kv_bytes_per_value, llama.kv_bytes_per_value) == (2, 4)  # a GGUF model's cache is float16
     assert g.path == gsnap / "q8.gguf"
 
 

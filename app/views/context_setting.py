@@ -8,7 +8,7 @@ from typing import Any
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QSpinBox, QVBoxLayout, QWidget
 
-from engine.api.config import DEFAULT_CONTEXT, KV_BYTES_PER_VALUE
+from engine.api.config import DEFAULT_CONTEXT
 
 CONTEXT_MIN = 512
 CONTEXT_ANY = 1 << 17  # the ceiling while the pair's own limit is unknown (a path no scan described)
@@ -60,11 +60,11 @@ class ContextSetting(QWidget):
         return min(limits) if limits else None
 
     def kv_bytes(self, tokens: int) -> int | None:
-        """Both caches at `tokens` positions on the CPU (float32), or None when a model of the pair is unknown."""
-        per = [getattr(m, "kv_values_per_token", 0) for m in self._models]
+        """Both caches at `tokens` positions on the CPU, or None when a model of the pair is unknown."""
+        per = [getattr(m, "kv_values_per_token", 0) * getattr(m, "kv_bytes_per_value", 4) for m in self._models]
         if not per or not all(per):
             return None
-        return sum(per) * KV_BYTES_PER_VALUE * tokens
+        return sum(per) * tokens
 
     def _apply_limit(self) -> None:
         limit = self.limit() or CONTEXT_ANY

@@ -201,10 +201,9 @@ class SpecParams:
 STOP_BELOW = 0.7
 
 
-# The KV cache's length when nothing else is asked for: the embedded pair's caches then take ~0.17 GB (float16),
-# well within the app's 2.5 GB budget; its target allows 32k tokens (~1.3 GB), a setting away.
+# The KV cache's length when nothing else is asked for: the embedded pair's caches then take ~0.17 GB (float16, as
+# GGUF models keep them), well within the app's 2.5 GB budget; its target allows 32k tokens (~1.3 GB), a setting away.
 DEFAULT_CONTEXT = 4096
-KV_BYTES_PER_VALUE = 2  # float16 on the CPU, bfloat16 on a GPU (engine.model.kv_cache.kv_dtype)
 
 
 @dataclass(frozen=True)

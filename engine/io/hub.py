@@ -37,6 +37,7 @@ class LocalModel:
     params_b: float  # approximate, in billions
     context_limit: int = 0  # max_position_embeddings: the longest context its cache may hold
     kv_values_per_token: int = 0  # K and V over every layer: what one token of context costs, in values
+    kv_bytes_per_value: int = 4  # float32 on the CPU (a GPU's bfloat16 is half); a GGUF model's cache is float16
 
 
 def hf_cache_dir() -> Path:
@@ -140,7 +141,8 @@ def label(spec: str | Path, path: Path) -> str:
 
 def describe(path: Path, source: str, name: str | None = None) -> LocalModel:
     """Cheap facts about a model (config and weight headers only; no tensor data is read)."""
-    if path.is_file():  # a .gguf, or the first part of a split one
+    is_gguf = path.is_file()
+    if is_gguf:  # a .gguf, or the first part of a split one
         from engine.io.gguf_file import GGUFFile
 
         gf = GGUFFile(path, check_data=False)
@@ -162,7 +164,7 @@ def describe(path: Path, source: str, name: str | None = None) -> LocalModel:
         n = sum(safetensors_params(f) for f in safetensors_files(path))
     return LocalModel(name or label(path, path), path, source, c.arch, c.vocab_size, c.num_layers, c.hidden_size,
                       float(f"{n / 1e9:.3g}"), c.max_position_embeddings,
-                      2 * c.num_layers * c.num_kv_heads * c.head_dim)
+                      2 * c.num_layers * c.num_kv_heads * c.head_dim, 2 if is_gguf else 4)
 
 
 def list_local_models() -> list[LocalModel]:

@@ -105,18 +105,12 @@ class BlockManager:
         return first * self.block_size if table == list(range(first, first + len(table))) else None
 
 
-def kv_dtype(model_dtype: torch.dtype) -> torch.dtype:
-    """The pool's element type: float16 for a float32 model (as llama.cpp's default cache: half the memory a long
-    chat holds, and half the bytes the C++ stack's attention reads), else the model's own (bfloat16 on a GPU)."""
-    return torch.float16 if model_dtype == torch.float32 else model_dtype
-
-
 class KVPool:
     """K and V tensors for every layer: (L, H_kv, num_blocks * block_size, D).
 
     Head-major: one KV head's keys sit one after another, so attention over a run of positions reads one
     contiguous stretch per head rather than every other half of each slot. The dtype may be narrower than the
-    model's (`kv_dtype`): values are rounded once, when written."""
+    model's (a GGUF model's is float16: Transformer.kv_dtype): values are rounded once, when written."""
 
     def __init__(
         self, num_layers: int, num_kv_heads: int, head_dim: int, manager: BlockManager,

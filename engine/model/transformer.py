@@ -144,6 +144,8 @@ class Transformer(nn.Module):
         self.head: HeadPart | None = None
         # The buffer the packed matrices were carved from (engine.model.pages.Arena.taken), for HugePages; or None.
         self.weights: torch.Tensor | None = None
+        # The KV pool's element type where it is not the weights' (a GGUF model's: float16, set by its loader).
+        self.kv_dtype: torch.dtype | None = None
 
     @torch.inference_mode()
     def forward(self, ids: torch.Tensor, start: int, cache: CacheView, last_only: bool = False,

@@ -13,7 +13,7 @@ from engine.api.events import DraftToken, RoundEvent, Summary
 from engine.api.live import Controls
 from engine.api.messages import check_messages, check_prompt_ids
 from engine.model.forward import common_prefix, forward_chunked
-from engine.model.kv_cache import BlockManager, KVPool, kv_dtype
+from engine.model.kv_cache import BlockManager, KVPool
 from engine.model.pages import HugePages
 from engine.model.transformer import Transformer
 from engine.quant import kernels_name
@@ -75,7 +75,7 @@ class Engine:
     def _pool(self, model: Transformer) -> KVPool:
         c = self.cache_cfg
         m = BlockManager(c.blocks, c.block_size, c.max_seq_len)
-        return KVPool(model.cfg.num_layers, model.cfg.num_kv_heads, model.cfg.head_dim, m, kv_dtype(self.dtype),
+        return KVPool(model.cfg.num_layers, model.cfg.num_kv_heads, model.cfg.head_dim, m, model.kv_dtype or self.dtype,
                       self.device)
 
     @property
