@@ -16,15 +16,15 @@ bool always() { return true; }
 
 }  // namespace
 
+// Each instruction set's entry points, in IsaFns's order
+#define SQ_FNS(ns) {ns::quantize_acts, ns::matmul_q8, ns::matmul_f32, ns::attend, ns::silu_mul, ns::requant_q40, ns::to_half}
 constexpr Isa ISAS[N_ISAS] = {
-    {"scalar", "scalar", always,
-     {scalar::quantize_acts, scalar::matmul_q8, scalar::matmul_f32, scalar::attend, scalar::silu_mul, scalar::requant_q40, scalar::to_half}},
-    {"avx2", "AVX2", avx2_ok, {avx2::quantize_acts, avx2::matmul_q8, avx2::matmul_f32, avx2::attend, avx2::silu_mul, avx2::requant_q40, avx2::to_half}},
-    {"avxvnni", "AVX-VNNI", avxvnni_ok,
-     {avxvnni::quantize_acts, avxvnni::matmul_q8, avxvnni::matmul_f32, avxvnni::attend, avxvnni::silu_mul, avxvnni::requant_q40, avxvnni::to_half}},
-    {"avx512vnni", "AVX-512 VNNI", avx512vnni_ok,
-     {avx512::quantize_acts, avx512::matmul_q8, avx512::matmul_f32, avx512::attend, avx512::silu_mul, avx512::requant_q40, avx512::to_half}},
+    {"scalar", "scalar", always, SQ_FNS(scalar)},
+    {"avx2", "AVX2", avx2_ok, SQ_FNS(avx2)},
+    {"avxvnni", "AVX-VNNI", avxvnni_ok, SQ_FNS(avxvnni)},
+    {"avx512vnni", "AVX-512 VNNI", avx512vnni_ok, SQ_FNS(avx512)},
 };
+#undef SQ_FNS
 
 int g_pair_from = 0;
 
