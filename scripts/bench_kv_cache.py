@@ -1,5 +1,5 @@
-"""What the KV pool's element type costs and saves on the embedded pair: fp16 (the engine's pool under the C++ stack)
-against fp32, at a few context lengths.
+"""What the KV pool's element type costs and saves on the embedded pair: fp16 (a GGUF model's pool) against fp32, at
+a few context lengths.
 
 For each context it prefills the same prompt into an fp16 and an fp32 pool of each model, then times the C++ decoder
 stack alone (all layers: attention over the cache included, the LM head not) for a one-token target step, a 5-token
@@ -21,6 +21,7 @@ from engine.io.provision import default_pair
 from engine.model.forward import forward_chunked
 from engine.model.kv_cache import BlockManager, KVPool
 from engine.model.transformer import Transformer
+from engine.quant.cpu import this_cpu
 
 DTYPES = (torch.float32, torch.float16)
 
@@ -63,8 +64,6 @@ def main() -> None:
     target, draft = default_pair()
     engine = load_engine(str(target), str(draft))
     engine.settle()
-    from engine.quant.cpu import this_cpu
-
     print(f"CPU: {this_cpu().line()}")
     print(f"torch {torch.__version__}, {args.threads} threads, weights {engine.dtype_name}")
     for role, model in (("target", engine.target), ("draft", engine.draft)):

@@ -340,4 +340,3 @@ def test_random_operations_keep_invariants(seed):
         assert len(slots) == len(set(slots))
         assert all(0 <= x < m.num_blocks * m.block_size for x in slots)
     assert all(v > 20 for v in counts.values()), counts  # every kind of operation was exercised
-

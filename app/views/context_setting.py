@@ -8,7 +8,7 @@ from typing import Any
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QSpinBox, QVBoxLayout, QWidget
 
-from engine.api.config import DEFAULT_CONTEXT
+from engine.api.config import DEFAULT_CONTEXT, DENSE_KV_BYTES
 
 CONTEXT_MIN = 512
 CONTEXT_ANY = 1 << 17  # the ceiling while the pair's own limit is unknown (a path no scan described)
@@ -61,7 +61,8 @@ class ContextSetting(QWidget):
 
     def kv_bytes(self, tokens: int) -> int | None:
         """Both caches at `tokens` positions on the CPU, or None when a model of the pair is unknown."""
-        per = [getattr(m, "kv_values_per_token", 0) * getattr(m, "kv_bytes_per_value", 4) for m in self._models]
+        per = [getattr(m, "kv_values_per_token", 0) * getattr(m, "kv_bytes_per_value", DENSE_KV_BYTES)
+               for m in self._models]
         if not per or not all(per):
             return None
         return sum(per) * tokens

@@ -204,6 +204,8 @@ STOP_BELOW = 0.7
 # The KV cache's length when nothing else is asked for: the embedded pair's caches then take ~0.17 GB (float16, as
 # GGUF models keep them), well within the app's 2.5 GB budget; its target allows 32k tokens (~1.3 GB), a setting away.
 DEFAULT_CONTEXT = 4096
+# Bytes a cached K or V value takes on the CPU: a GGUF model's cache is float16 (engine.io.gguf_model), others float32
+GGUF_KV_BYTES, DENSE_KV_BYTES = 2, 4
 
 
 @dataclass(frozen=True)

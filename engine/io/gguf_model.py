@@ -114,7 +114,7 @@ def build_model(gf: GGUFFile, max_len: int, act: Act = "int8", head_rows: np.nda
         model.head = HeadPart(torch.from_numpy(np.asarray(head_rows, dtype=np.int64)), cfg.vocab_size)
     model.stack = QuantStack.of(model)
     # As llama.cpp's default cache: half the memory a long chat holds and half the bytes the stack's attention reads
-    model.kv_dtype = torch.float16
+    model.kv_dtype = torch.float16  # GGUF_KV_BYTES (engine.api.config): what the app counts a context at
     model.weights = arena.taken() if arena is not None else None
     left = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t is not None and t.is_meta]
     if left:

@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from engine.api.config import DENSE_KV_BYTES, GGUF_KV_BYTES
 from engine.api.errors import ModelLoadError
 from engine.io.safetensors_file import safetensors_files, safetensors_params
 
@@ -37,7 +38,7 @@ class LocalModel:
     params_b: float  # approximate, in billions
     context_limit: int = 0  # max_position_embeddings: the longest context its cache may hold
     kv_values_per_token: int = 0  # K and V over every layer: what one token of context costs, in values
-    kv_bytes_per_value: int = 4  # float32 on the CPU (a GPU's bfloat16 is half); a GGUF model's cache is float16
+    kv_bytes_per_value: int = DENSE_KV_BYTES  # on the CPU (a GPU's bfloat16 is half); GGUF_KV_BYTES for a GGUF
 
 
 def hf_cache_dir() -> Path:
@@ -164,7 +165,7 @@ def describe(path: Path, source: str, name: str | None = None) -> LocalModel:
         n = sum(safetensors_params(f) for f in safetensors_files(path))
     return LocalModel(name or label(path, path), path, source, c.arch, c.vocab_size, c.num_layers, c.hidden_size,
                       float(f"{n / 1e9:.3g}"), c.max_position_embeddings,
-                      2 * c.num_layers * c.num_kv_heads * c.head_dim, 2 if is_gguf else 4)
+                      2 * c.num_layers * c.num_kv_heads * c.head_dim, GGUF_KV_BYTES if is_gguf else DENSE_KV_BYTES)
 
 
 def list_local_models() -> list[LocalModel]:
