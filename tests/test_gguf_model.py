@@ -75,6 +75,32 @@ def test_rows_are_batch_invariant_through_the_whole_model(gguf_path):
     assert torch.equal(torch.cat(one_by_one), together)  # bitwise: a verify pass scores exactly like decode steps
 
 
+def test_a_verify_of_more_rows_than_one_short_pass_scores_each_as_a_step(gguf_path):
+    """The app's K goes to 16 (the API's to 64): K + 1 rows past ROW_WISE_MAX are verified in short passes, each
+    scoring its rows exactly as decode steps do; one long pass would attend with the fused kernel and differ."""
+    from engine.runtime.verify import score
+
+    model = build_model(GGUFFile(gguf_path), MAX_LEN)
+    cfg = model.cfg
+    ids, drafted = [5, 17, 99, 3], list(range(20, 40))  # K = 20: passes of 16 and 5 rows
+
+    def pool_after(prefix):
+        pool = KVPool(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, BlockManager(8, 16, MAX_LEN), torch.float16, "cpu")
+        pool.manager.allocate(0)
+        start, end = pool.manager.append(0, len(prefix))
+        model(torch.tensor(prefix), start, pool.view(0, start, end))
+        return pool
+
+    verified = score(model, pool_after(ids[:-1]), ids, torch.tensor(drafted), SamplingParams(temperature=0.0),
+                     cfg.vocab_size, torch.device("cpu")).logits
+    pool, steps = pool_after(ids[:-1]), []
+    for t in [ids[-1], *drafted]:
+        start, end = pool.manager.append(0, 1)
+        steps.append(model(torch.tensor([t]), start, pool.view(0, start, end)))
+    assert verified.shape == (21, cfg.vocab_size)
+    assert torch.equal(verified, torch.cat(steps))
+
+
 @pytest.mark.parametrize("drafter", ["model", "ngram"])
 def test_greedy_speculative_equals_plain_on_quantized_models(tok, tmp_path, drafter):
     target = write_gguf(tmp_path / "t.gguf", make_hf_model("qwen2", len(tok)), tok, "Q8_0")

@@ -100,3 +100,28 @@ def tiny_engine(max_seq_len: int = 256, draft: bool = True, noise: float = 0.03,
     target = Transformer.from_state_dict(cfg, sd, torch.float32, "cpu", 512)
     dm = Transformer.from_state_dict(cfg, draft_weights(sd, noise, 1), torch.float32, "cpu", 512) if draft else None
     return Engine(target, tiny_tokenizer(), dm, cache=CacheConfig(block_size=8, max_seq_len=max_seq_len), **kw)
+
+
+def pass_and_steps(model, prompt: list[int], ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The logits of ids after prompt, scored in one pass and one token at a time (each from its own cache):
+    (T, V) each. A verify pass's rows must equal plain steps' bit for bit for greedy parity."""
+    from engine.model.kv_cache import BlockManager, KVPool
+
+    cfg, p = model.cfg, next(model.parameters())
+
+    def fresh():
+        pool = KVPool(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, BlockManager(16, 16, 256), p.dtype, p.device)
+        pool.manager.allocate(0)
+        return pool
+
+    def feed(pool, toks):
+        start, end = pool.manager.append(0, len(toks))
+        return model(torch.tensor(toks, device=p.device), start, pool.view(0, start, end))  # (T, V)
+
+    pool = fresh()
+    feed(pool, prompt)
+    together = feed(pool, ids)
+    pool = fresh()
+    feed(pool, prompt)
+    one_by_one = torch.cat([feed(pool, [t]) for t in ids])
+    return together, one_by_one

@@ -15,6 +15,7 @@ from engine.api.config import ModelConfig
 from engine.model.attention import ROW_WISE_MAX, causal_attention
 from engine.model.head_part import HeadPart
 from engine.model.kv_cache import CacheView
+from engine.model.row_padding import pad_short_passes
 
 
 def rope_frequencies(cfg: ModelConfig) -> torch.Tensor:
@@ -171,7 +172,8 @@ class Transformer(nn.Module):
         cls, cfg: ModelConfig, sd: dict[str, torch.Tensor], dtype: torch.dtype, device: str | torch.device,
         max_len: int | None = None,
     ) -> Transformer:
-        """Build from Hugging Face tensor names, fusing q/k/v and gate/up as we go."""
+        """Build from Hugging Face tensor names, fusing q/k/v and gate/up as we go; on a GPU, short passes are
+        padded to one row count (engine.model.row_padding)."""
         model = cls(cfg, max_len)
         own: dict[str, torch.Tensor] = {
             "embed.weight": sd["model.embed_tokens.weight"],
@@ -199,4 +201,6 @@ class Transformer(nn.Module):
         missing = [n for n, t in model.state_dict().items() if t.is_meta]
         if missing:
             raise ValueError(f"checkpoint lacks weights for: {', '.join(missing[:5])}")
+        if torch.device(device).type != "cpu":  # a GPU library's kernel depends on the row count
+            pad_short_passes(model)
         return model.eval()

@@ -10,6 +10,7 @@ import torch
 from engine.api.config import SamplingParams
 from engine.api.dists import PositionDist
 from engine.api.events import Origin
+from engine.model.attention import ROW_WISE_MAX
 from engine.model.kv_cache import KVPool
 from engine.model.transformer import Transformer
 from engine.spec.accept import Verdict, accept_reject
@@ -24,12 +25,20 @@ class Scores:
     p: torch.Tensor  # (K+1, V) after the sampling transforms
 
 
+def short_passes(n: int) -> list[tuple[int, int]]:
+    """[0, n) in passes of at most ROW_WISE_MAX rows: only such passes score each row exactly as a plain step
+    does (engine.model.attention), so a K of 16 or more is verified in two or more passes."""
+    return [(a, min(a + ROW_WISE_MAX, n)) for a in range(0, n, ROW_WISE_MAX)]
+
+
 def score(target: Transformer, pool: KVPool, ids: list[int], drafted: torch.Tensor, params: SamplingParams,
           vocab: int, device: torch.device) -> Scores:
-    """One target pass over the last committed token and the drafts, appended to the target's cache (sequence 0)."""
+    """The target scores the last committed token and the drafts (in one pass up to K = 15), appended to the
+    target's cache (sequence 0)."""
     feed = torch.cat([torch.tensor([ids[-1]], dtype=torch.long, device=device), drafted.to(device)])  # (K+1,)
-    start, end = pool.manager.append(0, len(feed))
-    logits = target(feed, start, pool.view(0, start, end))[:, :vocab]  # (K+1, V)
+    start, _ = pool.manager.append(0, len(feed))
+    logits = torch.cat([target(feed[a:b], start + a, pool.view(0, start + a, start + b))
+                        for a, b in short_passes(len(feed))])[:, :vocab]  # (K+1, V)
     context = torch.tensor(ids, dtype=torch.long, device=device)
     return Scores(logits, probs_for_positions(logits, params, context, drafted))
 
