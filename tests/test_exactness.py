@@ -90,13 +90,15 @@ def ngram_friendly_prompt(engine: Engine, target: Transformer, params: SamplingP
 
 
 def next_probs(model: Transformer, ids: list[int], params: SamplingParams) -> torch.Tensor:
-    """The model's sampling distribution after ids, from a fresh cache."""
+    """The model's sampling distribution after ids, from a fresh cache (on the CPU, whatever device it ran on)."""
+    w = next(model.parameters())
     pool = KVPool(model.cfg.num_layers, model.cfg.num_kv_heads, model.cfg.head_dim, BlockManager(32, 8, 256),
-                  torch.float32, "cpu")
+                  model.kv_dtype or w.dtype, w.device)
     pool.manager.allocate(0)
     start, end = pool.manager.append(0, len(ids))
-    logits = model(torch.tensor(ids), start, pool.view(0, start, end), last_only=True)[0]
-    return probs_from_logits(logits, params, torch.tensor(ids))
+    x = torch.tensor(ids, device=w.device)
+    logits = model(x, start, pool.view(0, start, end), last_only=True)[0]
+    return probs_from_logits(logits, params, x).cpu()
 
 
 def joint_two(model: Transformer, prompt: list[int], params: SamplingParams) -> dict[tuple[int, int], float]:
@@ -218,7 +220,8 @@ def test_sampling_distribution_is_exact_with_a_trimmed_draft_head(tmp_path):
 
 
 def assert_exact_distribution(target: Transformer, draft: Transformer, tok, drafter: str, temperature: float,
-                              top_p: float, spec: SpecParams | None = None, top_k: int = 0) -> dict[int, int]:
+                              top_p: float, spec: SpecParams | None = None, top_k: int = 0,
+                              draws: int = N_DRAWS) -> dict[int, int]:
     """-> how many first rounds drafted each number of tokens."""
     # No EOS, so every request yields its first two tokens.
     engine = Engine(target, tok, draft, cache=CacheConfig(block_size=8, max_seq_len=256), eos_ids=set())
@@ -229,7 +232,7 @@ def assert_exact_distribution(target: Transformer, draft: Transformer, tok, draf
     counts: dict[tuple[int, int], int] = {}
     lengths: dict[int, int] = {}
     first_drafted = first_accepted = 0
-    for seed in range(N_DRAWS):
+    for seed in range(draws):
         events = list(engine.generate(prompt, params.with_(seed=seed), spec))
         ids = events[-1].token_ids
         counts[ids[0], ids[1]] = counts.get((ids[0], ids[1]), 0) + 1
@@ -240,10 +243,10 @@ def assert_exact_distribution(target: Transformer, draft: Transformer, tok, draf
             first_accepted += first.drafted[0].accepted
 
     expected = joint_two(target, prompt, params)
-    assert chi2_pvalue(counts, expected, N_DRAWS) > 1e-3
+    assert chi2_pvalue(counts, expected, draws) > 1e-3
     # Power check: the same samples are clearly NOT distributed like the draft model's own samples.
     if drafter == "model":
-        assert chi2_pvalue(counts, joint_two(draft, prompt, params), N_DRAWS) < 1e-6
+        assert chi2_pvalue(counts, joint_two(draft, prompt, params), draws) < 1e-6
 
     # The first draft's acceptance rate matches alpha = sum_x min(p(x), q(x)).
     p1 = next_probs(target, prompt, params)
@@ -253,7 +256,7 @@ def assert_exact_distribution(target: Transformer, draft: Transformer, tok, draf
         q1 = torch.zeros_like(p1)
         q1[engine.ngram_drafter.propose(prompt, 2, params, None).tokens[0]] = 1.0
     alpha = float(torch.minimum(p1, q1).sum())
-    assert first_drafted == N_DRAWS
+    assert first_drafted == draws
     assert abs(first_accepted / first_drafted - alpha) < 0.02
     assert 0.05 < alpha < 0.98  # both outcomes actually occur
     return lengths

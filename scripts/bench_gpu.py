@@ -1,0 +1,150 @@
+"""The engine's forward passes on a GPU, at the embedded pair's shapes (random bf16 weights: the GGUFs cannot
+travel to a lent GPU machine, and a pass's cost does not depend on the weights' values).
+
+Prints, for the target (Qwen2.5-1.5B's shapes) and the draft (0.5B's): a one-token step in ms, passes of 2..16
+tokens in steps, with short passes padded to one row count (engine.model.row_padding, what the engine runs) and
+without; and how many rows of a pass differ bitwise from one-token steps either way. Usage:
+    python scripts/bench_gpu.py [--reps 30] [--context 200]
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from engine.api.config import ModelConfig  # noqa: E402
+from engine.io.weights import expected_shapes  # noqa: E402
+from engine.model.kv_cache import BlockManager, KVPool  # noqa: E402
+from engine.model.row_padding import RowPadded  # noqa: E402
+from engine.model.transformer import Transformer  # noqa: E402
+
+QWEN25 = dict(model_type="qwen2", vocab_size=151936, num_attention_heads=0, num_key_value_heads=2, rms_norm_eps=1e-6,
+              rope_theta=1000000.0, max_position_embeddings=32768, tie_word_embeddings=True, bos_token_id=151643,
+              eos_token_id=151645)
+SHAPES = {
+    "target (1.5B shapes)": dict(QWEN25, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
+                                 num_attention_heads=12),
+    "draft (0.5B shapes)": dict(QWEN25, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+                                num_attention_heads=14),
+}
+PASSES = (1, 2, 3, 5, 9, 16)
+DEVICE = "cuda"  # --smoke runs the script's code on the CPU with two layers, to check it before a GPU is lent
+
+
+def sync() -> None:
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
+
+
+def random_model(cfg: ModelConfig, seed: int) -> Transformer:
+    g = torch.Generator(device=DEVICE).manual_seed(seed)
+    sd = {name: torch.randn(shape, generator=g, device=DEVICE, dtype=torch.bfloat16) * (1.0 if len(shape) == 1 else 0.02)
+          for name, shape in expected_shapes(cfg).items()}
+    return Transformer.from_state_dict(cfg, sd, torch.bfloat16, DEVICE, 2048)
+
+
+def set_padding(model: Transformer, rows: int) -> None:
+    for m in model.modules():
+        if isinstance(m, RowPadded):
+            m.rows = rows  # 1: every pass runs as it is
+
+
+def fresh(model: Transformer, context: list[int]) -> KVPool:
+    c = model.cfg
+    pool = KVPool(c.num_layers, c.num_kv_heads, c.head_dim, BlockManager(128, 16, 2048), torch.bfloat16, DEVICE)
+    pool.manager.allocate(0)
+    feed(model, pool, context)
+    return pool
+
+
+def feed(model: Transformer, pool: KVPool, ids: list[int]) -> torch.Tensor:
+    start, end = pool.manager.append(0, len(ids))
+    return model(torch.tensor(ids, device=DEVICE), start, pool.view(0, start, end))  # (T, V)
+
+
+def pass_ms(model: Transformer, pool: KVPool, n: int, reps: int) -> float:
+    times = []
+    base = pool.manager.length(0)
+    for r in range(reps + 3):
+        sync()
+        t0 = time.perf_counter()
+        feed(model, pool, list(range(7, 7 + n)))
+        sync()
+        if r >= 3:
+            times.append((time.perf_counter() - t0) * 1e3)
+        pool.manager.truncate_to(0, base)  # the rollback: every rep at the same depth
+    return statistics.median(times)
+
+
+def rows_differing(model: Transformer, context: list[int], n: int) -> tuple[int, int]:
+    """(rows not bitwise equal, rows whose argmax differs) between one pass of n and n one-token steps."""
+    ids = list(range(300, 300 + n))
+    together = feed(model, fresh(model, context), ids)
+    pool = fresh(model, context)
+    steps = torch.cat([feed(model, pool, [t]) for t in ids])
+    same = (together == steps).all(dim=-1)
+    return int((~same).sum()), int((together.argmax(-1) != steps.argmax(-1)).sum())
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument("--context", type=int, default=200, help="positions in the cache before each timed pass")
+    ap.add_argument("--smoke", action="store_true", help="two layers on the CPU: checks the script, measures nothing")
+    args = ap.parse_args()
+    global DEVICE
+    if args.smoke:
+        DEVICE = "cpu"
+        for raw in SHAPES.values():
+            raw["num_hidden_layers"] = 2
+    elif not torch.cuda.is_available():
+        sys.exit("no CUDA device: this benchmark needs a GPU")
+    print(f"device: {torch.cuda.get_device_name() if DEVICE == 'cuda' else 'cpu (smoke)'}, torch {torch.__version__}, bf16, eager (no CUDA graphs)")
+    context = list(range(1000, 1000 + args.context))
+    step = {}
+    for name, raw in SHAPES.items():
+        model = random_model(ModelConfig.from_hf(raw), seed=len(name))
+        for rows in (16, 2, 1):
+            set_padding(model, rows)
+            pool = fresh(model, context)
+            ms = {n: pass_ms(model, pool, n, args.reps) for n in PASSES}
+            step[name, rows] = ms[1]
+            label = {16: "padded to 16 rows (the engine)", 2: "one row padded to 2", 1: "unpadded"}[rows]
+            costs = "  ".join(f"{n}: {ms[n] / ms[1]:.2f}" for n in PASSES[1:])
+            print(f"{name}, {label}: step {ms[1]:.2f} ms; pass of n tokens, in steps: {costs}")
+            diff = "  ".join("n={}: {} rows, {} argmax".format(n, *rows_differing(model, context, n))
+                             for n in (2, 5, 9, 16))
+            print(f"    rows differing from one-token steps: {diff}")
+        del model
+        if DEVICE == "cuda":
+            torch.cuda.empty_cache()
+    names = list(SHAPES)
+    print(f"draft step / target step (c at one drafted token a step): {step[names[1], 16] / step[names[0], 16]:.2f}")
+    probe_linear(ModelConfig.from_hf(SHAPES[names[0]]))
+
+
+def probe_linear(cfg: ModelConfig) -> None:
+    """Which row counts give a row the same bits as F.linear does on its own (row 0 of M = 1..16)."""
+    h, q, kv = cfg.hidden_size, cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+    for n, k in ((q + 2 * kv, h), (h, q), (2 * cfg.intermediate_size, h), (h, cfg.intermediate_size), (cfg.vocab_size, h)):
+        w = torch.randn(n, k, device=DEVICE, dtype=torch.bfloat16) * 0.02
+        x = torch.randn(16, k, device=DEVICE, dtype=torch.bfloat16)
+        classes: list[list[int]] = []
+        for m in range(1, 17):
+            row = torch.nn.functional.linear(x[:m], w)[0]
+            for c in classes:
+                if torch.equal(torch.nn.functional.linear(x[: c[0]], w)[0], row):
+                    c.append(m)
+                    break
+            else:
+                classes.append([m])
+        print(f"F.linear {k}->{n}: row counts giving row 0 the same bits: {classes}")
+
+
+if __name__ == "__main__":
+    main()
