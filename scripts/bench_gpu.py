@@ -2,8 +2,9 @@
 travel to a lent GPU machine, and a pass's cost does not depend on the weights' values).
 
 Prints, for the target (Qwen2.5-1.5B's shapes) and the draft (0.5B's): a one-token step in ms, passes of 2..16
-tokens in steps, with short passes padded to one row count (engine.model.row_padding, what the engine runs) and
-without; and how many rows of a pass differ bitwise from one-token steps either way. Usage:
+tokens in steps, with every matmul and norm padded to 16 rows, one row padded to two, or none; how many rows of a
+pass differ bitwise from one-token steps in each case; how many modules the load's probe padded
+(engine.model.row_padding); and which row counts give F.linear's rows the same bits at each matrix shape. Usage:
     python scripts/bench_gpu.py [--reps 30] [--context 200]
 """
 from __future__ import annotations
@@ -20,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from engine.api.config import ModelConfig  # noqa: E402
 from engine.io.weights import expected_shapes  # noqa: E402
 from engine.model.kv_cache import BlockManager, KVPool  # noqa: E402
-from engine.model.row_padding import RowPadded  # noqa: E402
+from engine.model.row_padding import RowPadded, pad_short_passes  # noqa: E402
 from engine.model.transformer import Transformer  # noqa: E402
 
 QWEN25 = dict(model_type="qwen2", vocab_size=151936, num_attention_heads=0, num_key_value_heads=2, rms_norm_eps=1e-6,
@@ -46,6 +47,19 @@ def random_model(cfg: ModelConfig, seed: int) -> Transformer:
     sd = {name: torch.randn(shape, generator=g, device=DEVICE, dtype=torch.bfloat16) * (1.0 if len(shape) == 1 else 0.02)
           for name, shape in expected_shapes(cfg).items()}
     return Transformer.from_state_dict(cfg, sd, torch.bfloat16, DEVICE, 2048)
+
+
+def pad_all(model: Transformer) -> int:
+    """Undo the load's probed padding and wrap every module, so each mode below is a setting of `rows`.
+    -> how many the load had padded on this device."""
+    probed = 0
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if isinstance(child, RowPadded):
+                setattr(parent, name, child.inner)
+                probed += 1
+    pad_short_passes(model, probe=False)
+    return probed
 
 
 def set_padding(model: Transformer, rows: int) -> None:
@@ -109,12 +123,13 @@ def main() -> None:
     step = {}
     for name, raw in SHAPES.items():
         model = random_model(ModelConfig.from_hf(raw), seed=len(name))
+        print(f"{name}: the load's probe padded {pad_all(model)} of {6 * len(model.layers) + 2} matmuls and norms")
         for rows in (16, 2, 1):
             set_padding(model, rows)
             pool = fresh(model, context)
             ms = {n: pass_ms(model, pool, n, args.reps) for n in PASSES}
             step[name, rows] = ms[1]
-            label = {16: "padded to 16 rows (the engine)", 2: "one row padded to 2", 1: "unpadded"}[rows]
+            label = {16: "all padded to 16 rows", 2: "one row padded to 2", 1: "unpadded"}[rows]
             costs = "  ".join(f"{n}: {ms[n] / ms[1]:.2f}" for n in PASSES[1:])
             print(f"{name}, {label}: step {ms[1]:.2f} ms; pass of n tokens, in steps: {costs}")
             diff = "  ".join("n={}: {} rows, {} argmax".format(n, *rows_differing(model, context, n))

@@ -173,7 +173,7 @@ class Transformer(nn.Module):
         max_len: int | None = None,
     ) -> Transformer:
         """Build from Hugging Face tensor names, fusing q/k/v and gate/up as we go; on a GPU, short passes are
-        padded to one row count (engine.model.row_padding)."""
+        padded to one row count where the kernels need it (engine.model.row_padding)."""
         model = cls(cfg, max_len)
         own: dict[str, torch.Tensor] = {
             "embed.weight": sd["model.embed_tokens.weight"],
@@ -201,6 +201,6 @@ class Transformer(nn.Module):
         missing = [n for n, t in model.state_dict().items() if t.is_meta]
         if missing:
             raise ValueError(f"checkpoint lacks weights for: {', '.join(missing[:5])}")
-        if torch.device(device).type != "cpu":  # a GPU library's kernel depends on the row count
+        if torch.device(device).type != "cpu":  # a GPU library's kernel may depend on the row count
             pad_short_passes(model)
         return model.eval()
