@@ -37,8 +37,8 @@ def score(target: Transformer, pool: KVPool, ids: list[int], drafted: torch.Tens
     target's cache (sequence 0)."""
     feed = torch.cat([torch.tensor([ids[-1]], dtype=torch.long, device=device), drafted.to(device)])  # (K+1,)
     start, _ = pool.manager.append(0, len(feed))
-    logits = torch.cat([target(feed[a:b], start + a, pool.view(0, start + a, start + b))
-                        for a, b in short_passes(len(feed))])[:, :vocab]  # (K+1, V)
+    parts = [target(feed[a:b], start + a, pool.view(0, start + a, start + b)) for a, b in short_passes(len(feed))]
+    logits = (parts[0] if len(parts) == 1 else torch.cat(parts))[:, :vocab]  # (K+1, V); one part: no copy
     context = torch.tensor(ids, dtype=torch.long, device=device)
     return Scores(logits, probs_for_positions(logits, params, context, drafted))
 
