@@ -10,6 +10,7 @@ import torch
 
 from engine.api.config import DEFAULT_CONTEXT, CacheConfig
 from engine.quant import ext
+from engine.quant.dense import run_on_kernels
 from engine.quant.formats import T
 from engine.spec.draft_vocab import DRAFT_VOCAB, head_rows
 from engine.model.pages import HugePages
@@ -131,8 +132,9 @@ def place(ckpt: Checkpoint, dtype: torch.dtype, dev: torch.device, max_len: int,
           act: str = "int8", head_rows: np.ndarray | None = None, requant: int | None = None) -> Transformer:
     """The model on its device: a GGUF's own blocks through the quantized kernels, or dense tensors.
 
-    Dense on the CPU: fp32 prepacked for oneDNN, so verify widths up to ~8 cost about one step; a draft may go
-    int8 weight-only (~3x cheaper per step; speculative output is unchanged, only the target decides)."""
+    Dense on the CPU: the target on the kernels' F32 units and the C++ stack, batch-invariant (engine.quant.dense),
+    or without them fp32 prepacked for oneDNN; a draft may go int8 weight-only (~3x cheaper per step; speculative
+    output is unchanged, only the target decides)."""
     if ckpt.tensors is None:
         from engine.io.gguf_model import build_model
 
@@ -142,4 +144,6 @@ def place(ckpt: Checkpoint, dtype: torch.dtype, dev: torch.device, max_len: int,
         return model
     if int8 and int8_supported():
         return swap_linears(model, Int8Linear)
+    if run_on_kernels(model):  # batch-invariant, so greedy speculation stays exact (engine.quant.dense)
+        return model
     return swap_linears(model, PackedLinear) if packed_supported() else model

@@ -84,7 +84,8 @@ class Engine:
         the instruction set of the kernels that run it (the speed differs by up to 2x between them)."""
         if self.weights_format:
             return f"{self.weights_format}, int8 activations, {kernels_name()}"
-        return str(self.dtype).removeprefix("torch.")
+        dtype = str(self.dtype).removeprefix("torch.")
+        return f"{dtype}, {kernels_name()}" if self.target.stack is not None else dtype  # a dense model on the kernels
 
     # -- chat ---------------------------------------------------------------------------------------
 

@@ -1,0 +1,100 @@
+"""A dense fp32 model (a folder of safetensors) on the CPU: oneDNN's prepacked matmuls against the kernels' F32
+units with the C++ stack (engine.quant.dense), at Llama-3.2-1B's shapes with random weights (a pass's cost does not
+depend on the values). Prints each way's one-token step, its passes of 2..9 tokens in steps, and how many rows of
+a pass differ bitwise from one-token steps. The two take turns, pass by pass. Usage:
+    python scripts/bench_dense.py [--reps 9] [--layers 16] [--context 200]
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from engine.api.config import ModelConfig  # noqa: E402
+from engine.io.weights import expected_shapes  # noqa: E402
+from engine.model.cpu_linear import PackedLinear, swap_linears  # noqa: E402
+from engine.model.kv_cache import BlockManager, KVPool  # noqa: E402
+from engine.model.transformer import Transformer  # noqa: E402
+from engine.quant import cpu  # noqa: E402
+from engine.quant.dense import run_on_kernels  # noqa: E402
+
+LLAMA32_1B = dict(model_type="llama", vocab_size=128256, hidden_size=2048, intermediate_size=8192,
+                  num_attention_heads=32, num_key_value_heads=8, head_dim=64, rms_norm_eps=1e-5, rope_theta=500000.0,
+                  rope_scaling={"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                "original_max_position_embeddings": 8192},
+                  max_position_embeddings=131072, tie_word_embeddings=True, bos_token_id=128000, eos_token_id=128009)
+PASSES = (1, 2, 3, 5, 9)
+
+
+def build(cfg: ModelConfig, kernels: bool) -> Transformer:
+    g = torch.Generator().manual_seed(0)
+    sd = {n: torch.randn(s, generator=g) * (1.0 if len(s) == 1 else 0.02) for n, s in expected_shapes(cfg).items()}
+    model = Transformer.from_state_dict(cfg, sd, torch.float32, "cpu", 1024)
+    del sd
+    if kernels:
+        assert run_on_kernels(model), "the kernels did not build here"
+        return model
+    return swap_linears(model, PackedLinear)
+
+
+def fresh(model: Transformer, context: list[int]) -> KVPool:
+    c = model.cfg
+    pool = KVPool(c.num_layers, c.num_kv_heads, c.head_dim, BlockManager(64, 16, 1024), torch.float32, "cpu")
+    pool.manager.allocate(0)
+    feed(model, pool, context)
+    return pool
+
+
+def feed(model: Transformer, pool: KVPool, ids: list[int]) -> torch.Tensor:
+    start, end = pool.manager.append(0, len(ids))
+    return model(torch.tensor(ids), start, pool.view(0, start, end))  # (T, V)
+
+
+def timed(model: Transformer, pool: KVPool, n: int) -> float:
+    base = pool.manager.length(0)
+    t0 = time.perf_counter()
+    feed(model, pool, list(range(7, 7 + n)))
+    ms = (time.perf_counter() - t0) * 1e3
+    pool.manager.truncate_to(0, base)  # every rep at the same depth
+    return ms
+
+
+def rows_differing(model: Transformer, context: list[int], n: int) -> int:
+    ids = list(range(300, 300 + n))
+    together = feed(model, fresh(model, context), ids)
+    pool = fresh(model, context)
+    steps = torch.cat([feed(model, pool, [t]) for t in ids])
+    return int((~(together == steps).all(dim=-1)).sum())
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--reps", type=int, default=9)
+    ap.add_argument("--layers", type=int, default=16, help="decoder layers (16: the whole 1B model)")
+    ap.add_argument("--context", type=int, default=200)
+    args = ap.parse_args()
+    cfg = ModelConfig.from_hf(dict(LLAMA32_1B, num_hidden_layers=args.layers))
+    print(f"{cpu.this_cpu().line()}; torch {torch.__version__}, {torch.get_num_threads()} threads; "
+          f"Llama-3.2-1B shapes, {args.layers} layers, random fp32 weights, {args.context} positions cached")
+    models = {"oneDNN prepacked": build(cfg, False), "kernels F32 + C++ stack": build(cfg, True)}
+    context = list(range(1000, 1000 + args.context))
+    pools = {name: fresh(m, context) for name, m in models.items()}
+    times: dict[tuple[str, int], list[float]] = {}
+    for _ in range(args.reps + 1):  # the first round warms up and is dropped below
+        for n in PASSES:
+            for name, m in models.items():
+                times.setdefault((name, n), []).append(timed(m, pools[name], n))
+    for name, m in models.items():
+        ms = {n: statistics.median(times[name, n][1:]) for n in PASSES}
+        steps = "  ".join(f"{n}: {ms[n] / ms[1]:.2f}" for n in PASSES[1:])
+        diff = "  ".join(f"n={n}: {rows_differing(m, context, n)}" for n in (2, 5, 9))
+        print(f"{name}: step {ms[1]:.1f} ms; pass of n tokens, in steps: {steps}; rows differing from steps: {diff}")
+
+
+if __name__ == "__main__":
+    main()
