@@ -1,8 +1,8 @@
 """A dense fp32 model (a folder of safetensors) on the CPU: oneDNN's prepacked matmuls against the kernels' F32
-units with the C++ stack (engine.quant.dense), at Llama-3.2-1B's shapes with random weights (a pass's cost does not
-depend on the values). Prints each way's one-token step, its passes of 2..9 tokens in steps, and how many rows of
+units with the C++ stack (engine.quant.dense), or with --draft a draft's torch int8 weight-only matmuls against Q4_0
+units on the kernels, at Llama-3.2-1B's shapes with random weights (a pass's cost does not depend on the values). Prints each way's one-token step, its passes of 2..9 tokens in steps, and how many rows of
 a pass differ bitwise from one-token steps. The two take turns, pass by pass. Usage:
-    python scripts/bench_dense.py [--reps 9] [--layers 16] [--context 200]
+    python scripts/bench_dense.py [--reps 9] [--layers 16] [--context 200] [--draft]
 """
 from __future__ import annotations
 
@@ -17,11 +17,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from engine.api.config import ModelConfig  # noqa: E402
 from engine.io.weights import expected_shapes  # noqa: E402
-from engine.model.cpu_linear import PackedLinear, swap_linears  # noqa: E402
+from engine.model.cpu_linear import Int8Linear, PackedLinear, swap_linears  # noqa: E402
 from engine.model.kv_cache import BlockManager, KVPool  # noqa: E402
 from engine.model.transformer import Transformer  # noqa: E402
 from engine.quant import cpu  # noqa: E402
 from engine.quant.dense import run_on_kernels  # noqa: E402
+from engine.quant.formats import T  # noqa: E402
 
 LLAMA32_1B = dict(model_type="llama", vocab_size=128256, hidden_size=2048, intermediate_size=8192,
                   num_attention_heads=32, num_key_value_heads=8, head_dim=64, rms_norm_eps=1e-5, rope_theta=500000.0,
@@ -31,15 +32,15 @@ LLAMA32_1B = dict(model_type="llama", vocab_size=128256, hidden_size=2048, inter
 PASSES = (1, 2, 3, 5, 9)
 
 
-def build(cfg: ModelConfig, kernels: bool) -> Transformer:
+def build(cfg: ModelConfig, how: str) -> Transformer:
     g = torch.Generator().manual_seed(0)
     sd = {n: torch.randn(s, generator=g) * (1.0 if len(s) == 1 else 0.02) for n, s in expected_shapes(cfg).items()}
     model = Transformer.from_state_dict(cfg, sd, torch.float32, "cpu", 1024)
     del sd
-    if kernels:
-        assert run_on_kernels(model), "the kernels did not build here"
+    if how in ("f32", "q4_0"):
+        assert run_on_kernels(model, T.Q4_0 if how == "q4_0" else None), "the kernels did not build here"
         return model
-    return swap_linears(model, PackedLinear)
+    return swap_linears(model, Int8Linear if how == "int8" else PackedLinear)
 
 
 def fresh(model: Transformer, context: list[int]) -> KVPool:
@@ -77,11 +78,15 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=9)
     ap.add_argument("--layers", type=int, default=16, help="decoder layers (16: the whole 1B model)")
     ap.add_argument("--context", type=int, default=200)
+    ap.add_argument("--draft", action="store_true",
+                    help="a draft's ways instead: int8 weight-only through torch against Q4_0 on the kernels")
     args = ap.parse_args()
     cfg = ModelConfig.from_hf(dict(LLAMA32_1B, num_hidden_layers=args.layers))
     print(f"{cpu.this_cpu().line()}; torch {torch.__version__}, {torch.get_num_threads()} threads; "
           f"Llama-3.2-1B shapes, {args.layers} layers, random fp32 weights, {args.context} positions cached")
-    models = {"oneDNN prepacked": build(cfg, False), "kernels F32 + C++ stack": build(cfg, True)}
+    ways = ({"torch int8 weight-only": "int8", "kernels Q4_0 + C++ stack": "q4_0"} if args.draft else
+            {"oneDNN prepacked": "onednn", "kernels F32 + C++ stack": "f32"})
+    models = {name: build(cfg, how) for name, how in ways.items()}
     context = list(range(1000, 1000 + args.context))
     pools = {name: fresh(m, context) for name, m in models.items()}
     times: dict[tuple[str, int], list[float]] = {}

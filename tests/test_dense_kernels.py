@@ -1,5 +1,6 @@
 """A folder of safetensors on the CPU runs on the kernels' F32 units and the C++ stack (engine.quant.dense): the
-transformers model's logits, a pass scored bit for bit as one-token steps, and greedy speculation exact."""
+transformers model's logits, a pass scored bit for bit as one-token steps, and greedy speculation exact, with the
+draft re-quantized to Q4_0."""
 from __future__ import annotations
 
 import pytest
@@ -10,6 +11,7 @@ from engine.io.loading import load_engine
 from engine.model.cpu_linear import PackedLinear
 from engine.quant import QuantLinear, ext, kernels_name
 from engine.quant.dense import run_on_kernels
+from engine.quant.formats import T
 from engine.model.transformer import Transformer
 from tests.tiny import (ENGINE_CFG, QWEN2_TINY, draft_weights, hf_model, model_config, pass_and_steps, save_folder,
                         state_dict, tiny_tokenizer)
@@ -35,6 +37,8 @@ def test_a_dense_target_runs_on_the_kernels_and_computes_the_transformers_model(
     assert isinstance(model.layers[0].mlp.down, QuantLinear) and isinstance(model.lm_head, QuantLinear)
     assert model.stack is not None and engine.target_pool.k.dtype == torch.float32
     assert engine.dtype_name == f"float32, {kernels_name()}"  # the loaded-model line says what runs it
+    draft = engine.draft  # re-quantized to Q4_0 blocks (DRAFT_REQUANT), on the stack too
+    assert draft.layers[0].mlp.down.qtype == draft.lm_head.qtype == T.Q4_0 and draft.stack is not None
     ids = [1, 40, 7, 99, 3, 12, 61, 5]
     with torch.no_grad():
         ref = hf(torch.tensor([ids])).logits[0]  # (T, V)

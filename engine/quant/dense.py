@@ -17,9 +17,10 @@ from engine.quant.linear import QuantEmbedding, QuantLinear
 from engine.quant.stack import QuantStack
 
 
-def _f32(lin: nn.Linear) -> QuantLinear:
+def _units(lin: nn.Linear, requant: int | None) -> QuantLinear:
     w = lin.weight.detach().float().contiguous()  # (N, K)
-    return QuantLinear(w.numpy(), T.F32, lin.in_features, bias=lin.bias, act="fp32")
+    q = QuantLinear(w.numpy(), T.F32, lin.in_features, bias=lin.bias, act="fp32")
+    return q.requantized(requant) if requant is not None else q
 
 
 def fits(model: Transformer) -> bool:
@@ -28,16 +29,17 @@ def fits(model: Transformer) -> bool:
     return all(k % unit == 0 for k in (c.hidden_size, c.num_heads * c.head_dim, c.intermediate_size))
 
 
-def run_on_kernels(model: Transformer) -> bool:
-    """Swap every matrix for F32 units (the LM head too; a tied embedding then looks its rows up there) and give
-    the model the C++ stack. False, and the model unchanged, without the compiled kernels or where it does not fit."""
+def run_on_kernels(model: Transformer, requant: int | None = None) -> bool:
+    """Swap every matrix for F32 units (the LM head too; a tied embedding then looks its rows up there), or with
+    requant=Q4_0 for those re-quantized (a draft: ~1/7 of the bytes, int8 activations), and give the model the C++
+    stack. False, and the model unchanged, without the compiled kernels or where it does not fit."""
     if ext.load() is None or not fits(model):
         return False
     tied = model.lm_head.weight is model.embed.weight
     for block in model.layers:
-        block.attn.qkv, block.attn.o = _f32(block.attn.qkv), _f32(block.attn.o)
-        block.mlp.gate_up, block.mlp.down = _f32(block.mlp.gate_up), _f32(block.mlp.down)
-    model.lm_head = _f32(model.lm_head)
+        block.attn.qkv, block.attn.o = _units(block.attn.qkv, requant), _units(block.attn.o, requant)
+        block.mlp.gate_up, block.mlp.down = _units(block.mlp.gate_up, requant), _units(block.mlp.down, requant)
+    model.lm_head = _units(model.lm_head, requant)
     if tied:  # one copy of the table, not two
         model.embed = QuantEmbedding.tied(model.lm_head)
     model.stack = QuantStack.of(model)
