@@ -1,7 +1,8 @@
 """A dense fp32 model (a folder of safetensors) on the CPU: oneDNN's prepacked matmuls against the kernels' F32
 units with the C++ stack (engine.quant.dense), or with --draft a draft's torch int8 weight-only matmuls against Q4_0
-units on the kernels, at Llama-3.2-1B's shapes with random weights (a pass's cost does not depend on the values). Prints each way's one-token step, its passes of 2..9 tokens in steps, and how many rows of
-a pass differ bitwise from one-token steps. The two take turns, pass by pass. Usage:
+units on the kernels, at Llama-3.2-1B's shapes with random weights (a pass's cost does not depend on the values).
+Prints each way's one-token step, its passes of 2..9 tokens in steps, and how many rows of a pass differ bitwise
+from one-token steps. The two take turns, pass by pass. Usage:
     python scripts/bench_dense.py [--reps 9] [--layers 16] [--context 200] [--draft]
 """
 from __future__ import annotations

@@ -52,7 +52,8 @@ def main() -> None:
         plain = results[0]
         spec = results[1]
         same = sum(a == b for a, b in zip(spec.outputs, plain.outputs))
-        print(f"plain {plain.tokens_per_s:.2f} tok/s; draft {name}, K <= 4 with the stop: {spec.tokens_per_s:.2f} tok/s "
+        print(f"plain {plain.tokens_per_s:.2f} tok/s; draft {name}, K <= 4 with the stop: "
+              f"{spec.tokens_per_s:.2f} tok/s "
               f"({spec.tokens_per_s / plain.tokens_per_s:.2f}x plain), alpha {spec.alpha:.3f}, c {spec.c:.3f}, "
               f"tokens equal plain's on {same}/{len(prompts)} prompts", flush=True)
 

@@ -44,7 +44,8 @@ def sync() -> None:
 
 def random_model(cfg: ModelConfig, seed: int) -> Transformer:
     g = torch.Generator(device=DEVICE).manual_seed(seed)
-    sd = {name: torch.randn(shape, generator=g, device=DEVICE, dtype=torch.bfloat16) * (1.0 if len(shape) == 1 else 0.02)
+    sd = {name: torch.randn(shape, generator=g, device=DEVICE, dtype=torch.bfloat16)
+          * (1.0 if len(shape) == 1 else 0.02)
           for name, shape in expected_shapes(cfg).items()}
     return Transformer.from_state_dict(cfg, sd, torch.bfloat16, DEVICE, 2048)
 
@@ -118,7 +119,8 @@ def main() -> None:
             raw["num_hidden_layers"] = 2
     elif not torch.cuda.is_available():
         sys.exit("no CUDA device: this benchmark needs a GPU")
-    print(f"device: {torch.cuda.get_device_name() if DEVICE == 'cuda' else 'cpu (smoke)'}, torch {torch.__version__}, bf16, eager (no CUDA graphs)")
+    name = torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu (smoke)"
+    print(f"device: {name}, torch {torch.__version__}, bf16, eager (no CUDA graphs)")
     context = list(range(1000, 1000 + args.context))
     step = {}
     for name, raw in SHAPES.items():
@@ -146,7 +148,8 @@ def main() -> None:
 def probe_linear(cfg: ModelConfig) -> None:
     """Which row counts give a row the same bits as F.linear does on its own (row 0 of M = 1..16)."""
     h, q, kv = cfg.hidden_size, cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
-    for n, k in ((q + 2 * kv, h), (h, q), (2 * cfg.intermediate_size, h), (h, cfg.intermediate_size), (cfg.vocab_size, h)):
+    i = cfg.intermediate_size
+    for n, k in ((q + 2 * kv, h), (h, q), (2 * i, h), (h, i), (cfg.vocab_size, h)):
         w = torch.randn(n, k, device=DEVICE, dtype=torch.bfloat16) * 0.02
         x = torch.randn(16, k, device=DEVICE, dtype=torch.bfloat16)
         classes: list[list[int]] = []

@@ -1,5 +1,5 @@
 """The engine on a GPU (CUDA, bf16): exactness where the matmul library chooses its own kernels. CI has no GPU,
-so these run where one is lent (README: "On a GPU") and are skipped, as skipped, everywhere else."""
+so these run where one is lent (README, Tests) and are reported as skipped everywhere else."""
 from __future__ import annotations
 
 import pytest
