@@ -1,9 +1,9 @@
-"""A dense fp32 model (a folder of safetensors) on the CPU: oneDNN's prepacked matmuls against the kernels' F32
-units with the C++ stack (engine.quant.dense), or with --draft a draft's torch int8 weight-only matmuls against Q4_0
-units on the kernels, at Llama-3.2-1B's shapes with random weights (a pass's cost does not depend on the values).
+"""A dense model (a folder of safetensors) on the CPU: oneDNN's prepacked fp32 matmuls against the kernels' F32
+units (BF16 with --bf16) and the C++ stack (engine.quant.dense), or with --draft a draft's torch int8 weight-only
+matmuls against Q4_0 units on the kernels, at Llama-3.2-1B's shapes with random weights (a pass's cost does not depend on the values).
 Prints each way's one-token step, its passes of 2..9 tokens in steps, and how many rows of a pass differ bitwise
 from one-token steps. The two take turns, pass by pass. Usage:
-    python scripts/bench_dense.py [--reps 9] [--layers 16] [--context 200] [--draft]
+    python scripts/bench_dense.py [--reps 9] [--layers 16] [--context 200] [--bf16] [--draft]
 """
 from __future__ import annotations
 
@@ -33,9 +33,11 @@ LLAMA32_1B = dict(model_type="llama", vocab_size=128256, hidden_size=2048, inter
 PASSES = (1, 2, 3, 5, 9)
 
 
-def build(cfg: ModelConfig, how: str) -> Transformer:
+def build(cfg: ModelConfig, how: str, bf16: bool) -> Transformer:
     g = torch.Generator().manual_seed(0)
     sd = {n: torch.randn(s, generator=g) * (1.0 if len(s) == 1 else 0.02) for n, s in expected_shapes(cfg).items()}
+    if bf16:  # a bf16 checkpoint's values (the kernels then keep them as BF16 units)
+        sd = {n: t.to(torch.bfloat16).float() for n, t in sd.items()}
     model = Transformer.from_state_dict(cfg, sd, torch.float32, "cpu", 1024)
     del sd
     if how in ("f32", "q4_0"):
@@ -79,15 +81,17 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=9)
     ap.add_argument("--layers", type=int, default=16, help="decoder layers (16: the whole 1B model)")
     ap.add_argument("--context", type=int, default=200)
+    ap.add_argument("--bf16", action="store_true", help="weights that are bf16 values, as a bf16 checkpoint's are")
     ap.add_argument("--draft", action="store_true",
                     help="a draft's ways instead: int8 weight-only through torch against Q4_0 on the kernels")
     args = ap.parse_args()
     cfg = ModelConfig.from_hf(dict(LLAMA32_1B, num_hidden_layers=args.layers))
     print(f"{cpu.this_cpu().line()}; torch {torch.__version__}, {torch.get_num_threads()} threads; "
-          f"Llama-3.2-1B shapes, {args.layers} layers, random fp32 weights, {args.context} positions cached")
+          f"Llama-3.2-1B shapes, {args.layers} layers, random {'bf16' if args.bf16 else 'fp32'} weights, "
+          f"{args.context} positions cached")
     ways = ({"torch int8 weight-only": "int8", "kernels Q4_0 + C++ stack": "q4_0"} if args.draft else
-            {"oneDNN prepacked": "onednn", "kernels F32 + C++ stack": "f32"})
-    models = {name: build(cfg, how) for name, how in ways.items()}
+            {"oneDNN prepacked": "onednn", f"kernels {'BF16' if args.bf16 else 'F32'} + C++ stack": "f32"})
+    models = {name: build(cfg, how, args.bf16) for name, how in ways.items()}
     context = list(range(1000, 1000 + args.context))
     pools = {name: fresh(m, context) for name, m in models.items()}
     times: dict[tuple[str, int], list[float]] = {}

@@ -3,6 +3,8 @@ transformers model's logits, a pass scored bit for bit as one-token steps, and g
 draft re-quantized to Q4_0."""
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -20,21 +22,31 @@ from tests.tiny import (ENGINE_CFG, QWEN2_TINY, draft_weights, hf_model, model_c
 QWEN2 = dict(QWEN2_TINY, intermediate_size=128, vocab_size=ENGINE_CFG["vocab_size"])
 
 
-@pytest.fixture(scope="module", params=["llama", "qwen2"])
+@pytest.fixture(scope="module", params=["llama", "qwen2", "llama-bf16"])
 def pair(request, tmp_path_factory, kernels):
-    cfg = ENGINE_CFG if request.param == "llama" else QWEN2
+    """(config, the transformers target in fp32, target folder, draft folder). llama-bf16 is saved in bf16, as
+    real checkpoints are: its matrices then run as BF16 units."""
+    cfg = QWEN2 if request.param == "qwen2" else ENGINE_CFG
     root = tmp_path_factory.mktemp(request.param)
     target, draft = hf_model(cfg, 0), hf_model(cfg, 0)
     draft.load_state_dict(draft_weights(dict(target.state_dict()), 0.03, 1))
     tok = tiny_tokenizer()
-    return cfg, target, save_folder(target, tok, root / "t"), save_folder(draft, tok, root / "d")
+    if not request.param.endswith("bf16"):
+        return request.param, target, save_folder(target, tok, root / "t"), save_folder(draft, tok, root / "d")
+    folders = (save_folder(copy.deepcopy(target).to(torch.bfloat16), tok, root / "t"),
+               save_folder(draft.to(torch.bfloat16), tok, root / "d"))
+    # The reference: the same bf16 weights in the fp32 model (casting the model itself would round its rope too)
+    target.load_state_dict({k: v.to(torch.bfloat16).float() for k, v in target.state_dict().items()})
+    return request.param, target, *folders
 
 
 def test_a_dense_target_runs_on_the_kernels_and_computes_the_transformers_model(pair):
-    cfg, hf, t, d = pair
+    kind, hf, t, d = pair
     engine = load_engine(str(t), str(d), device="cpu", cache=CacheConfig(max_seq_len=128))
     model = engine.target
     assert isinstance(model.layers[0].mlp.down, QuantLinear) and isinstance(model.lm_head, QuantLinear)
+    units = T.BF16 if kind.endswith("bf16") else T.F32  # a bf16 checkpoint's weights stay bf16, in half the bytes
+    assert model.layers[0].mlp.down.qtype == model.layers[1].attn.qkv.qtype == model.lm_head.qtype == units
     assert model.stack is not None and engine.target_pool.k.dtype == torch.float32
     assert engine.dtype_name == f"float32, {kernels_name()}"  # the loaded-model line says what runs it
     draft = engine.draft  # re-quantized to Q4_0 blocks (DRAFT_REQUANT), on the stack too

@@ -145,7 +145,7 @@ def test_same_bits_on_every_isa_and_thread_count(kernels, cases, mode):
     assert all(torch.equal(first, y) for y in outs.values()), list(outs)
 
 
-@pytest.mark.parametrize("qtype", [q for q in FORMATS if q not in (T.F16, T.F32)])
+@pytest.mark.parametrize("qtype", [q for q in FORMATS if FORMATS[q].quantized])
 def test_tile_choice_keeps_the_bits(kernels, cases, qtype):
     """The AVX-512 kernels pair groups from some row count on (engine/quant/tune.py picks it per machine): paired
     from 2 rows, by default, or never, every row count gives the same bits."""

@@ -40,7 +40,8 @@ def fused(parts: list[QuantLinear]) -> nn.Module:
 
 # Block types with more bits per weight than Q4_0 (4.5), which a re-quantized model runs as Q4_0. Q4_K stays: as
 # many bits, finer scales.
-HEAVIER_THAN_Q4_0 = {formats.T.Q5_0, formats.T.Q5_K, formats.T.Q6_K, formats.T.Q8_0, formats.T.F16, formats.T.F32}
+HEAVIER_THAN_Q4_0 = {formats.T.Q5_0, formats.T.Q5_K, formats.T.Q6_K, formats.T.Q8_0, formats.T.F16, formats.T.BF16,
+                     formats.T.F32}
 
 
 def run_type(qtype: int, requant: int | None) -> int:

@@ -1,4 +1,4 @@
-"""Quantized linear layers over GGUF blocks (Q4_K, Q5_K, Q6_K, Q8_0, Q5_0, Q4_0, F16, F32) for the CPU.
+"""Quantized linear layers over GGUF blocks (Q4_K, Q5_K, Q6_K, Q8_0, Q5_0, Q4_0, F16, BF16, F32) for the CPU.
 
 formats: block types and layouts; ext: the C++/OpenMP kernels (built on first use, with a pure-torch
 fallback); linear: QuantLinear and QuantEmbedding. No Qt; of the engine it imports only the cache location (engine.io.provision).

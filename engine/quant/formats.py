@@ -10,7 +10,7 @@ A GGUF tensor of shape (N, K) (N output features, K inputs) is N rows of K / blo
 | Q8_0 | 32 | 34 | d f16, qs[32] int8 | d*q |
 | Q5_0 | 32 | 22 | d f16, qh u32 (5th bits), qs[16] (4-bit) | d*(q - 16) |
 | Q4_0 | 32 | 18 | d f16, qs[16] (4-bit) | d*(q - 8) |
-| F16 / F32 | 1 | 2 / 4 | the value | |
+| F16 / BF16 / F32 | 1 | 2 / 2 / 4 | the value | |
 
 Sub-blocks j are 32 inputs for Q4_K/Q5_K and 16 for Q6_K. The weights are `gguf.quants.dequantize`'s: the
 C++ kernels' exact path and `QuantLinear.dequantize` equal it bit for bit (tests/test_quant_formats.py).
@@ -55,12 +55,13 @@ class Format:
 
     @property
     def quantized(self) -> bool:
-        return self.qtype not in (T.F16, T.F32)
+        return self.qtype not in (T.F16, T.BF16, T.F32)
 
 
 FORMATS = {f.qtype: f for f in (
     Format(T.Q4_K, 256, 1184), Format(T.Q5_K, 256, 1440), Format(T.Q6_K, 256, 1680),
-    Format(T.Q8_0, 32, 272), Format(T.Q5_0, 32, 176), Format(T.Q4_0, 32, 144), Format(T.F16, 32, 512), Format(T.F32, 32, 1024),
+    Format(T.Q8_0, 32, 272), Format(T.Q5_0, 32, 176), Format(T.Q4_0, 32, 144), Format(T.F16, 32, 512),
+    Format(T.BF16, 32, 512), Format(T.F32, 32, 1024),
 )}
 
 
@@ -98,6 +99,8 @@ def random_rows(qtype: int, n: int, k: int, rng: np.random.Generator, scale: flo
         return rng.standard_normal((n, k), dtype=np.float32).view(np.uint8)
     if f.qtype == T.F16:
         return rng.standard_normal((n, k)).astype(np.float16).view(np.uint8)
+    if f.qtype == T.BF16:  # fp32's upper halves: every bf16 value is finite here
+        return (rng.standard_normal((n, k), dtype=np.float32).view(np.uint32) >> 16).astype(np.uint16).view(np.uint8)
     blocks = rng.integers(0, 256, (nb, f.block_bytes), dtype=np.uint8)
     for off in _F16_FIELDS[f.qtype]:
         # signed scales spanning a few binades (and the occasional zero): d, dmin as real files have them

@@ -100,7 +100,7 @@ class QuantLinear(nn.Module):
                 raise ValueError(f"rows must be {self.out_features} indices into {raw.shape[0]} rows")
         elif raw.shape[0] != self.out_features:
             raise ValueError(f"tensor has {raw.shape[0]} rows, expected {self.out_features}")
-        self.act: Act = act if self.format.quantized else "fp32"  # F16/F32 weights have no integer path
+        self.act: Act = act if self.format.quantized else "fp32"  # F16/BF16/F32 weights have no integer path
         if bias is not None and bias.shape != (self.out_features,):
             raise ValueError(f"bias shape {tuple(bias.shape)} != ({self.out_features},)")
         self.register_buffer("bias", None if bias is None else bias.detach().float().contiguous(), persistent=False)
@@ -145,7 +145,7 @@ class QuantLinear(nn.Module):
         if T(qtype) != T.Q4_0 or self._mod is None:
             raise ValueError(f"re-quantizing needs the compiled kernels and Q4_0 (asked for {T(qtype).name})")
         packed = self._mod.requant_q40(self.packed, self.qtype, self.out_features, self.in_features, _threads(), out)
-        act = self.act if self.format.quantized else "int8"  # F16/F32 had no integer path; Q4_0 has
+        act = self.act if self.format.quantized else "int8"  # F16/BF16/F32 had no integer path; Q4_0 has
         return self._made(self._mod, qtype, self.in_features, self.out_features, act, self.bias, packed)
 
     @classmethod

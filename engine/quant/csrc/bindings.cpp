@@ -141,7 +141,7 @@ at::Tensor matmul(const at::Tensor& packed, int64_t qtype, int64_t N, int64_t K,
     checked_layout(qtype, K);
     require(packed.dtype() == at::kByte && packed.numel() == packed_bytes(qtype, N, K), "packed weight size");
     require(x_in.dim() >= 1 && x_in.size(-1) == K, "x: (..., ", K, ")");
-    require(exact || (qtype != F16 && qtype != F32), "F16/F32 weights run only with exact activations");
+    require(exact || (qtype != F16 && qtype != BF16 && qtype != F32), "F16/BF16/F32 weights run only with exact activations");
     const bool plain = x_in.dim() == 2 && x_in.scalar_type() == at::kFloat && x_in.is_contiguous();
     const at::Tensor xc = plain ? x_in : x_in.reshape({-1, K}).to(at::kFloat).contiguous();  // (R, K)
     if (nthreads <= 0) nthreads = at::get_num_threads();
@@ -242,7 +242,7 @@ class PyStack {
         require(k == K && (N < 0 || n == N), "linear (", n, ", ", k, ") where (", N, ", ", K, ") is needed");
         require(packed.dtype() == at::kByte && packed.is_contiguous() && packed.numel() == packed_bytes(qtype, n, k),
                 "packed weight size");
-        require(exact || (qtype != F16 && qtype != F32), "F16/F32 weights run only with exact activations");
+        require(exact || (qtype != F16 && qtype != BF16 && qtype != F32), "F16/BF16/F32 weights run only with exact activations");
         keep_.push_back(packed);
         return Lin{static_cast<int>(qtype), packed.data_ptr<uint8_t>(), n, k, bias ? vec(*bias, n) : nullptr, exact};
     }

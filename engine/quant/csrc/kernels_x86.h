@@ -465,6 +465,14 @@ static void decode_unit(int qtype, const void* unit, float* w) {
             for (int k = 0; k < UnitF16::K; ++k) _mm256_store_ps(w + 8 * k, V::ph(u.w[k]));
             break;
         }
+        case BF16: {  // the 16 bits into the top of each lane: exact
+            const UnitBF16& u = *static_cast<const UnitBF16*>(unit);
+            for (int k = 0; k < UnitBF16::K; ++k) {
+                const __m256i h = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(u.w[k])));
+                _mm256_store_ps(w + 8 * k, _mm256_castsi256_ps(_mm256_slli_epi32(h, 16)));
+            }
+            break;
+        }
         default:
             break;
     }

@@ -21,7 +21,7 @@
 namespace sq {
 
 // GGML type ids (gguf.GGMLQuantizationType)
-enum QType : int { F32 = 0, F16 = 1, Q4_0 = 2, Q5_0 = 6, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14 };
+enum QType : int { F32 = 0, F16 = 1, Q4_0 = 2, Q5_0 = 6, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14, BF16 = 30 };
 
 constexpr int GROUP = 8;   // output columns per group
 constexpr int ABLK = 32;   // inputs per activation-quantization block
@@ -70,6 +70,10 @@ struct UnitF16 {
     static constexpr int K = 32;
     uint16_t w[K][GROUP];  // f16
 };
+struct UnitBF16 {  // bf16 is fp32's upper half: widened exactly by a shift (a bf16 checkpoint in half the bytes)
+    static constexpr int K = 32;
+    uint16_t w[K][GROUP];  // bf16
+};
 struct UnitF32 {
     static constexpr int K = 32;
     float w[K][GROUP];
@@ -83,7 +87,7 @@ static_assert(sizeof(UnitQ6K) == 1680 && offsetof(UnitQ6K, sc) == 16 && offsetof
 static_assert(sizeof(UnitQ80) == 272 && offsetof(UnitQ80, q) == 16, "Q8_0 unit layout");
 static_assert(sizeof(UnitQ50) == 176 && offsetof(UnitQ50, qs) == 16 && offsetof(UnitQ50, qh) == 144, "Q5_0 unit layout");
 static_assert(sizeof(UnitQ40) == 144 && offsetof(UnitQ40, qs) == 16, "Q4_0 unit layout");
-static_assert(sizeof(UnitF16) == 512 && sizeof(UnitF32) == 1024, "F16/F32 unit layout");
+static_assert(sizeof(UnitF16) == 512 && sizeof(UnitBF16) == 512 && sizeof(UnitF32) == 1024, "F16/BF16/F32 unit layout");
 
 // Threads take output groups in chunks, about 8 per thread, first come first served: a thread the OS
 // descheduled (a machine shared with other jobs) then delays a call by one chunk, not by its whole share.
@@ -171,6 +175,12 @@ struct AttnArgs {
 // f16 <-> f32 without F16C (exact; used by scalar code and repacking); float_to_half rounds to nearest even, as F16C
 // and torch do (a NaN stays a NaN, its payload aside)
 float half_to_float(uint16_t h);
+inline float bf16_to_float(uint16_t h) {
+    const uint32_t bits = static_cast<uint32_t>(h) << 16;
+    float f;
+    __builtin_memcpy(&f, &bits, sizeof f);
+    return f;
+}
 uint16_t float_to_half(float f);
 
 // Repacking and exact (file-identical) dequantization, in repack.cpp

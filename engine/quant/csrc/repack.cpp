@@ -58,6 +58,10 @@ struct BlockF16 {
     static constexpr int K = 1;
     uint8_t w[2];
 };
+struct BlockBF16 {
+    static constexpr int K = 1;
+    uint8_t w[2];
+};
 struct BlockF32 {
     static constexpr int K = 1;
     uint8_t w[4];
@@ -81,6 +85,7 @@ bool layout_of(int qtype, Layout* out) {
         case Q5_0: *out = layout<UnitQ50, BlockQ50>(); return true;
         case Q4_0: *out = layout<UnitQ40, BlockQ40>(); return true;
         case F16: *out = layout<UnitF16, BlockF16>(); return true;
+        case BF16: *out = layout<UnitBF16, BlockBF16>(); return true;
         case F32: *out = layout<UnitF32, BlockF32>(); return true;
         default: return false;
     }
@@ -340,6 +345,7 @@ PackFn pack_fn(int qtype) {
         case Q5_0: return pack_q50;
         case Q4_0: return pack_q40;
         case F16: return pack_plain<UnitF16>;
+        case BF16: return pack_plain<UnitBF16>;
         case F32: return pack_plain<UnitF32>;
         default: return nullptr;
     }

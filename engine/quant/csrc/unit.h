@@ -85,6 +85,8 @@ inline float unit_w(int qtype, const void* u, int c, int k) {
             return unit_d(qtype, u, c) * static_cast<float>(unit_q(qtype, u, c, k) - 8);
         case F16:
             return half_to_float(static_cast<const UnitF16*>(u)->w[k][c]);
+        case BF16:
+            return bf16_to_float(static_cast<const UnitBF16*>(u)->w[k][c]);
         case F32:
             return static_cast<const UnitF32*>(u)->w[k][c];
         default:
