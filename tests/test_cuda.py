@@ -5,11 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.api.config import SamplingParams, SpecParams
 from engine.io.loading import load_engine
 from engine.model.transformer import Transformer
-from tests.test_exactness import PROMPTS, assert_exact_distribution, run
-from tests.tiny import (ENGINE_CFG, QWEN2_TINY, draft_weights, hf_model, model_config, pass_and_steps, save_folder,
+from tests.test_exactness import assert_exact_distribution, greedy_identity
+from tests.tiny import (ENGINE_CFG, QWEN2_TINY, draft_weights, hf_model, model_config, pair_folders, pass_and_steps,
                         state_dict, tiny_tokenizer)
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -31,13 +30,7 @@ def test_short_passes_score_each_row_exactly_as_a_step():
 
 @pytest.fixture(scope="module")
 def gpu_engine(tmp_path_factory):
-    root = tmp_path_factory.mktemp("pair")
-    target = hf_model(ENGINE_CFG, 0)
-    draft = hf_model(ENGINE_CFG, 0)
-    draft.load_state_dict(draft_weights(dict(target.state_dict()), 0.03, 1))
-    tok = tiny_tokenizer()
-    engine = load_engine(str(save_folder(target, tok, root / "t")), str(save_folder(draft, tok, root / "d")),
-                         device="cuda")
+    engine = load_engine(*map(str, pair_folders(tmp_path_factory.mktemp("pair"))), device="cuda")
     assert engine.device.type == "cuda" and engine.dtype == torch.bfloat16
     return engine
 
@@ -45,16 +38,7 @@ def gpu_engine(tmp_path_factory):
 @pytest.mark.parametrize("drafter", ["model", "ngram", "hybrid"])
 @pytest.mark.parametrize("k", [1, 3, 8, 16])
 def test_greedy_speculative_equals_plain_on_the_gpu(gpu_engine, drafter, k):
-    greedy = SamplingParams(temperature=0.0, max_new_tokens=40)
-    accepted = 0
-    for messages in PROMPTS:
-        prompt = gpu_engine.encode_chat(messages)
-        gpu_engine.reset()
-        plain = run(gpu_engine, prompt, greedy, SpecParams(enabled=False))
-        gpu_engine.reset()
-        spec = run(gpu_engine, prompt, greedy, SpecParams(k=k, drafter=drafter))
-        assert spec.token_ids == plain.token_ids, messages
-        accepted += spec.accepted
+    _, accepted, _, _ = greedy_identity(gpu_engine, drafter, k)
     assert accepted > 0
 
 
@@ -69,20 +53,9 @@ def test_sampling_distribution_is_exact_on_the_gpu():
 
 @pytest.mark.parametrize("drafter", ["model", "ngram"])
 def test_a_gguf_pair_is_dequantized_onto_the_gpu_and_stays_exact(tmp_path, drafter):
-    from engine.api.config import CacheConfig
-    from tests.test_weights import make_hf_model, make_tokenizer, write_gguf
+    from tests.test_gguf_model import assert_greedy_identity, gguf_pair_engine
+    from tests.test_weights import make_tokenizer
 
-    tok = make_tokenizer()
-    target = write_gguf(tmp_path / "t.gguf", make_hf_model("qwen2", len(tok)), tok, "Q8_0")
-    draft = write_gguf(tmp_path / "d.gguf", make_hf_model("qwen2", len(tok), num_hidden_layers=1), tok, "Q8_0")
-    engine = load_engine(str(target), str(draft), device="cuda", cache=CacheConfig(max_seq_len=128))
+    engine = gguf_pair_engine(make_tokenizer(), tmp_path, "cuda")
     assert engine.device.type == "cuda" and engine.target_pool.k.dtype == torch.bfloat16
-    engine.eos_ids = set()  # random weights: run to the length limit
-    greedy = SamplingParams(max_new_tokens=40)
-    for prompt in ([5, 17, 99, 3], [42, 42, 7, 42, 42, 7, 42]):
-        engine.reset()
-        *_, plain = engine.generate(prompt, greedy, SpecParams(enabled=False))
-        for k in (1, 4, 16):
-            engine.reset()
-            *_, spec = engine.generate(prompt, greedy, SpecParams(k=k, drafter=drafter))
-            assert spec.token_ids == plain.token_ids, (drafter, k)
+    assert_greedy_identity(engine, drafter, (1, 4, 16))

@@ -34,14 +34,8 @@ def run(engine: Engine, prompt: list[int], sampling: SamplingParams, spec: SpecP
     return summary
 
 
-@pytest.fixture(scope="module")
-def engine() -> Engine:
-    return tiny_engine()
-
-
-@pytest.mark.parametrize("drafter", ["model", "ngram", "hybrid"])
-@pytest.mark.parametrize("k", [1, 3, 8])
-def test_greedy_speculative_equals_plain(engine, drafter, k):
+def greedy_identity(engine: Engine, drafter: str, k: int) -> tuple[int, int, int, int]:
+    """Greedy speculation equals plain greedy on every prompt. -> drafted, accepted, rounds, tokens (speculative)."""
     greedy = SamplingParams(temperature=0.0, max_new_tokens=40)
     drafted = accepted = rounds = tokens = 0
     for messages in PROMPTS:
@@ -50,11 +44,23 @@ def test_greedy_speculative_equals_plain(engine, drafter, k):
         plain = run(engine, prompt, greedy, SpecParams(enabled=False))
         engine.reset()
         spec = run(engine, prompt, greedy, SpecParams(k=k, drafter=drafter))
-        assert spec.token_ids == plain.token_ids
+        assert spec.token_ids == plain.token_ids, messages
         assert spec.text == plain.text
         assert plain.rounds == plain.new_tokens  # plain: one token per target pass
         drafted, accepted = drafted + spec.drafted, accepted + spec.accepted
         rounds, tokens = rounds + spec.rounds, tokens + spec.new_tokens
+    return drafted, accepted, rounds, tokens
+
+
+@pytest.fixture(scope="module")
+def engine() -> Engine:
+    return tiny_engine()
+
+
+@pytest.mark.parametrize("drafter", ["model", "ngram", "hybrid"])
+@pytest.mark.parametrize("k", [1, 3, 8])
+def test_greedy_speculative_equals_plain(engine, drafter, k):
+    drafted, accepted, rounds, tokens = greedy_identity(engine, drafter, k)
     assert drafted > 0 and accepted > 0
     if drafter == "model":  # the noisy-copy draft agrees often: rounds really carried several tokens
         assert tokens / rounds > 1.5

@@ -101,22 +101,32 @@ def test_a_verify_of_more_rows_than_one_short_pass_scores_each_as_a_step(gguf_pa
     assert torch.equal(verified, torch.cat(steps))
 
 
-@pytest.mark.parametrize("drafter", ["model", "ngram"])
-def test_greedy_speculative_equals_plain_on_quantized_models(tok, tmp_path, drafter):
-    target = write_gguf(tmp_path / "t.gguf", make_hf_model("qwen2", len(tok)), tok, "Q8_0")
-    draft = write_gguf(tmp_path / "d.gguf", make_hf_model("qwen2", len(tok), num_hidden_layers=1), tok, "Q8_0")
-    engine = load_engine(str(target), str(draft), device="cpu", cache=CacheConfig(max_seq_len=128))
-    assert isinstance(engine.target.layers[0].mlp.down, QuantLinear)
-    assert engine.target_pool.k.dtype == engine.model_drafter.pool.k.dtype == torch.float16  # GGUF models' caches
+def gguf_pair_engine(tok, folder, device: str):
+    """A Q8_0 Qwen2 pair written as GGUF files and loaded on `device`, running to the length limit."""
+    target = write_gguf(folder / "t.gguf", make_hf_model("qwen2", len(tok)), tok, "Q8_0")
+    draft = write_gguf(folder / "d.gguf", make_hf_model("qwen2", len(tok), num_hidden_layers=1), tok, "Q8_0")
+    engine = load_engine(str(target), str(draft), device=device, cache=CacheConfig(max_seq_len=128))
     engine.eos_ids = set()  # random weights: run to the length limit
+    return engine
+
+
+def assert_greedy_identity(engine, drafter: str, ks: tuple[int, ...]) -> None:
     greedy = SamplingParams(max_new_tokens=40)
     for prompt in ([5, 17, 99, 3], [42, 42, 7, 42, 42, 7, 42]):
         engine.reset()
         *_, plain = engine.generate(prompt, greedy, SpecParams(enabled=False))
-        for k in (1, 4, 8):
+        for k in ks:
             engine.reset()
             *_, spec = engine.generate(prompt, greedy, SpecParams(k=k, drafter=drafter))
             assert spec.token_ids == plain.token_ids, (drafter, k)
+
+
+@pytest.mark.parametrize("drafter", ["model", "ngram"])
+def test_greedy_speculative_equals_plain_on_quantized_models(tok, tmp_path, drafter):
+    engine = gguf_pair_engine(tok, tmp_path, "cpu")
+    assert isinstance(engine.target.layers[0].mlp.down, QuantLinear)
+    assert engine.target_pool.k.dtype == engine.model_drafter.pool.k.dtype == torch.float16  # GGUF models' caches
+    assert_greedy_identity(engine, drafter, (1, 4, 8))
 
 
 def test_gguf_pair_check_reads_vocabularies_from_the_files(tok, tmp_path, monkeypatch):

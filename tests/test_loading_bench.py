@@ -9,17 +9,12 @@ from engine.api.config import SamplingParams, SpecParams
 
 from engine.io.loading import load_engine
 from engine.io.weights import ModelLoadError
-from tests.tiny import ENGINE_CFG, draft_weights, hf_model, save_folder, tiny_tokenizer
+from tests.tiny import ENGINE_CFG, hf_model, pair_folders, save_folder, tiny_tokenizer
 
 
 @pytest.fixture(scope="module")
 def pair_dirs(tmp_path_factory):
-    root = tmp_path_factory.mktemp("pair")
-    target = hf_model(ENGINE_CFG, 0)
-    draft = hf_model(ENGINE_CFG, 0)
-    draft.load_state_dict(draft_weights(dict(target.state_dict()), 0.03, 1))
-    tok = tiny_tokenizer()
-    return save_folder(target, tok, root / "target"), save_folder(draft, tok, root / "draft")
+    return pair_folders(tmp_path_factory.mktemp("pair"))
 
 
 def test_load_folder_pair_and_generate(pair_dirs):

@@ -90,6 +90,14 @@ def draft_weights(target_sd: dict[str, torch.Tensor], noise: float, seed: int) -
             for k, v in target_sd.items()}
 
 
+def pair_folders(root: Path) -> tuple[Path, Path]:
+    """The tiny pair (ENGINE_CFG and its noisy copy as the draft) saved as two Hugging Face folders under root."""
+    target, draft = hf_model(ENGINE_CFG, 0), hf_model(ENGINE_CFG, 0)
+    draft.load_state_dict(draft_weights(dict(target.state_dict()), 0.03, 1))
+    tok = tiny_tokenizer()
+    return save_folder(target, tok, root / "target"), save_folder(draft, tok, root / "draft")
+
+
 def tiny_engine(max_seq_len: int = 256, draft: bool = True, noise: float = 0.03, **kw):
     from engine.api.config import CacheConfig
     from engine.runtime.engine import Engine
