@@ -21,15 +21,7 @@ struct Tile {  // the call's quantized activations, positioned at the current un
     const int32_t* bs16;
     const int32_t* bs32;
     int64_t qs, bs;  // block strides of q (bytes) and of the per-block arrays; rows are adjacent
-    const uint8_t* ahead = nullptr;  // K-quant tiles: weights to prefetch, a few lines per block (spread_prefetch)
 };
-
-// A K-quant tile asks for `per` lines of the weights ahead in each of its 8 blocks, not for a whole unit at once
-// before it: spread over the unit's work, the requests do not pile up in the miss buffers.
-static inline void spread_prefetch(const Tile& x, int block, int per) {
-    if (x.ahead)
-        for (int l = 0; l < per; ++l) _mm_prefetch(reinterpret_cast<const char*>(x.ahead + 64 * (block * per + l)), _MM_HINT_T0);
-}
 
 static inline __m128i ld8(const void* p) { return _mm_loadl_epi64(static_cast<const __m128i*>(p)); }
 using Word = int32_t __attribute__((may_alias, aligned(1)));  // 4 activations, read in place
@@ -157,6 +149,14 @@ struct V512 {
 
 // ---- decoding steps, any width --------------------------------------------------------------------------
 
+// A loaded vector kept in its register: left to itself GCC folds the load into each instruction that reads the
+// value (a nibble's shift and its mask), loading the same weights twice, and a one-row tile is bound by loads.
+template <class I>
+static inline I pinned(I v) {
+    asm("" : "+v"(v));
+    return v;
+}
+
 template <class V>
 static inline typename V::I nib(typename V::I q, int hi) {
     const typename V::I m4 = V::set1_8(15);
@@ -173,7 +173,7 @@ template <class V>
 static inline void q6_steps(const V& v, const uint8_t (*qv)[STEP], typename V::I* w) {
     using I = typename V::I;
     const I m6 = V::set1_8(63), m4 = V::set1_8(15), m30 = V::set1_8(0x30);
-    const I v0 = v.ld(qv[0]), v1 = v.ld(qv[1]), v2 = v.ld(qv[2]);
+    const I v0 = pinned(v.ld(qv[0])), v1 = pinned(v.ld(qv[1])), v2 = pinned(v.ld(qv[2]));
     w[0] = V::and_(v0, m6);
     w[1] = V::and_(v1, m6);
     w[2] = V::or_(V::and_(v2, m4), V::and_(V::srl16(v0, 2), m30));
@@ -238,11 +238,10 @@ template <class V, bool Q5>
     for (int r = 0; r < RT; ++r) S[r] = V::zerof();
 #pragma GCC unroll 1
     for (int j = 0; j < 8; ++j) {
-        spread_prefetch(x, j, 3);  // 8 x 3 lines cover a unit (Q4_K 1184 bytes, Q5_K 1440)
         const I h = Q5 ? v.ld(static_cast<const UnitQ5K*>(unit)->qh[j]) : V::zero();
         I w[8];
         for (int t = 0; t < 4; ++t) {  // steps t and t + 4
-            const I q = v.ld(u.qs[j][t]);
+            const I q = pinned(v.ld(u.qs[j][t]));
             w[t] = nib<V>(q, 0), w[t + 4] = nib<V>(q, 1);
             if (Q5) w[t] = V::or_(w[t], hbits<V>(h, t, 4, 0x10)), w[t + 4] = V::or_(w[t + 4], hbits<V>(h, t + 4, 4, 0x10));
         }
@@ -290,7 +289,6 @@ template <class V>
     for (int r = 0; r < RT; ++r) S[r] = V::zerof();
 #pragma GCC unroll 1
     for (int b = 0; b < 8; ++b) {  // activation block = sub-blocks 2b, 2b+1: steps 0-3 and 4-7
-        spread_prefetch(x, b, 4);  // 8 x 4 lines cover its 1680 bytes
         I w[8];
         q6_steps(v, u.qv[2 * b], w);
         q6_steps(v, u.qv[2 * b + 1], w + 4);
@@ -352,7 +350,7 @@ template <class V>
     const I h = v.ld(u.qh);
     I w[8];
     for (int t = 0; t < 4; ++t) {  // steps t and t + 4
-        const I q = v.ld(u.qs[t]);
+        const I q = pinned(v.ld(u.qs[t]));
         w[t] = V::or_(nib<V>(q, 0), hbits<V>(h, t, 4, 0x10));
         w[t + 4] = V::or_(nib<V>(q, 1), hbits<V>(h, t + 4, 4, 0x10));
     }
@@ -369,7 +367,7 @@ template <class V>
     const UnitQ40& u = *static_cast<const UnitQ40*>(unit);
     I w[8];
     for (int t = 0; t < 4; ++t) {  // steps t and t + 4
-        const I q = v.ld(u.qs[t]);
+        const I q = pinned(v.ld(u.qs[t]));
         w[t] = nib<V>(q, 0);
         w[t + 4] = nib<V>(q, 1);
     }
@@ -572,12 +570,11 @@ static int row_tiles(int R, int most, int* sizes) {
     return n;
 }
 
-// Ask for the bytes 6 KB past this unit: one-row calls stream the weights, and the hardware prefetcher
-// alone leaves ~15% of the bandwidth unused (measured, Q4_K/Q6_K/Q8_0/Q5_0). Past the buffer's end it is
-// harmless: prefetches do not fault.
+// Ask for the bytes 6 KB past this unit. Past the buffer's end it is harmless: prefetches do not fault.
+// __builtin_prefetch, not _mm_prefetch: GCC 12 drops the latter (silently) inside an always_inline function.
 constexpr int AHEAD = 6144;
 static inline void prefetch_ahead(const uint8_t* unit, int bytes) {
-    for (int off = 0; off < bytes; off += 64) _mm_prefetch(reinterpret_cast<const char*>(unit + AHEAD + off), _MM_HINT_T0);
+    for (int off = 0; off < bytes; off += 64) __builtin_prefetch(unit + AHEAD + off, 0, 3);
 }
 
 static inline void store_group(const __m256* acc, int R, const MatArgs& a, int64_t g) {
@@ -644,21 +641,18 @@ static void groups_q8(const MatArgs& a, const ActQ& x, const Layout& L, const Pa
                 // AHEAD in each stream; with two, past their end into the next pair's (where this thread most
                 // likely goes next) rather than into the other stream
                 const int64_t skip = (u - s0) * L.unit_bytes + AHEAD >= span ? (V::G - 1) * span : 0;
-                // K-quant units over 1-6 rows: the tile prefetches as it goes (spread_prefetch). Over 7 or more rows
-                // the burst before the unit streamed better (Zen 4, a Q4_K layer over 9 rows from memory).
-                constexpr bool few = R >= 1 && R <= 6;
-                const bool spread = few && V::G == 1 && L.unit_k == 256;
-                if (!spread)
+                // Over 1-6 rows one stream per thread is left to the hardware prefetcher: asking for each unit
+                // 6 KB ahead, or a few lines per block, cost Zen 4 3-5% at one row (a draft step, a target step)
+                // and up to 22% over 2-5 rows. Over 7 or more rows, and for pairs of streams, the request before
+                // each unit streamed better (a Q4_K layer over 9 rows from memory 20% faster).
+                constexpr bool few = R >= 1 && R <= 6 && V::G == 1;
+                if (!few)
                     for (int j = 0; j < V::G; ++j) prefetch_ahead(unit + j * span + skip, L.unit_bytes);
-                const uint8_t* ahead = spread ? unit + AHEAD : nullptr;
                 if constexpr (R == 0) {
-                    Tile t = tile_at(x, L, u, 0);
-                    t.ahead = ahead;
-                    tile_rows_any<V, tile>(v, unit, t, nrows, sums);
+                    tile_rows_any<V, tile>(v, unit, tile_at(x, L, u, 0), nrows, sums);
                 } else {
                     for (int t = 0, r0 = 0; t < nt; ++t) {  // `extra` tiles of rows + 1, then tiles of rows
-                        Tile tx = tile_at(x, L, u, r0);
-                        tx.ahead = t == 0 ? ahead : nullptr;
+                        const Tile tx = tile_at(x, L, u, r0);
                         if (t < extra) tile(v, unit, tx, rows + 1, sums + r0), r0 += rows + 1;
                         else tile(v, unit, tx, rows, sums + r0), r0 += rows;
                     }
