@@ -653,8 +653,14 @@ static void groups_q8(const MatArgs& a, const ActQ& x, const Layout& L, const Pa
                 } else {
                     for (int t = 0, r0 = 0; t < nt; ++t) {  // `extra` tiles of rows + 1, then tiles of rows
                         const Tile tx = tile_at(x, L, u, r0);
-                        if (t < extra) tile(v, unit, tx, rows + 1, sums + r0), r0 += rows + 1;
-                        else tile(v, unit, tx, rows, sums + r0), r0 += rows;
+                        // (a constant condition: no tile of rows + 1 is compiled where there is none, as at 16 rows)
+                        if constexpr (extra > 0) {
+                            if (t < extra) {
+                                tile(v, unit, tx, rows + 1, sums + r0), r0 += rows + 1;
+                                continue;
+                            }
+                        }
+                        tile(v, unit, tx, rows, sums + r0), r0 += rows;
                     }
                 }
             }
