@@ -215,6 +215,8 @@ def main() -> int:
     kernels = mod.isa() if mod is not None else "none (PyTorch fallback)"
     if kernels == "avx512vnni":  # the machine's tile choice (engine/quant/tune.py): only these kernels have one
         kernels += f", group pairs from {mod.pair_from()} rows (0: default, 17: never)"
+    if mod is not None and mod.isa() != "scalar":  # the other choice (tune.py), every x86 build's
+        kernels += f", weights asked ahead over 1-6 rows: {'yes' if mod.stream_prefetch() else 'no'}"
     prompts = [engine.encode_chat(r["messages"]) for r in rows]
     print(f"{cpu_line()}\n{len(prompts)} prompts, {a.max_new_tokens} new tokens, torch threads "
           f"{torch.get_num_threads()}; pair ready in {ready_s:.2f} s; {huge / 1e6:.0f} MB of weights then on huge "

@@ -167,6 +167,26 @@ def test_tile_choice_keeps_the_bits(kernels, cases, qtype):
         kernels.set_isa(isa)
 
 
+@pytest.mark.parametrize("qtype", [q for q in FORMATS if FORMATS[q].quantized])
+def test_stream_prefetch_keeps_the_bits(kernels, cases, qtype):
+    """Calls over 1-6 rows ask for their weights ahead or leave them to the hardware prefetcher (engine/quant/tune.py
+    picks per machine): a prefetch moves no data into a result, so every row count gives the same bits either way."""
+    lin = layer(cases[qtype], qtype, "int8")
+    x = activations(16, seed=4)
+    before = kernels.stream_prefetch()
+    try:
+        outs = {}
+        for setting in (0, 1):
+            kernels.set_stream_prefetch(setting)
+            outs[setting] = outputs_per_isa_and_threads(lambda: torch.cat([lin(x[:r]) for r in (1, 2, 3, 6, 7)]))
+        for key, y in outs[0].items():
+            assert torch.equal(y, outs[1][key]), key
+    finally:
+        kernels.set_stream_prefetch(before)
+    with pytest.raises(ValueError, match="stream_prefetch"):
+        kernels.set_stream_prefetch(2)
+
+
 def test_concat_and_tied_embedding(kernels, cases):
     raw, w, *_ = cases[T.Q4_K]
     a = QuantLinear(raw[:16], T.Q4_K, K)

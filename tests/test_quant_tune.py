@@ -13,7 +13,7 @@ class Module:
     """What apply() uses of the kernels' module."""
 
     def __init__(self, isa: str = "avx512vnni") -> None:
-        self._isa, self.setting, self.timed = isa, 0, 0
+        self._isa, self.setting, self.prefetch = isa, 0, 0
 
     def isa(self) -> str:
         return self._isa
@@ -24,6 +24,38 @@ class Module:
     def pair_from(self) -> int:
         return self.setting
 
+    def set_stream_prefetch(self, on: int) -> None:
+        self.prefetch = on
+
+    def stream_prefetch(self) -> int:
+        return self.prefetch
+
+
+class Timings:
+    """Stand-ins for the two timings: what they report, and how often each ran."""
+
+    def __init__(self, monkeypatch, pairs=None, stream=None) -> None:
+        self.calls = {"pairs": 0, "stream": 0}
+        pairs = {3: (1.0, 0.8), 5: (1.0, 0.85)} if pairs is None else pairs  # Zen 4: one group per register
+        stream = {"Q4_0": (1.0, 1.05)} if stream is None else stream  # Zen 4: left to the hardware
+
+        def time_pairs(m, rows=tune.ROWS):
+            self.calls["pairs"] += 1
+            return pairs
+
+        def time_stream_prefetch(m):
+            self.calls["stream"] += 1
+            return stream
+
+        monkeypatch.setattr(tune, "time_pairs", time_pairs)
+        monkeypatch.setattr(tune, "time_stream_prefetch", time_stream_prefetch)
+
+
+@pytest.fixture
+def no_overrides(monkeypatch):
+    for name in tune.ENV.values():
+        monkeypatch.delenv(name, raising=False)
+
 
 @pytest.mark.parametrize("times, choice", [
     ({3: (1.00, 0.80), 5: (1.00, 0.90)}, tune.NEVER),  # Zen 4: one group per register faster at both
@@ -32,56 +64,75 @@ class Module:
     ({3: (0.70, 1.00), 5: (0.75, 1.00)}, 0),  # Zen 5: pairs faster
     ({}, 0),
 ])
-def test_rule(times, choice):
+def test_pair_rule(times, choice):
     assert tune.choose_pair_from(times) == choice
 
 
-def test_decided_once_per_build_and_cpu_then_read(tmp_path, monkeypatch):
-    monkeypatch.delenv("SPECLENS_PAIR_FROM", raising=False)
+@pytest.mark.parametrize("times, choice", [
+    ({"Q4_0 1": (1.00, 1.05), "Q4_K 1": (1.00, 1.03), "Q4_K 5": (1.00, 1.00)}, 0),  # Zen 4: the hardware alone
+    ({"Q4_0 1": (1.00, 0.85), "Q4_K 1": (1.00, 0.90)}, 1),  # asking ahead faster by the margin
+    ({"Q4_0 1": (1.00, 0.99), "Q4_K 1": (1.00, 0.99)}, 0),  # not by the margin
+    ({"Q4_0 1": (1.00, 0.80), "Q4_K 5": (1.00, 1.30)}, 0),  # faster on one case, slower over all
+    ({}, 0),
+])
+def test_stream_prefetch_rule(times, choice):
+    assert tune.choose_stream_prefetch(times) == choice
+
+
+def test_decided_once_per_build_and_cpu_then_read(tmp_path, monkeypatch, no_overrides):
     cache = tmp_path / "ext" / "tuning.json"
+    timings = Timings(monkeypatch, stream={"Q4_0 1": (1.0, 0.8)})
     mod = Module()
-
-    def timed(m, rows=tune.ROWS):
-        m.timed += 1
-        return {3: (1.0, 0.8), 5: (1.0, 0.85)}
-
-    monkeypatch.setattr(tune, "time_pairs", timed)
-    assert tune.apply(mod, "key1", cache) == tune.NEVER and mod.setting == tune.NEVER and mod.timed == 1
-    assert json.loads(cache.read_text()) == {f"key1 {tune.cpu_id()}": tune.NEVER}
+    assert tune.apply(mod, "key1", cache) == tune.Tiles(pair_from=tune.NEVER, stream_prefetch=1)
+    assert (mod.setting, mod.prefetch) == (tune.NEVER, 1) and timings.calls == {"pairs": 1, "stream": 1}
+    assert json.loads(cache.read_text()) == {f"key1 {tune.cpu_id()}": {"pair_from": tune.NEVER, "stream_prefetch": 1}}
     again = Module()
-    assert tune.apply(again, "key1", cache) == tune.NEVER and again.timed == 0  # read, not timed
-    other = Module()
-    tune.apply(other, "key2", cache)  # another build: timed again, both kept
-    assert other.timed == 1 and len(json.loads(cache.read_text())) == 2
+    assert tune.apply(again, "key1", cache) == tune.Tiles(tune.NEVER, 1) and (again.setting, again.prefetch) == (17, 1)
+    assert timings.calls == {"pairs": 1, "stream": 1}  # read, not timed
+    tune.apply(Module(), "key2", cache)  # another build: timed again, both kept
+    assert timings.calls == {"pairs": 2, "stream": 2} and len(json.loads(cache.read_text())) == 2
 
 
-def test_the_cache_keeps_the_latest_choices(tmp_path, monkeypatch):
+def test_the_cache_keeps_the_latest_choices(tmp_path, monkeypatch, no_overrides):
     """Every build decides once; the cache holds the latest KEEP of them, the newest last, not one per build ever."""
-    monkeypatch.delenv("SPECLENS_PAIR_FROM", raising=False)
     cache = tmp_path / "tuning.json"
-    monkeypatch.setattr(tune, "time_pairs", lambda m, rows=tune.ROWS: {3: (1.0, 0.8)})
+    Timings(monkeypatch)
     for i in range(tune.KEEP + 3):
         tune.apply(Module(), f"key{i}", cache)
     kept = list(json.loads(cache.read_text()))
     assert kept == [f"key{i} {tune.cpu_id()}" for i in range(3, tune.KEEP + 3)]
 
 
-def test_a_damaged_cache_is_timed_over(tmp_path, monkeypatch):
-    monkeypatch.delenv("SPECLENS_PAIR_FROM", raising=False)
+@pytest.mark.parametrize("content", ["{not json", "[1, 2]", None])
+def test_a_damaged_or_older_cache_is_timed_over(tmp_path, monkeypatch, no_overrides, content):
+    """Unreadable, not a mapping, or an entry of the format before the stream prefetch (a bare pair choice)."""
     cache = tmp_path / "tuning.json"
-    cache.write_text("{not json")
-    monkeypatch.setattr(tune, "time_pairs", lambda m, rows=tune.ROWS: {3: (1.0, 1.0)})
-    assert tune.apply(Module(), "k", cache) == 0
-    assert json.loads(cache.read_text()) == {f"k {tune.cpu_id()}": 0}
+    cache.write_text(content if content is not None else json.dumps({f"k {tune.cpu_id()}": tune.NEVER}))
+    timings = Timings(monkeypatch, pairs={3: (1.0, 1.0)})
+    assert tune.apply(Module(), "k", cache) == tune.Tiles(0, 0) and timings.calls == {"pairs": 1, "stream": 1}
+    assert json.loads(cache.read_text())[f"k {tune.cpu_id()}"] == {"pair_from": 0, "stream_prefetch": 0}
 
 
-def test_other_instruction_sets_and_the_override(tmp_path, monkeypatch):
-    monkeypatch.delenv("SPECLENS_PAIR_FROM", raising=False)
-    monkeypatch.setattr(tune, "time_pairs", lambda m, rows=tune.ROWS: pytest.fail("timed"))
-    assert tune.apply(Module("avx2"), "k", tmp_path / "t.json") == 0 and not (tmp_path / "t.json").exists()
+def test_what_each_instruction_set_decides(tmp_path, monkeypatch, no_overrides):
+    """Pairs are AVX-512's alone; the stream prefetch is every x86 build's; the scalar kernels decide nothing."""
+    timings = Timings(monkeypatch, stream={"Q4_0 1": (1.0, 0.8)})
+    mod = Module("avx2")
+    assert tune.apply(mod, "k", tmp_path / "t.json") == tune.Tiles(0, 1) and mod.prefetch == 1
+    assert timings.calls == {"pairs": 0, "stream": 1}
+    assert json.loads((tmp_path / "t.json").read_text()) == {f"k {tune.cpu_id()}": {"stream_prefetch": 1}}
+    assert tune.apply(Module("scalar"), "k", tmp_path / "s.json") == tune.Tiles(0, 0)
+    assert timings.calls == {"pairs": 0, "stream": 1} and not (tmp_path / "s.json").exists()
+
+
+def test_the_overrides_decide_and_nothing_is_saved(tmp_path, monkeypatch, no_overrides):
+    timings = Timings(monkeypatch)
     monkeypatch.setenv("SPECLENS_PAIR_FROM", "5")
     mod = Module()
-    assert tune.apply(mod, "k", tmp_path / "t.json") == 5 and mod.setting == 5
+    assert tune.apply(mod, "k", tmp_path / "t.json") == tune.Tiles(5, 0) and mod.setting == 5
+    assert timings.calls == {"pairs": 0, "stream": 1} and not (tmp_path / "t.json").exists()
+    monkeypatch.setenv("SPECLENS_STREAM_PREFETCH", "1")
+    assert tune.apply(mod, "k", tmp_path / "t.json") == tune.Tiles(5, 1) and mod.prefetch == 1
+    assert timings.calls == {"pairs": 0, "stream": 1}
 
 
 def test_timing_restores_the_setting_it_found(kernels):
@@ -94,6 +145,19 @@ def test_timing_restores_the_setting_it_found(kernels):
         assert paired > 0 and never > 0
     finally:
         kernels.set_pair_from(machine)
+
+
+def test_stream_prefetch_timing_restores_the_setting_it_found(kernels, monkeypatch):
+    monkeypatch.setattr(tune, "COLD_BYTES", 16 << 20)  # the timing's shape, less of it
+    monkeypatch.setattr(tune, "ROUNDS", 2)
+    machine = kernels.stream_prefetch()
+    kernels.set_stream_prefetch(1 - machine)
+    try:
+        times = tune.time_stream_prefetch(kernels)
+        assert kernels.stream_prefetch() == 1 - machine
+        assert len(times) == len(tune.STREAM_CASES) and all(a > 0 and b > 0 for a, b in times.values())
+    finally:
+        kernels.set_stream_prefetch(machine)
 
 
 def test_the_cpu_is_read_from_its_first_processor_entry():

@@ -1,13 +1,22 @@
-"""Kernel choices made on the machine: where two tiles give the same bits, the one that is faster here.
+"""Kernel choices made on the machine: where two ways give the same bits, the one that is faster here.
 
-The AVX-512 kernels can take two 8-column groups per 512-bit register from a few rows on (csrc/kernels_x86.h,
-`pair_rows`). On Zen 5 that cut passes of 3-9 tokens by a quarter; Zen 4 runs 512-bit operations as two halves,
-and there it made passes of 3-7 tokens 5-15% slower. So the first load on a machine times one Q4_K layer at 3 and
-5 rows both ways, alternating, and turns the pairs off only when that takes less time over both by a margin (on a
-Zen 4 machine: 3 rows ~20% less, 5 rows 0-7%; over the target's whole stack passes of 3 / 4 / 5 / 7 / 9 tokens took
-15 / 10 / 6 / 5 / 0% less). The choice is kept in `<cache>/kernel-tuning.json` under the build's key and the CPU,
-so later starts only read it; the cache keeps the latest KEEP choices.
-`SPECLENS_PAIR_FROM=<rows>` (0: the default, 17: never) decides instead.
+Pairs (AVX-512 only). The AVX-512 kernels can take two 8-column groups per 512-bit register from a few rows on
+(csrc/kernels_x86.h, `pair_rows`). On Zen 5 that cut passes of 3-9 tokens by a quarter; Zen 4 runs 512-bit operations
+as two halves, and there it made passes of 3-7 tokens 5-15% slower. So the first load on a machine times one Q4_K
+layer at 3 and 5 rows both ways, alternating, and turns the pairs off only when that takes less time over both by a
+margin (on a Zen 4 machine: 3 rows ~20% less, 5 rows 0-7%; over the target's whole stack passes of 3 / 4 / 5 / 7 / 9
+tokens took 15 / 10 / 6 / 5 / 0% less).
+
+The stream prefetch (every x86 build). Over 1-6 rows each thread streams one run of weights, which the kernels leave
+to the hardware prefetcher (`g_stream_prefetch`). On Zen 4, asking for each unit 6 KB ahead made a draft step 5%
+slower in the host's fast-memory minutes (the same in its slow ones) and passes of 2-5 tokens up to 22% slower; the
+kernels of 2026-11-22, on a Zen 3 machine, had run one-row calls ~15% faster with it. So the first load also times a
+one-row Q4_0 layer (the draft's gate|up) and a Q4_K layer over 1 and 5 rows both ways, and asks ahead only where that
+takes less time by the margin.
+
+The choices are kept in `<cache>/kernel-tuning.json` under the build's key and the CPU, so later starts only read
+them; the cache keeps the latest KEEP. `SPECLENS_PAIR_FROM=<rows>` (0: the default, 17: never) and
+`SPECLENS_STREAM_PREFETCH=0|1` decide instead (nothing is then saved).
 """
 from __future__ import annotations
 
@@ -15,6 +24,8 @@ import json
 import logging
 import os
 import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
@@ -28,11 +39,23 @@ log = logging.getLogger(__name__)
 
 NEVER = 17  # MAX_ROWS + 1: one group per register at every row count
 SHAPE = (1536, 8960)  # inputs, outputs: the embedded target's up/gate projection, 8 MB of Q4_K
-COPIES = 8  # 64 MB, more than a last-level cache: a pass streams its weights from memory
+DRAFT_SHAPE = (896, 9728)  # the embedded draft's gate|up, 4.9 MB of Q4_0
+STREAM_CASES = ((formats.T.Q4_0, DRAFT_SHAPE, 1), (formats.T.Q4_K, SHAPE, 1), (formats.T.Q4_K, SHAPE, 5))
+COLD_BYTES = 64 << 20  # copies of a layer past a last-level cache: a call streams its weights from memory
 ROWS = (3, 5)
 ROUNDS = 9  # alternating; the fastest of each is kept: another job on the machine only ever slows a call down
-MARGIN = 0.97  # pairs go off only when one group per register takes at least 3% less time over the row counts
+MARGIN = 0.97  # the other way is taken only when it takes at least 3% less time over the cases timed
 KEEP = 8  # choices kept in the cache, the latest: builds come and go (an upgrade, another install)
+FIELDS = ("pair_from", "stream_prefetch")
+ENV = {"pair_from": "SPECLENS_PAIR_FROM", "stream_prefetch": "SPECLENS_STREAM_PREFETCH"}
+
+
+@dataclass(frozen=True)
+class Tiles:
+    """This machine's kernel choices (each gives the same bits as its default)."""
+
+    pair_from: int = 0  # 0: pairs from each block type's default row count; NEVER: one group per register
+    stream_prefetch: int = 0  # 1: calls over 1-6 rows ask for their weights 6 KB ahead
 
 
 def cpu_id() -> str:
@@ -42,65 +65,127 @@ def cpu_id() -> str:
     return " ".join([cpu.name, cpu.family, cpu.model, *flags])
 
 
+def _cold_copies(mod: ModuleType, qt: formats.T, k: int, n: int, threads: int) -> list[torch.Tensor]:
+    raw = formats.random_rows(qt, n, k, np.random.default_rng(0))
+    nbytes = formats.packed_bytes(qt, n, k)
+    return [mod.repack(raw, int(qt), n, k, None, threads) for _ in range(max(2, -(-COLD_BYTES // nbytes)))]
+
+
+def _time_both(mod: ModuleType, set_: Callable[[int], None], settings: tuple[int, int],
+               cases: list[tuple[formats.T, tuple[int, int], int, list[torch.Tensor]]], threads: int,
+               ) -> list[tuple[float, float]]:
+    """The fastest seconds of one call in each case under each of two settings, alternating round by round."""
+    times: dict[tuple[int, int], list[float]] = {}
+    for c, (qt, (k, n), rows, packed) in enumerate(cases):
+        x = torch.randn(rows, k)
+        for i in range(ROUNDS):
+            for setting in (settings if i % 2 == 0 else settings[::-1]):
+                set_(setting)
+                t0 = time.perf_counter()
+                for p in packed:
+                    mod.matmul(p, int(qt), n, k, x, None, False, threads)
+                times.setdefault((c, setting), []).append((time.perf_counter() - t0) / len(packed))
+    return [(min(times[(c, settings[0])]), min(times[(c, settings[1])])) for c in range(len(cases))]
+
+
 def time_pairs(mod: ModuleType, rows: tuple[int, ...] = ROWS) -> dict[int, tuple[float, float]]:
     """The fastest seconds of one call at each row count: (pairs as by default, never pairs)."""
     qt, (k, n) = formats.T.Q4_K, SHAPE
-    raw = formats.random_rows(qt, n, k, np.random.default_rng(0))
     threads = max(1, torch.get_num_threads())
-    packed = [mod.repack(raw, int(qt), n, k, None, threads) for _ in range(COPIES)]
+    packed = _cold_copies(mod, qt, k, n, threads)
     before = mod.pair_from()
-    times: dict[tuple[int, int], list[float]] = {}
     try:
-        for r in rows:
-            x = torch.randn(r, k)
-            for i in range(ROUNDS):
-                for setting in ((0, NEVER) if i % 2 == 0 else (NEVER, 0)):
-                    mod.set_pair_from(setting)
-                    t0 = time.perf_counter()
-                    for p in packed:
-                        mod.matmul(p, int(qt), n, k, x, None, False, threads)
-                    times.setdefault((r, setting), []).append((time.perf_counter() - t0) / COPIES)
+        times = _time_both(mod, mod.set_pair_from, (0, NEVER), [(qt, (k, n), r, packed) for r in rows], threads)
     finally:
         mod.set_pair_from(before)
-    return {r: (min(times[(r, 0)]), min(times[(r, NEVER)])) for r in rows}
+    return dict(zip(rows, times))
+
+
+def time_stream_prefetch(mod: ModuleType) -> dict[str, tuple[float, float]]:
+    """The fastest seconds of one call in each of STREAM_CASES: (left to the hardware, asked 6 KB ahead)."""
+    threads = max(1, torch.get_num_threads())
+    packed = {(qt, shape): _cold_copies(mod, qt, *shape, threads) for qt, shape, _ in STREAM_CASES}
+    before = mod.stream_prefetch()
+    try:
+        times = _time_both(mod, mod.set_stream_prefetch, (0, 1),
+                           [(qt, shape, rows, packed[(qt, shape)]) for qt, shape, rows in STREAM_CASES], threads)
+    finally:
+        mod.set_stream_prefetch(before)
+    return {f"{qt.name} {shape[0]}->{shape[1]}, {rows} row(s)": t for (qt, shape, rows), t in zip(STREAM_CASES, times)}
+
+
+def _other_way_wins(times: Iterable[tuple[float, float]]) -> bool:
+    """Whether the second way took less time than the first by the margin, over all the cases."""
+    times = list(times)
+    return bool(times) and sum(b for _, b in times) <= MARGIN * sum(a for a, _ in times)
 
 
 def choose_pair_from(times: dict[int, tuple[float, float]]) -> int:
     """0 (pairs as by default) unless never pairing took less time by the margin, over the row counts timed."""
-    paired, never = sum(a for a, _ in times.values()), sum(b for _, b in times.values())
-    return NEVER if times and never <= MARGIN * paired else 0
+    return NEVER if _other_way_wins(times.values()) else 0
 
 
-def apply(mod: ModuleType, key: str, cache: Path) -> int:
-    """Set this machine's tile choice on mod (an AVX-512 module only), from `cache` when it was decided here for
-    this build, else timed now (~0.5 s) and saved; returns it."""
-    forced = os.environ.get("SPECLENS_PAIR_FROM")
-    if forced is not None:
-        mod.set_pair_from(int(forced))
-        return int(forced)
-    if mod.isa() != "avx512vnni":
-        return 0
-    entry = f"{key} {cpu_id()}"
+def choose_stream_prefetch(times: dict[str, tuple[float, float]]) -> int:
+    """0 (the hardware prefetcher alone) unless asking ahead took less time by the margin, over the cases timed."""
+    return 1 if _other_way_wins(times.values()) else 0
+
+
+def _decide(mod: ModuleType, field: str) -> int:
+    if field == "pair_from":
+        times: dict = time_pairs(mod)
+        choice = choose_pair_from(times)
+    else:
+        times = time_stream_prefetch(mod)
+        choice = choose_stream_prefetch(times)
+    log.info("kernel %s: %s -> %d", field, ", ".join(f"{c}: {a * 1e3:.3f} / {b * 1e3:.3f} ms" for c, (a, b) in times.items()),
+             choice)
+    return choice
+
+
+def applicable(mod: ModuleType) -> tuple[str, ...]:
+    """The choices this module's instruction set has: pairs on AVX-512, the stream prefetch on every x86 build."""
+    isa = mod.isa()
+    return tuple(f for f in FIELDS if (f == "pair_from" and isa == "avx512vnni")
+                 or (f == "stream_prefetch" and isa != "scalar"))
+
+
+def _read(cache: Path) -> dict:
     try:
         saved = json.loads(cache.read_text())
     except (OSError, ValueError):
-        saved = {}
-    if not isinstance(saved, dict):
-        saved = {}
-    choice = saved.get(entry)
-    if not isinstance(choice, int):
-        times = time_pairs(mod)
-        choice = choose_pair_from(times)
-        log.info("kernel tiles: %s", ", ".join(f"{r} rows {a * 1e3:.3f} ms paired, {b * 1e3:.3f} ms not"
-                                                for r, (a, b) in times.items()))
-        saved.pop(entry, None)
-        saved = dict([*list(saved.items())[-(KEEP - 1):], (entry, choice)])  # the oldest builds' choices go
-        try:
-            cache.parent.mkdir(parents=True, exist_ok=True)
-            tmp = cache.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(saved, indent=1))
-            tmp.replace(cache)  # whole or not at all, with another process doing the same
-        except OSError:
-            log.debug("could not save the kernel tile choice", exc_info=True)
-    mod.set_pair_from(choice)
-    return choice
+        return {}
+    return saved if isinstance(saved, dict) else {}
+
+
+def _save(cache: Path, saved: dict, entry: str, choices: dict[str, int]) -> None:
+    saved.pop(entry, None)
+    saved = dict([*list(saved.items())[-(KEEP - 1):], (entry, choices)])  # the oldest builds' choices go
+    try:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cache.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(saved, indent=1))
+        tmp.replace(cache)  # whole or not at all, with another process doing the same
+    except OSError:
+        log.debug("could not save the kernel choices", exc_info=True)
+
+
+def apply(mod: ModuleType, key: str, cache: Path) -> Tiles:
+    """Set this machine's kernel choices on mod, from `cache` when they were decided here for this build, else timed
+    now (~0.5 s) and saved; an environment variable of ENV decides its choice instead. Returns them."""
+    forced = {f: int(os.environ[ENV[f]]) for f in FIELDS if os.environ.get(ENV[f]) is not None}
+    wanted = [f for f in applicable(mod) if f not in forced]
+    decided: dict[str, int] = {}
+    if wanted:
+        entry = f"{key} {cpu_id()}"
+        saved = _read(cache)
+        cached = saved.get(entry)
+        if isinstance(cached, dict) and all(isinstance(cached.get(f), int) for f in wanted):
+            decided = {f: cached[f] for f in wanted}
+        else:
+            decided = {f: _decide(mod, f) for f in wanted}
+            if not forced:
+                _save(cache, saved, entry, decided)
+    tiles = Tiles(**{**decided, **forced})
+    mod.set_pair_from(tiles.pair_from)
+    mod.set_stream_prefetch(tiles.stream_prefetch)
+    return tiles

@@ -273,6 +273,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         g_pair_from = static_cast<int>(rows);
     }, "rows from which the AVX-512 kernels pair groups (0: the default per block type; 17: never)");
     m.def("pair_from", [] { return g_pair_from; });
+    m.def("set_stream_prefetch", [](int64_t on) {
+        require(on == 0 || on == 1, "stream_prefetch: 0 (the hardware prefetcher alone) or 1 (ask 6 KB ahead), got ", on);
+        g_stream_prefetch = static_cast<int>(on);
+    }, "whether calls over 1-6 rows ask for their weights 6 KB ahead (1) or leave them to the hardware (0)");
+    m.def("stream_prefetch", [] { return g_stream_prefetch; });
     m.def("supported_isas", &supported_isas, "names of the instruction sets this CPU runs, worst to best");
     m.def("isa_table", &isa_table, "(name, display name) of every instruction set built, worst to best");
     m.def("packed_bytes", [](int64_t qtype, int64_t N, int64_t K) { return packed_bytes(qtype, N, K); });

@@ -27,6 +27,7 @@ constexpr Isa ISAS[N_ISAS] = {
 #undef SQ_FNS
 
 int g_pair_from = 0;
+int g_stream_prefetch = 0;
 
 int best_isa() {
     for (int i = N_ISAS - 1; i > 0; --i)

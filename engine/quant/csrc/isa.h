@@ -30,4 +30,8 @@ int best_isa();                 // index of the best one this CPU runs
 // (0: each block type's default; MAX_ROWS + 1: never). Either gives the same bits; the faster one depends on the CPU.
 extern int g_pair_from;
 
+// Whether a call over 1-6 rows (one stream of weights per thread) asks for each unit 6 KB ahead (1) or leaves the
+// stream to the hardware prefetcher (0, the default). Either gives the same bits; the faster one depends on the CPU.
+extern int g_stream_prefetch;
+
 }  // namespace sq

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <utility>
 
+#include "isa.h"
 #include "quant.h"
 
 namespace sq::avx2 {

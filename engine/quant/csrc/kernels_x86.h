@@ -641,12 +641,13 @@ static void groups_q8(const MatArgs& a, const ActQ& x, const Layout& L, const Pa
                 // AHEAD in each stream; with two, past their end into the next pair's (where this thread most
                 // likely goes next) rather than into the other stream
                 const int64_t skip = (u - s0) * L.unit_bytes + AHEAD >= span ? (V::G - 1) * span : 0;
-                // Over 1-6 rows one stream per thread is left to the hardware prefetcher: asking for each unit
-                // 6 KB ahead, or a few lines per block, cost Zen 4 3-5% at one row (a draft step, a target step)
-                // and up to 22% over 2-5 rows. Over 7 or more rows, and for pairs of streams, the request before
-                // each unit streamed better (a Q4_K layer over 9 rows from memory 20% faster).
+                // Over 1-6 rows one stream per thread is left to the hardware prefetcher unless tune.py found the
+                // requests faster here (g_stream_prefetch): on Zen 4 asking for each unit 6 KB ahead, or a few lines
+                // per block, cost 3-5% at one row (a draft step, a target step) and up to 22% over 2-5 rows. Over 7
+                // or more rows, and for pairs of streams, the requests streamed better (a Q4_K layer over 9 rows
+                // from memory 20% faster).
                 constexpr bool few = R >= 1 && R <= 6 && V::G == 1;
-                if (!few)
+                if (!few || g_stream_prefetch)
                     for (int j = 0; j < V::G; ++j) prefetch_ahead(unit + j * span + skip, L.unit_bytes);
                 if constexpr (R == 0) {
                     tile_rows_any<V, tile>(v, unit, tile_at(x, L, u, 0), nrows, sums);
