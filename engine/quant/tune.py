@@ -24,7 +24,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -65,52 +65,48 @@ def cpu_id() -> str:
     return " ".join([cpu.name, cpu.family, cpu.model, *flags])
 
 
-def _cold_copies(mod: ModuleType, qt: formats.T, k: int, n: int, threads: int) -> list[torch.Tensor]:
+def _cold_copies(mod: ModuleType, qt: formats.T, k: int, n: int) -> list[torch.Tensor]:
+    """Copies of one random (k -> n) layer past COLD_BYTES, so that a call streams its weights from memory."""
     raw = formats.random_rows(qt, n, k, np.random.default_rng(0))
-    nbytes = formats.packed_bytes(qt, n, k)
-    return [mod.repack(raw, int(qt), n, k, None, threads) for _ in range(max(2, -(-COLD_BYTES // nbytes)))]
+    copies = max(2, -(-COLD_BYTES // formats.packed_bytes(qt, n, k)))
+    return [mod.repack(raw, int(qt), n, k, None, max(1, torch.get_num_threads())) for _ in range(copies)]
 
 
-def _time_both(mod: ModuleType, set_: Callable[[int], None], settings: tuple[int, int],
-               cases: list[tuple[formats.T, tuple[int, int], int, list[torch.Tensor]]], threads: int,
-               ) -> list[tuple[float, float]]:
-    """The fastest seconds of one call in each case under each of two settings, alternating round by round."""
+def _time_both(mod: ModuleType, setting: str, ways: tuple[int, int],
+               cases: list[tuple[formats.T, tuple[int, int], int, list[torch.Tensor]]]) -> list[tuple[float, float]]:
+    """The fastest seconds of one call in each case under each of two ways of mod's `setting` (pair_from,
+    stream_prefetch), alternating round by round; the setting found is restored."""
+    get, set_ = getattr(mod, setting), getattr(mod, f"set_{setting}")
+    threads = max(1, torch.get_num_threads())
     times: dict[tuple[int, int], list[float]] = {}
-    for c, (qt, (k, n), rows, packed) in enumerate(cases):
-        x = torch.randn(rows, k)
-        for i in range(ROUNDS):
-            for setting in (settings if i % 2 == 0 else settings[::-1]):
-                set_(setting)
-                t0 = time.perf_counter()
-                for p in packed:
-                    mod.matmul(p, int(qt), n, k, x, None, False, threads)
-                times.setdefault((c, setting), []).append((time.perf_counter() - t0) / len(packed))
-    return [(min(times[(c, settings[0])]), min(times[(c, settings[1])])) for c in range(len(cases))]
+    before = get()
+    try:
+        for c, (qt, (k, n), rows, packed) in enumerate(cases):
+            x = torch.randn(rows, k)
+            for i in range(ROUNDS):
+                for way in (ways if i % 2 == 0 else ways[::-1]):
+                    set_(way)
+                    t0 = time.perf_counter()
+                    for p in packed:
+                        mod.matmul(p, int(qt), n, k, x, None, False, threads)
+                    times.setdefault((c, way), []).append((time.perf_counter() - t0) / len(packed))
+    finally:
+        set_(before)
+    return [(min(times[(c, ways[0])]), min(times[(c, ways[1])])) for c in range(len(cases))]
 
 
 def time_pairs(mod: ModuleType, rows: tuple[int, ...] = ROWS) -> dict[int, tuple[float, float]]:
     """The fastest seconds of one call at each row count: (pairs as by default, never pairs)."""
     qt, (k, n) = formats.T.Q4_K, SHAPE
-    threads = max(1, torch.get_num_threads())
-    packed = _cold_copies(mod, qt, k, n, threads)
-    before = mod.pair_from()
-    try:
-        times = _time_both(mod, mod.set_pair_from, (0, NEVER), [(qt, (k, n), r, packed) for r in rows], threads)
-    finally:
-        mod.set_pair_from(before)
-    return dict(zip(rows, times))
+    packed = _cold_copies(mod, qt, k, n)
+    return dict(zip(rows, _time_both(mod, "pair_from", (0, NEVER), [(qt, (k, n), r, packed) for r in rows])))
 
 
 def time_stream_prefetch(mod: ModuleType) -> dict[str, tuple[float, float]]:
     """The fastest seconds of one call in each of STREAM_CASES: (left to the hardware, asked 6 KB ahead)."""
-    threads = max(1, torch.get_num_threads())
-    packed = {(qt, shape): _cold_copies(mod, qt, *shape, threads) for qt, shape, _ in STREAM_CASES}
-    before = mod.stream_prefetch()
-    try:
-        times = _time_both(mod, mod.set_stream_prefetch, (0, 1),
-                           [(qt, shape, rows, packed[(qt, shape)]) for qt, shape, rows in STREAM_CASES], threads)
-    finally:
-        mod.set_stream_prefetch(before)
+    packed = {(qt, shape): _cold_copies(mod, qt, *shape) for qt, shape, _ in STREAM_CASES}
+    times = _time_both(mod, "stream_prefetch", (0, 1),
+                       [(qt, shape, rows, packed[(qt, shape)]) for qt, shape, rows in STREAM_CASES])
     return {f"{qt.name} {shape[0]}->{shape[1]}, {rows} row(s)": t for (qt, shape, rows), t in zip(STREAM_CASES, times)}
 
 
