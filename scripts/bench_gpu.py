@@ -1,11 +1,13 @@
 """The engine's forward passes on a GPU, at the embedded pair's shapes (random bf16 weights: the GGUFs cannot
 travel to a lent GPU machine, and a pass's cost does not depend on the weights' values).
 
-Prints, for the target (Qwen2.5-1.5B's shapes) and the draft (0.5B's): a one-token step in ms, passes of 2..16
-tokens in steps, with every matmul and norm padded to 16 rows, one row padded to two, or none; how many rows of a
-pass differ bitwise from one-token steps in each case; how many modules the load's probe padded
-(engine.model.row_padding); and which row counts give F.linear's rows the same bits at each matrix shape. Usage:
-    python scripts/bench_gpu.py [--reps 30] [--context 200]
+Prints, for the target (Qwen2.5-1.5B's shapes) and the draft (0.5B's), run eagerly and as replayed CUDA graphs
+(engine.model.step_graphs), side by side in one process: a one-token step in ms, passes of 2..16 tokens in steps,
+the first pass of each length (which captures its graph), how many rows of a pass differ bitwise from one-token
+steps, and how far the graphs' logits are from the eager ones. With --padding, the earlier study: every matmul and
+norm padded to 16 rows, one row padded to two, or none, and which row counts give F.linear's rows the same bits.
+Usage:
+    python scripts/bench_gpu.py [--reps 30] [--context 200] [--max-len 4096] [--padding]
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ from engine.api.config import ModelConfig  # noqa: E402
 from engine.io.weights import expected_shapes  # noqa: E402
 from engine.model.kv_cache import BlockManager, KVPool  # noqa: E402
 from engine.model.row_padding import RowPadded, pad_short_passes  # noqa: E402
+from engine.model.step_graphs import StepGraphs  # noqa: E402
 from engine.model.transformer import Transformer  # noqa: E402
 
 QWEN25 = dict(model_type="qwen2", vocab_size=151936, num_attention_heads=0, num_key_value_heads=2, rms_norm_eps=1e-6,
@@ -35,6 +38,7 @@ SHAPES = {
 }
 PASSES = (1, 2, 3, 5, 9, 16)
 DEVICE = "cuda"  # --smoke runs the script's code on the CPU with two layers, to check it before a GPU is lent
+MAX_LEN = 4096  # the app's default context: a captured pass attends over all of it
 
 
 def sync() -> None:
@@ -47,7 +51,7 @@ def random_model(cfg: ModelConfig, seed: int) -> Transformer:
     sd = {name: torch.randn(shape, generator=g, device=DEVICE, dtype=torch.bfloat16)
           * (1.0 if len(shape) == 1 else 0.02)
           for name, shape in expected_shapes(cfg).items()}
-    return Transformer.from_state_dict(cfg, sd, torch.bfloat16, DEVICE, 2048)
+    return Transformer.from_state_dict(cfg, sd, torch.bfloat16, DEVICE, MAX_LEN)
 
 
 def pad_all(model: Transformer) -> int:
@@ -71,7 +75,7 @@ def set_padding(model: Transformer, rows: int) -> None:
 
 def fresh(model: Transformer, context: list[int]) -> KVPool:
     c = model.cfg
-    pool = KVPool(c.num_layers, c.num_kv_heads, c.head_dim, BlockManager(128, 16, 2048), torch.bfloat16, DEVICE)
+    pool = KVPool(c.num_layers, c.num_kv_heads, c.head_dim, BlockManager(-(-MAX_LEN // 16), 16, MAX_LEN), torch.bfloat16, DEVICE)
     pool.manager.allocate(0)
     feed(model, pool, context)
     return pool
@@ -106,43 +110,108 @@ def rows_differing(model: Transformer, context: list[int], n: int) -> tuple[int,
     return int((~same).sum()), int((together.argmax(-1) != steps.argmax(-1)).sum())
 
 
+def set_graphs(model: Transformer, on: bool) -> None:
+    model.graphs = StepGraphs(model.scores, capture=DEVICE == "cuda") if on else None
+
+
+def first_passes_ms(model: Transformer, pool: KVPool) -> dict[int, float]:
+    """The first pass of each length: with graphs, its capture."""
+    out = {}
+    base = pool.manager.length(0)
+    for n in PASSES:
+        sync()
+        t0 = time.perf_counter()
+        feed(model, pool, list(range(7, 7 + n)))
+        sync()
+        out[n] = (time.perf_counter() - t0) * 1e3
+        pool.manager.truncate_to(0, base)
+    return out
+
+
+def graphs_vs_eager(model: Transformer, context: list[int]) -> str:
+    """The same 5-token pass eagerly, through the fixed-shape passes uncaptured, and replayed from a graph."""
+    ids = list(range(300, 305))
+    out = {}
+    for mode in ("eager", "uncaptured", "graphs"):
+        model.graphs = None if mode == "eager" else StepGraphs(model.scores, capture=mode == "graphs" and DEVICE == "cuda")
+        out[mode] = feed(model, fresh(model, context), ids)
+    diff = (out["graphs"] - out["eager"]).abs().max().item()
+    flips = int((out["graphs"].argmax(-1) != out["eager"].argmax(-1)).sum())
+    same = torch.equal(out["graphs"], out["uncaptured"])
+    return (f"max |logit difference| {diff:.3g}, rows whose argmax differs {flips} of 5; "
+            f"replayed bitwise equal to uncaptured: {same}")
+
+
+def modes(model: Transformer, name: str, context: list[int], reps: int) -> dict[str, float]:
+    steps = {}
+    for mode in ("eager", "graphs"):
+        set_graphs(model, mode == "graphs")
+        pool = fresh(model, context)
+        first = first_passes_ms(model, pool)
+        ms = {n: pass_ms(model, pool, n, reps) for n in PASSES}
+        steps[mode] = ms[1]
+        costs = "  ".join(f"{n}: {ms[n] / ms[1]:.2f}" for n in PASSES[1:])
+        print(f"{name}, {mode}: step {ms[1]:.2f} ms; pass of n tokens, in steps: {costs}")
+        print("    first pass of each length, ms: " + "  ".join(f"{n}: {first[n]:.0f}" for n in PASSES))
+        diff = "  ".join("n={}: {} rows, {} argmax".format(n, *rows_differing(model, context, n))
+                         for n in (2, 5, 9, 16))
+        print(f"    rows differing from one-token steps: {diff}")
+    print(f"    graphs against eager: {graphs_vs_eager(model, context)}")
+    print(f"    one-token step, eager / graphs: {steps['eager'] / steps['graphs']:.1f}x")
+    return steps
+
+
+def padding_study(model: Transformer, name: str, context: list[int], reps: int) -> None:
+    set_graphs(model, False)
+    pad_all(model)
+    for rows in (16, 2, 1):
+        set_padding(model, rows)
+        pool = fresh(model, context)
+        ms = {n: pass_ms(model, pool, n, reps) for n in PASSES}
+        label = {16: "all padded to 16 rows", 2: "one row padded to 2", 1: "unpadded"}[rows]
+        costs = "  ".join(f"{n}: {ms[n] / ms[1]:.2f}" for n in PASSES[1:])
+        print(f"{name}, eager, {label}: step {ms[1]:.2f} ms; pass of n tokens, in steps: {costs}")
+        diff = "  ".join("n={}: {} rows, {} argmax".format(n, *rows_differing(model, context, n))
+                         for n in (2, 5, 9, 16))
+        print(f"    rows differing from one-token steps: {diff}")
+
+
 def main() -> None:
+    global DEVICE, MAX_LEN
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--context", type=int, default=200, help="positions in the cache before each timed pass")
+    ap.add_argument("--max-len", type=int, default=MAX_LEN, help="the cache's length, which a graph attends over")
+    ap.add_argument("--padding", action="store_true", help="also the eager row-padding study")
     ap.add_argument("--smoke", action="store_true", help="two layers on the CPU: checks the script, measures nothing")
     args = ap.parse_args()
-    global DEVICE
+    MAX_LEN = args.max_len
     if args.smoke:
         DEVICE = "cpu"
         for raw in SHAPES.values():
             raw["num_hidden_layers"] = 2
     elif not torch.cuda.is_available():
         sys.exit("no CUDA device: this benchmark needs a GPU")
-    name = torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu (smoke)"
-    print(f"device: {name}, torch {torch.__version__}, bf16, eager (no CUDA graphs)")
+    name = torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu (smoke: graphs run uncaptured)"
+    print(f"device: {name}, torch {torch.__version__}, bf16; cache {MAX_LEN} positions, {args.context} filled")
     context = list(range(1000, 1000 + args.context))
     step = {}
     for name, raw in SHAPES.items():
         model = random_model(ModelConfig.from_hf(raw), seed=len(name))
-        print(f"{name}: the load's probe padded {pad_all(model)} of {6 * len(model.layers) + 2} matmuls and norms")
-        for rows in (16, 2, 1):
-            set_padding(model, rows)
-            pool = fresh(model, context)
-            ms = {n: pass_ms(model, pool, n, args.reps) for n in PASSES}
-            step[name, rows] = ms[1]
-            label = {16: "all padded to 16 rows", 2: "one row padded to 2", 1: "unpadded"}[rows]
-            costs = "  ".join(f"{n}: {ms[n] / ms[1]:.2f}" for n in PASSES[1:])
-            print(f"{name}, {label}: step {ms[1]:.2f} ms; pass of n tokens, in steps: {costs}")
-            diff = "  ".join("n={}: {} rows, {} argmax".format(n, *rows_differing(model, context, n))
-                             for n in (2, 5, 9, 16))
-            print(f"    rows differing from one-token steps: {diff}")
+        probed = sum(isinstance(m, RowPadded) for m in model.modules())
+        print(f"{name}: the load's probe padded {probed} of {6 * len(model.layers) + 2} matmuls and norms")
+        step[name] = modes(model, name, context, args.reps)
+        if args.padding:
+            padding_study(model, name, context, args.reps)
         del model
         if DEVICE == "cuda":
             torch.cuda.empty_cache()
-    names = list(SHAPES)
-    print(f"draft step / target step (c at one drafted token a step): {step[names[1], 16] / step[names[0], 16]:.2f}")
-    probe_linear(ModelConfig.from_hf(SHAPES[names[0]]))
+    target, draft = list(SHAPES)
+    for mode in ("eager", "graphs"):
+        print(f"draft step / target step, {mode} (c at one drafted token a step): "
+              f"{step[draft][mode] / step[target][mode]:.2f}")
+    if args.padding:
+        probe_linear(ModelConfig.from_hf(SHAPES[target]))
 
 
 def probe_linear(cfg: ModelConfig) -> None:

@@ -5,7 +5,9 @@ speculative output to equal plain greedy exactly (not merely up to near-ties), e
 produce the same bits either way. A fused kernel over T queries does not promise that: its blocking and its
 masked softmax depend on T. So short passes (decode steps and verify passes) attend one query at a time,
 each over exactly the keys it may see, with tensors of the same shapes whatever T is. Long passes (prompt
-prefill, identical in both modes) use the fused kernel.
+prefill, identical in both modes) use the fused kernel. A captured CUDA graph fixes every shape, so there each row
+attends over all the positions the cache can hold, with those it may not see masked out, and a pass's rows are
+padded to ROW_WISE_MAX so that one matmul scores them all (`padded_rows`).
 """
 from __future__ import annotations
 
@@ -45,3 +47,19 @@ def _row_wise(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torc
         scores = torch.matmul(qi, keys[:, :n].transpose(1, 2)) * scale  # (Hkv, G, n)
         rows.append(torch.matmul(torch.softmax(scores.float(), dim=-1).to(q.dtype), values[:, :n]))  # (Hkv, G, D)
     return torch.stack(rows).reshape(T, H * D)
+
+
+def padded_rows(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """q (R, H, D), a pass's rows padded to a fixed R; keys, values (Hkv, S, D) over every position; bias (R, S)
+    fp32, 0 where a row may look and -inf elsewhere -> (R, H * D). All rows' scores come from one matmul and their
+    outputs from another, on shapes that never change: a row's bits do not depend on how many of the R are real,
+    and a GPU launches a handful of kernels per layer instead of a handful per row."""
+    R, H, D = q.shape
+    Hkv, S, _ = keys.shape
+    G = H // Hkv
+    qg = q.view(R, Hkv, G, D).transpose(0, 1).reshape(Hkv, R * G, D)  # (Hkv, R G, D): a key head's query heads
+    scores = torch.matmul(qg, keys.transpose(1, 2)).float().view(Hkv, R, G, S)  # (Hkv, R, G, S)
+    scores = torch.add(bias.view(1, R, 1, S), scores, alpha=1.0 / math.sqrt(D))  # scaled, the unseen at -inf
+    probs = torch.softmax(scores, dim=-1).to(q.dtype).view(Hkv, R * G, S)
+    out = torch.matmul(probs, values)  # (Hkv, R G, D)
+    return out.view(Hkv, R, G, D).transpose(0, 1).reshape(R, H * D)

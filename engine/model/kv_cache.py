@@ -11,6 +11,7 @@ from functools import partial
 import torch
 
 from engine.model import pages
+from engine.model.attention import causal_attention
 
 
 class CacheFullError(RuntimeError):
@@ -131,7 +132,7 @@ class KVPool:
         write = torch.tensor(m.slots(seq, start, end), dtype=torch.long, device=device)
         base = m.contiguous_base(seq)
         read = None if base is not None else torch.tensor(m.slots(seq, 0, end), dtype=torch.long, device=device)
-        return CacheView(self, write, read, base or 0, end)
+        return CacheView(self, write, read, base or 0, end, seq)
 
 
 @dataclass
@@ -143,6 +144,16 @@ class CacheView:
     read_slots: torch.Tensor | None  # (S,) when the blocks are scattered; None for one contiguous slice
     base: int
     end: int
+    seq: int = 0
+
+    @property
+    def positions(self) -> slice:
+        """The positions the pass writes, [end - T, end)."""
+        return slice(self.end - len(self.write_slots), self.end)
+
+    def attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+        """q (T, H, D) over the keys and values update returned -> (T, H * D)."""
+        return causal_attention(q, keys, values)
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Store k, v (T, Hkv, D) and return the whole sequence's K, V (Hkv, S, D), in k's dtype (a float16 pool's

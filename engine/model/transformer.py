@@ -12,10 +12,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.api.config import ModelConfig
-from engine.model.attention import ROW_WISE_MAX, causal_attention
+from engine.model.attention import ROW_WISE_MAX
 from engine.model.head_part import HeadPart
 from engine.model.kv_cache import CacheView
 from engine.model.row_padding import pad_short_passes
+from engine.model.slot_view import SlotView
+from engine.model.step_graphs import StepGraphs, graphs_wanted
 
 
 def rope_frequencies(cfg: ModelConfig) -> torch.Tensor:
@@ -63,8 +65,8 @@ class Rotary(nn.Module):
         self.register_buffer("cos", emb.cos(), persistent=False)
         self.register_buffer("sin", emb.sin(), persistent=False)
 
-    def forward(self, x: torch.Tensor, pos: slice) -> torch.Tensor:
-        """Rotate x (T, H, D) for positions pos."""
+    def forward(self, x: torch.Tensor, pos: slice | torch.Tensor) -> torch.Tensor:
+        """Rotate x (T, H, D) for positions pos (a slice, or a (T,) tensor inside a CUDA graph)."""
         cos = self.cos[pos].unsqueeze(1).to(x.dtype)  # (T, 1, D)
         sin = self.sin[pos].unsqueeze(1).to(x.dtype)
         half = x.shape[-1] // 2
@@ -92,14 +94,14 @@ class Attention(nn.Module):
         self.qkv = Linear(cfg.hidden_size, (self.h + 2 * self.hkv) * self.d, bias=cfg.attention_bias)
         self.o = Linear(self.h * self.d, cfg.hidden_size, bias=False)
 
-    def forward(self, x: torch.Tensor, rope: Rotary, cache: CacheView, start: int) -> torch.Tensor:
-        T = x.shape[0]
-        q, k, v = self.qkv(x).split([self.h * self.d, self.hkv * self.d, self.hkv * self.d], dim=-1)
-        pos = slice(start, start + T)
-        q = rope(q.view(T, self.h, self.d), pos)  # (T, H, D)
-        k = rope(k.view(T, self.hkv, self.d), pos)  # (T, Hkv, D)
-        keys, values = cache.update(self.layer, k, v.view(T, self.hkv, self.d))  # (Hkv, S, D)
-        return self.o(causal_attention(q, keys, values))  # (T, C)
+    def forward(self, x: torch.Tensor, rope: Rotary, cache: CacheView) -> torch.Tensor:
+        T, qk_width = x.shape[0], (self.h + self.hkv) * self.d
+        qkv = self.qkv(x)  # (T, (H + 2 Hkv) D)
+        # q and k rotated in one go: half the elementwise kernels, each a launch that a GPU step waits on
+        qk = rope(qkv[:, :qk_width].view(T, self.h + self.hkv, self.d), cache.positions)  # (T, H + Hkv, D)
+        q, k = qk[:, : self.h], qk[:, self.h :]  # (T, H, D), (T, Hkv, D)
+        keys, values = cache.update(self.layer, k, qkv[:, qk_width:].view(T, self.hkv, self.d))  # (Hkv, S, D)
+        return self.o(cache.attend(q, keys, values))  # (T, C)
 
 
 class MLP(nn.Module):
@@ -122,8 +124,8 @@ class Block(nn.Module):
         self.mlp_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
 
-    def forward(self, x: torch.Tensor, rope: Rotary, cache: CacheView, start: int) -> torch.Tensor:
-        x = x + self.attn(self.attn_norm(x), rope, cache, start)
+    def forward(self, x: torch.Tensor, rope: Rotary, cache: CacheView) -> torch.Tensor:
+        x = x + self.attn(self.attn_norm(x), rope, cache)
         return x + self.mlp(self.mlp_norm(x))
 
 
@@ -147,25 +149,36 @@ class Transformer(nn.Module):
         self.weights: torch.Tensor | None = None
         # The KV pool's element type where it is not the weights' (a GGUF model's: float16, set by its loader).
         self.kv_dtype: torch.dtype | None = None
+        # Short passes replayed as CUDA graphs (engine.model.step_graphs), set at load on a CUDA device.
+        self.graphs: StepGraphs | None = None
 
     @torch.inference_mode()
     def forward(self, ids: torch.Tensor, start: int, cache: CacheView, last_only: bool = False,
                 head_rows: bool = False) -> torch.Tensor:
         """ids (T,) at positions [start, start + T) -> logits (T, V), or (1, V) with last_only. With head_rows, a
         trimmed head's own rows (T, len(head)) are returned as they are, not widened to V."""
-        x = self.embed(ids)  # (T, C)
-        if self.stack is not None and len(ids) <= ROW_WISE_MAX:
-            x = self.stack(x, start, cache)  # (T, C), normed
+        assert start == cache.end - len(ids), "the cache view is for another pass"
+        if self.graphs is not None and len(ids) <= ROW_WISE_MAX:
+            logits = self.graphs.run(ids, cache, last_only)
         else:
-            for block in self.layers:
-                x = block(x, self.rope, cache, start)
-            x = self.norm(x)
-        if last_only:
-            x = x[-1:]
-        logits = self.lm_head(x).float()  # (T, V), or (T, len(head))
+            logits = self.scores(ids, cache, last_only)
         if self.head is None or head_rows:
             return logits
         return self.head.widen(logits, float("-inf"))  # (T, V)
+
+    def scores(self, ids: torch.Tensor, cache: CacheView | SlotView, last_only: bool) -> torch.Tensor:
+        """The pass itself: ids (T,) -> the LM head's rows (T, V) or a trimmed head's (T, len(head)), in fp32;
+        (1, ...) with last_only."""
+        x = self.embed(ids)  # (T, C)
+        if self.stack is not None and len(ids) <= ROW_WISE_MAX:
+            x = self.stack(x, cache.end - len(ids), cache)  # (T, C), normed
+        else:
+            for block in self.layers:
+                x = block(x, self.rope, cache)
+            x = self.norm(x)
+        if last_only:
+            x = x[-1:]
+        return self.lm_head(x).float()  # (T, V), or (T, len(head))
 
     @classmethod
     def from_state_dict(
@@ -203,4 +216,6 @@ class Transformer(nn.Module):
             raise ValueError(f"checkpoint lacks weights for: {', '.join(missing[:5])}")
         if torch.device(device).type != "cpu":  # a GPU library's kernel may depend on the row count
             pad_short_passes(model)
+        if torch.device(device).type == "cuda" and graphs_wanted():
+            model.graphs = StepGraphs(model.scores)
         return model.eval()

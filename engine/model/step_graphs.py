@@ -1,0 +1,94 @@
+"""Short passes on a GPU, replayed as CUDA graphs.
+
+Run eagerly, a decode step of the embedded target launches ~2,000 small kernels from Python, and the launching,
+not the GPU, sets its time (20-40 ms on an H200 against ~1 ms of weight reads: README, Performance). A graph
+launches them all at once. It fixes every shape and address, so a captured pass runs through a SlotView: each row
+attends over every position its sequence can reach, with tensors of one shape whatever the pass's length, which
+also keeps a verify pass's rows bitwise a plain step's. One graph is captured per row count and output form, on
+first use; inputs go through static buffers. All of a model's graphs share one memory pool, so each output is
+copied out at once, before another graph can reuse its memory.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+
+import torch
+
+from engine.model.attention import ROW_WISE_MAX
+from engine.model.kv_cache import CacheView, KVPool
+from engine.model.slot_view import SlotView, slot_map
+
+Scores = Callable[[torch.Tensor, SlotView, bool], torch.Tensor]  # Transformer.scores: (ids, view, last_only)
+
+log = logging.getLogger(__name__)
+
+
+def graphs_wanted() -> bool:
+    """SPECLENS_CUDA_GRAPHS=0 runs short passes eagerly on a GPU (for A/B timings)."""
+    return os.environ.get("SPECLENS_CUDA_GRAPHS", "1") != "0"
+
+
+class StepGraphs:
+    """The model's passes of up to ROW_WISE_MAX tokens. capture=False runs the same fixed-shape passes without
+    graphs: the CPU's tests check them that way, and a GPU falls back to it if a capture fails."""
+
+    def __init__(self, scores: Scores, capture: bool = True) -> None:
+        self.scores, self.capture = scores, capture
+        self.captured: dict[tuple[int, bool], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self._pool: KVPool | None = None
+
+    def run(self, ids: torch.Tensor, cache: CacheView, last_only: bool) -> torch.Tensor:
+        """ids (T,) written at cache's positions -> the LM head's rows (T, ...) or (1, ...), as Transformer.scores."""
+        self._bind(cache.pool)
+        T = len(ids)
+        self._ids[:T].copy_(ids)
+        table = cache.pool.manager.block_table(cache.seq)
+        pad = [0] * (len(self._meta) - 1 - len(table))
+        self._meta.copy_(torch.tensor([cache.end - T, *table, *pad]))  # the pass's start, then its block table
+        key = (T, last_only)
+        if not self.capture:
+            return self._body(*key)
+        if key not in self.captured:
+            try:
+                self.captured[key] = self._record(*key)
+            except RuntimeError as e:  # an op that cannot be captured: the same passes, eagerly
+                log.warning("CUDA graph capture failed (%s); short passes run eagerly", e)
+                self.capture = False
+                return self._body(*key)
+        graph, out = self.captured[key]
+        graph.replay()
+        return out.clone()
+
+    def _bind(self, pool: KVPool) -> None:
+        """Static buffers for passes over `pool`; graphs recorded over another pool's addresses are dropped."""
+        if pool is self._pool:
+            return
+        m, dev = pool.manager, pool.k.device
+        self.captured.clear()
+        self._pool = pool
+        self._ids = torch.zeros(ROW_WISE_MAX, dtype=torch.long, device=dev)  # (16,)
+        self._meta = torch.zeros(1 + -(-m.max_seq_len // m.block_size), dtype=torch.long, device=dev)  # (1 + blocks,)
+        self._rows = torch.arange(ROW_WISE_MAX, device=dev)  # (16,)
+        if self.capture:
+            self._mempool = torch.cuda.graph_pool_handle()
+            self._stream = torch.cuda.Stream(dev)
+
+    def _body(self, T: int, last_only: bool) -> torch.Tensor:
+        m = self._pool.manager
+        positions = self._meta[:1] + self._rows[:T]  # (T,)
+        view = SlotView(self._pool, positions, slot_map(self._meta[1:], m.block_size, m.max_seq_len))
+        return self.scores(self._ids[:T], view, last_only)
+
+    def _record(self, T: int, last_only: bool) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+        side = self._stream
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # one run first: libraries set up their handles and workspaces outside capture
+            self._body(T, last_only)  # it writes the KV the replay writes again, bit for bit
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._mempool, stream=side, capture_error_mode="thread_local"):
+            out = self._body(T, last_only)
+        log.debug("captured a CUDA graph of %d rows (last only: %s)", T, last_only)
+        return graph, out
