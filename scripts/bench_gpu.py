@@ -4,10 +4,13 @@ travel to a lent GPU machine, and a pass's cost does not depend on the weights' 
 Prints, for the target (Qwen2.5-1.5B's shapes) and the draft (0.5B's), run eagerly and as replayed CUDA graphs
 (engine.model.step_graphs), side by side in one process: a one-token step in ms, passes of 2..16 tokens in steps,
 the first pass of each length (which captures its graph), how many rows of a pass differ bitwise from one-token
-steps, and how far the graphs' logits are from the eager ones. With --padding, the earlier study: every matmul and
+steps, and how far the graphs' logits are from the eager ones. Then the whole engine over the two models (a
+character tokenizer, greedy, no EOS): ms per round and per token, plain and speculative, against the passes alone,
+which is what the engine spends outside the model. With random weights the draft model's tokens are rarely
+accepted; the n-gram drafter's are, on a repetitive prompt. With --padding, the earlier study: every matmul and
 norm padded to 16 rows, one row padded to two, or none, and which row counts give F.linear's rows the same bits.
 Usage:
-    python scripts/bench_gpu.py [--reps 30] [--context 200] [--max-len 4096] [--padding]
+    python scripts/bench_gpu.py [--reps 30] [--context 200] [--max-len 4096] [--tokens 96] [--padding]
 """
 from __future__ import annotations
 
@@ -20,12 +23,15 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from engine.api.config import ModelConfig  # noqa: E402
+from engine.api.config import CacheConfig, ModelConfig, SamplingParams, SpecParams  # noqa: E402
+from engine.api.events import Summary  # noqa: E402
 from engine.io.weights import expected_shapes  # noqa: E402
 from engine.model.kv_cache import BlockManager, KVPool  # noqa: E402
 from engine.model.row_padding import RowPadded, pad_short_passes  # noqa: E402
 from engine.model.step_graphs import StepGraphs  # noqa: E402
 from engine.model.transformer import Transformer  # noqa: E402
+from engine.runtime.engine import Engine  # noqa: E402
+from tests.tiny import tiny_tokenizer  # noqa: E402
 
 QWEN25 = dict(model_type="qwen2", vocab_size=151936, num_attention_heads=0, num_key_value_heads=2, rms_norm_eps=1e-6,
               rope_theta=1000000.0, max_position_embeddings=32768, tie_word_embeddings=True, bos_token_id=151643,
@@ -75,7 +81,8 @@ def set_padding(model: Transformer, rows: int) -> None:
 
 def fresh(model: Transformer, context: list[int]) -> KVPool:
     c = model.cfg
-    pool = KVPool(c.num_layers, c.num_kv_heads, c.head_dim, BlockManager(-(-MAX_LEN // 16), 16, MAX_LEN), torch.bfloat16, DEVICE)
+    manager = BlockManager(-(-MAX_LEN // 16), 16, MAX_LEN)
+    pool = KVPool(c.num_layers, c.num_kv_heads, c.head_dim, manager, torch.bfloat16, DEVICE)
     pool.manager.allocate(0)
     feed(model, pool, context)
     return pool
@@ -133,7 +140,8 @@ def graphs_vs_eager(model: Transformer, context: list[int]) -> str:
     ids = list(range(300, 305))
     out = {}
     for mode in ("eager", "uncaptured", "graphs"):
-        model.graphs = None if mode == "eager" else StepGraphs(model.scores, capture=mode == "graphs" and DEVICE == "cuda")
+        capture = mode == "graphs" and DEVICE == "cuda"
+        model.graphs = None if mode == "eager" else StepGraphs(model.scores, capture=capture)
         out[mode] = feed(model, fresh(model, context), ids)
     diff = (out["graphs"] - out["eager"]).abs().max().item()
     flips = int((out["graphs"].argmax(-1) != out["eager"].argmax(-1)).sum())
@@ -174,6 +182,26 @@ def padding_study(model: Transformer, name: str, context: list[int], reps: int) 
         diff = "  ".join("n={}: {} rows, {} argmax".format(n, *rows_differing(model, context, n))
                          for n in (2, 5, 9, 16))
         print(f"    rows differing from one-token steps: {diff}")
+    set_padding(model, 1)  # back to as the engine runs it
+
+
+def engine_rounds(target: Transformer, draft: Transformer, tokens: int) -> None:
+    """The engine's rounds, plain and speculative, with graphs: time per round against the passes it runs."""
+    cache = CacheConfig(block_size=16, max_seq_len=MAX_LEN)
+    engine = Engine(target, tiny_tokenizer(), draft, cache=cache, eos_ids=set())
+    prompt = engine.encode_chat([{"role": "user", "content": "abc abc abc abc abc abc abc abc abc abc abc abc"}])
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=tokens)
+    for label, spec in (("plain", SpecParams(enabled=False)), ("draft model, K=4", SpecParams(k=4)),
+                        ("n-gram, K=4", SpecParams(k=4, drafter="ngram"))):
+        for _ in range(2):  # the first request captures the graphs it needs
+            engine.reset()
+            *_, summary = engine.generate(prompt, greedy, spec)
+        assert isinstance(summary, Summary)
+        decode_ms = summary.new_tokens / summary.tokens_per_s * 1e3
+        per_round = decode_ms / summary.rounds
+        print(f"engine, {label}: {summary.new_tokens / decode_ms * 1e3:.0f} tok/s, {per_round:.2f} ms a round "
+              f"({summary.mean_tokens_per_round:.2f} tokens; draft {summary.draft_ms / summary.rounds:.2f} ms, verify "
+              f"{summary.verify_ms / summary.rounds:.2f} ms; accepted {summary.accepted} of {summary.drafted})")
 
 
 def main() -> None:
@@ -182,6 +210,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--context", type=int, default=200, help="positions in the cache before each timed pass")
     ap.add_argument("--max-len", type=int, default=MAX_LEN, help="the cache's length, which a graph attends over")
+    ap.add_argument("--tokens", type=int, default=96, help="new tokens per engine request")
     ap.add_argument("--padding", action="store_true", help="also the eager row-padding study")
     ap.add_argument("--smoke", action="store_true", help="two layers on the CPU: checks the script, measures nothing")
     args = ap.parse_args()
@@ -195,7 +224,7 @@ def main() -> None:
     name = torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu (smoke: graphs run uncaptured)"
     print(f"device: {name}, torch {torch.__version__}, bf16; cache {MAX_LEN} positions, {args.context} filled")
     context = list(range(1000, 1000 + args.context))
-    step = {}
+    step, models = {}, {}
     for name, raw in SHAPES.items():
         model = random_model(ModelConfig.from_hf(raw), seed=len(name))
         probed = sum(isinstance(m, RowPadded) for m in model.modules())
@@ -203,13 +232,13 @@ def main() -> None:
         step[name] = modes(model, name, context, args.reps)
         if args.padding:
             padding_study(model, name, context, args.reps)
-        del model
-        if DEVICE == "cuda":
-            torch.cuda.empty_cache()
+        set_graphs(model, True)
+        models[name] = model
     target, draft = list(SHAPES)
     for mode in ("eager", "graphs"):
         print(f"draft step / target step, {mode} (c at one drafted token a step): "
               f"{step[draft][mode] / step[target][mode]:.2f}")
+    engine_rounds(models[target], models[draft], args.tokens)
     if args.padding:
         probe_linear(ModelConfig.from_hf(SHAPES[target]))
 
