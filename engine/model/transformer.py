@@ -65,13 +65,20 @@ class Rotary(nn.Module):
         self.register_buffer("cos", emb.cos(), persistent=False)
         self.register_buffer("sin", emb.sin(), persistent=False)
 
-    def forward(self, x: torch.Tensor, pos: slice | torch.Tensor) -> torch.Tensor:
-        """Rotate x (T, H, D) for positions pos (a slice, or a (T,) tensor inside a CUDA graph)."""
-        cos = self.cos[pos].unsqueeze(1).to(x.dtype)  # (T, 1, D)
-        sin = self.sin[pos].unsqueeze(1).to(x.dtype)
-        half = x.shape[-1] // 2
-        rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-        return x * cos + rotated * sin
+    def at(self, pos: slice | torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin at positions pos (a slice, or a (T,) tensor inside a CUDA graph), each (T, 1, D) in dtype,
+        sin's first half negated (see rotate). Made once per pass: every layer rotates by the same angles."""
+        cos = self.cos[pos].unsqueeze(1).to(dtype)  # (T, 1, D)
+        sin = self.sin[pos].unsqueeze(1).to(dtype)
+        half = sin.shape[-1] // 2
+        return cos, torch.cat([-sin[..., :half], sin[..., half:]], dim=-1)
+
+
+def rotate(x: torch.Tensor, angles: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """Rotate x (T, H, D) by Rotary.at's angles: x cos + (-x2, x1) sin, where (-x2, x1) sin is x rolled by half
+    times the signed sin, the same products in one kernel fewer."""
+    cos, signed_sin = angles
+    return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * signed_sin
 
 
 class RMSNorm(nn.Module):
@@ -94,11 +101,11 @@ class Attention(nn.Module):
         self.qkv = Linear(cfg.hidden_size, (self.h + 2 * self.hkv) * self.d, bias=cfg.attention_bias)
         self.o = Linear(self.h * self.d, cfg.hidden_size, bias=False)
 
-    def forward(self, x: torch.Tensor, rope: Rotary, cache: CacheView) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, angles: tuple[torch.Tensor, torch.Tensor], cache: CacheView) -> torch.Tensor:
         T, qk_width = x.shape[0], (self.h + self.hkv) * self.d
         qkv = self.qkv(x)  # (T, (H + 2 Hkv) D)
         # q and k rotated in one go: half the elementwise kernels, each a launch that a GPU step waits on
-        qk = rope(qkv[:, :qk_width].view(T, self.h + self.hkv, self.d), cache.positions)  # (T, H + Hkv, D)
+        qk = rotate(qkv[:, :qk_width].view(T, self.h + self.hkv, self.d), angles)  # (T, H + Hkv, D)
         q, k = qk[:, : self.h], qk[:, self.h :]  # (T, H, D), (T, Hkv, D)
         keys, values = cache.update(self.layer, k, qkv[:, qk_width:].view(T, self.hkv, self.d))  # (Hkv, S, D)
         return self.o(cache.attend(q, keys, values))  # (T, C)
@@ -124,8 +131,8 @@ class Block(nn.Module):
         self.mlp_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
 
-    def forward(self, x: torch.Tensor, rope: Rotary, cache: CacheView) -> torch.Tensor:
-        x = x + self.attn(self.attn_norm(x), rope, cache)
+    def forward(self, x: torch.Tensor, angles: tuple[torch.Tensor, torch.Tensor], cache: CacheView) -> torch.Tensor:
+        x = x + self.attn(self.attn_norm(x), angles, cache)
         return x + self.mlp(self.mlp_norm(x))
 
 
@@ -173,8 +180,9 @@ class Transformer(nn.Module):
         if self.stack is not None and len(ids) <= ROW_WISE_MAX:
             x = self.stack(x, cache.end - len(ids), cache)  # (T, C), normed
         else:
+            angles = self.rope.at(cache.positions, x.dtype)
             for block in self.layers:
-                x = block(x, self.rope, cache)
+                x = block(x, angles, cache)
             x = self.norm(x)
         if last_only:
             x = x[-1:]
