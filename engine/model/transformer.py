@@ -20,6 +20,9 @@ from engine.model.slot_view import SlotView
 from engine.model.step_graphs import StepGraphs, graphs_wanted
 
 
+Angles = tuple[torch.Tensor, torch.Tensor]  # cos and the signed sin at a pass's positions, each (T, 1, D)
+
+
 def rope_frequencies(cfg: ModelConfig) -> torch.Tensor:
     """Inverse frequencies (D/2,), with Llama 3's long-context rescaling when configured."""
     d = cfg.head_dim
@@ -65,7 +68,7 @@ class Rotary(nn.Module):
         self.register_buffer("cos", emb.cos(), persistent=False)
         self.register_buffer("sin", emb.sin(), persistent=False)
 
-    def at(self, pos: slice | torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    def at(self, pos: slice | torch.Tensor, dtype: torch.dtype) -> Angles:
         """cos and sin at positions pos (a slice, or a (T,) tensor inside a CUDA graph), each (T, 1, D) in dtype,
         sin's first half negated (see rotate). Made once per pass: every layer rotates by the same angles."""
         cos = self.cos[pos].unsqueeze(1).to(dtype)  # (T, 1, D)
@@ -74,7 +77,7 @@ class Rotary(nn.Module):
         return cos, torch.cat([-sin[..., :half], sin[..., half:]], dim=-1)
 
 
-def rotate(x: torch.Tensor, angles: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+def rotate(x: torch.Tensor, angles: Angles) -> torch.Tensor:
     """Rotate x (T, H, D) by Rotary.at's angles: x cos + (-x2, x1) sin, where (-x2, x1) sin is x rolled by half
     times the signed sin, the same products in one kernel fewer."""
     cos, signed_sin = angles
@@ -101,7 +104,7 @@ class Attention(nn.Module):
         self.qkv = Linear(cfg.hidden_size, (self.h + 2 * self.hkv) * self.d, bias=cfg.attention_bias)
         self.o = Linear(self.h * self.d, cfg.hidden_size, bias=False)
 
-    def forward(self, x: torch.Tensor, angles: tuple[torch.Tensor, torch.Tensor], cache: CacheView) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, angles: Angles, cache: CacheView | SlotView) -> torch.Tensor:
         T, qk_width = x.shape[0], (self.h + self.hkv) * self.d
         qkv = self.qkv(x)  # (T, (H + 2 Hkv) D)
         # q and k rotated in one go: half the elementwise kernels, each a launch that a GPU step waits on
@@ -131,7 +134,7 @@ class Block(nn.Module):
         self.mlp_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
 
-    def forward(self, x: torch.Tensor, angles: tuple[torch.Tensor, torch.Tensor], cache: CacheView) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, angles: Angles, cache: CacheView | SlotView) -> torch.Tensor:
         x = x + self.attn(self.attn_norm(x), angles, cache)
         return x + self.mlp(self.mlp_norm(x))
 
