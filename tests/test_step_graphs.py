@@ -86,6 +86,16 @@ def test_a_rollback_then_another_pass_reads_the_rewritten_positions():
     torch.testing.assert_close(feed(fixed, a, 0, [60, 61]), feed(eager, b, 0, [60, 61]), rtol=1e-4, atol=1e-4)
 
 
+def test_a_model_moved_to_another_pool_reads_that_pool():
+    """A new pool (another context length) is new addresses: the static buffers are made again for it."""
+    fixed, eager = tiny(), tiny(fixed=False)
+    for _ in range(2):  # and back: each pool's passes read that pool's cache
+        a, b = pool_for(fixed), pool_for(eager)
+        for ids in (list(range(10, 40)), [3], [4, 5]):
+            torch.testing.assert_close(feed(fixed, a, 0, ids), feed(eager, b, 0, ids), rtol=1e-4, atol=1e-4)
+    assert fixed.graphs._pool is a
+
+
 @pytest.mark.parametrize("drafter, k", [("model", 3), ("model", 16), ("hybrid", 5)])
 def test_greedy_speculation_over_fixed_shape_passes_equals_plain(drafter, k):
     engine = tiny_engine()
