@@ -109,3 +109,49 @@ def test_graphs_can_be_turned_off(monkeypatch):
     assert graphs_wanted()
     monkeypatch.setenv("SPECLENS_CUDA_GRAPHS", "0")
     assert not graphs_wanted()
+
+
+class _FakeStream:
+    def wait_stream(self, other) -> None:
+        pass
+
+
+class _Refusing:
+    """A capture that fails as an op that cannot be captured does (or as the GPU's memory running out)."""
+
+    def __init__(self, error: type[Exception]) -> None:
+        self.error = error
+
+    def __call__(self, *args, **kwargs):
+        raise self.error("operation not permitted when stream is capturing")
+
+
+def _fake_cuda(monkeypatch, error: type[Exception]) -> None:
+    import contextlib
+
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: object())
+    monkeypatch.setattr(torch.cuda, "Stream", lambda device=None: _FakeStream())
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda: _FakeStream())
+    monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", lambda: object())
+    monkeypatch.setattr(torch.cuda, "graph", _Refusing(error))
+
+
+def test_a_failed_capture_falls_back_to_the_same_passes_uncaptured(monkeypatch):
+    _fake_cuda(monkeypatch, RuntimeError)
+    fixed, eager = tiny(), tiny(fixed=False)
+    fixed.graphs = StepGraphs(fixed.scores, capture=True)
+    a, b = pool_for(fixed), pool_for(eager)
+    for ids in (list(range(10, 40)), [3], [4, 5], [6]):
+        torch.testing.assert_close(feed(fixed, a, 0, ids), feed(eager, b, 0, ids), rtol=1e-4, atol=1e-4)
+    assert not fixed.graphs.capture and not fixed.graphs.captured
+
+
+def test_running_out_of_memory_while_capturing_is_not_taken_for_an_uncapturable_op(monkeypatch):
+    _fake_cuda(monkeypatch, torch.cuda.OutOfMemoryError)
+    fixed = tiny()
+    fixed.graphs = StepGraphs(fixed.scores, capture=True)
+    pool = pool_for(fixed)
+    with pytest.raises(torch.cuda.OutOfMemoryError):
+        feed(fixed, pool, 0, [3, 4])
+    assert fixed.graphs.capture  # the next pass tries again

@@ -51,8 +51,11 @@ class StepGraphs:
         if not self.capture:
             return self._body(*key)
         if key not in self.captured:
+            self._warm_up(*key)
             try:
                 self.captured[key] = self._record(*key)
+            except torch.cuda.OutOfMemoryError:
+                raise
             except RuntimeError as e:  # an op that cannot be captured: the same passes, eagerly
                 log.warning("CUDA graph capture failed (%s); short passes run eagerly", e)
                 self.capture = False
@@ -81,14 +84,18 @@ class StepGraphs:
         view = SlotView(self._pool, positions, slot_map(self._meta[1:], m.block_size, m.max_seq_len))
         return self.scores(self._ids[:T], view, last_only)
 
-    def _record(self, T: int, last_only: bool) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+    def _warm_up(self, T: int, last_only: bool) -> None:
+        """One run on the capture's stream first: libraries set up their handles and workspaces outside capture.
+        It writes the KV that the replay writes again, bit for bit."""
         side = self._stream
         side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):  # one run first: libraries set up their handles and workspaces outside capture
-            self._body(T, last_only)  # it writes the KV the replay writes again, bit for bit
+        with torch.cuda.stream(side):
+            self._body(T, last_only)
         torch.cuda.current_stream().wait_stream(side)
+
+    def _record(self, T: int, last_only: bool) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._mempool, stream=side, capture_error_mode="thread_local"):
+        with torch.cuda.graph(graph, pool=self._mempool, stream=self._stream, capture_error_mode="thread_local"):
             out = self._body(T, last_only)
         log.debug("captured a CUDA graph of %d rows (last only: %s)", T, last_only)
         return graph, out
