@@ -118,7 +118,7 @@ def rows_differing(model: Transformer, context: list[int], n: int) -> tuple[int,
 
 
 def set_graphs(model: Transformer, on: bool) -> None:
-    model.graphs = StepGraphs(model.scores, capture=DEVICE == "cuda") if on else None
+    model.graphs = StepGraphs(capture=DEVICE == "cuda") if on else None
 
 
 def first_passes_ms(model: Transformer, pool: KVPool) -> dict[int, float]:
@@ -141,7 +141,7 @@ def graphs_vs_eager(model: Transformer, context: list[int]) -> str:
     out = {}
     for mode in ("eager", "uncaptured", "graphs"):
         capture = mode == "graphs" and DEVICE == "cuda"
-        model.graphs = None if mode == "eager" else StepGraphs(model.scores, capture=capture)
+        model.graphs = None if mode == "eager" else StepGraphs(capture=capture)
         out[mode] = feed(model, fresh(model, context), ids)
     diff = (out["graphs"] - out["eager"]).abs().max().item()
     flips = int((out["graphs"].argmax(-1) != out["eager"].argmax(-1)).sum())

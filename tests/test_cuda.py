@@ -42,7 +42,7 @@ def test_short_passes_score_each_row_exactly_as_a_step(graphs):
 
 def test_a_replayed_graph_computes_what_its_passes_compute_uncaptured():
     model = wide_model()
-    replayed, uncaptured = model.graphs, StepGraphs(model.scores, capture=False)
+    replayed, uncaptured = model.graphs, StepGraphs(capture=False)
     c = model.cfg
     out = {}
     for name, graphs in (("replayed", replayed), ("uncaptured", uncaptured)):

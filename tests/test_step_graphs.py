@@ -18,7 +18,7 @@ from tests.tiny import ENGINE_CFG, QWEN2_TINY, hf_model, model_config, pass_and_
 def tiny(cfg: dict = QWEN2_TINY, fixed: bool = True) -> Transformer:
     model = Transformer.from_state_dict(model_config(cfg), state_dict(hf_model(cfg, 5)), torch.float32, "cpu", 512)
     if fixed:
-        model.graphs = StepGraphs(model.scores, capture=False)
+        model.graphs = StepGraphs(capture=False)
     return model
 
 
@@ -100,7 +100,7 @@ def test_a_model_moved_to_another_pool_reads_that_pool():
 def test_greedy_speculation_over_fixed_shape_passes_equals_plain(drafter, k):
     engine = tiny_engine()
     for model in (engine.target, engine.draft):
-        model.graphs = StepGraphs(model.scores, capture=False)
+        model.graphs = StepGraphs(capture=False)
     drafted, accepted, _, _ = greedy_identity(engine, drafter, k)
     assert drafted > 0 and accepted > 0
 
@@ -140,7 +140,7 @@ def _fake_cuda(monkeypatch, error: type[Exception]) -> None:
 def test_a_failed_capture_falls_back_to_the_same_passes_uncaptured(monkeypatch):
     _fake_cuda(monkeypatch, RuntimeError)
     fixed, eager = tiny(), tiny(fixed=False)
-    fixed.graphs = StepGraphs(fixed.scores, capture=True)
+    fixed.graphs = StepGraphs(capture=True)
     a, b = pool_for(fixed), pool_for(eager)
     for ids in (list(range(10, 40)), [3], [4, 5], [6]):
         torch.testing.assert_close(feed(fixed, a, 0, ids), feed(eager, b, 0, ids), rtol=1e-4, atol=1e-4)
@@ -150,8 +150,26 @@ def test_a_failed_capture_falls_back_to_the_same_passes_uncaptured(monkeypatch):
 def test_running_out_of_memory_while_capturing_is_not_taken_for_an_uncapturable_op(monkeypatch):
     _fake_cuda(monkeypatch, torch.cuda.OutOfMemoryError)
     fixed = tiny()
-    fixed.graphs = StepGraphs(fixed.scores, capture=True)
+    fixed.graphs = StepGraphs(capture=True)
     pool = pool_for(fixed)
     with pytest.raises(torch.cuda.OutOfMemoryError):
         feed(fixed, pool, 0, [3, 4])
     assert fixed.graphs.capture  # the next pass tries again
+
+
+def test_a_dropped_model_is_freed_at_once_graphs_and_all():
+    """No reference cycle between a model and its graphs: on a GPU, a model dropped (another pair loaded) must give
+    its memory back when the last reference goes, not whenever the cycle collector next runs."""
+    import gc
+    import weakref
+
+    model = tiny()
+    pool = pool_for(model)
+    feed(model, pool, 0, [3, 4, 5])
+    gone = weakref.ref(model)
+    gc.disable()
+    try:
+        del model
+        assert gone() is None
+    finally:
+        gc.enable()

@@ -31,16 +31,18 @@ def graphs_wanted() -> bool:
 
 
 class StepGraphs:
-    """The model's passes of up to ROW_WISE_MAX tokens. capture=False runs the same fixed-shape passes without
+    """A model's passes of up to ROW_WISE_MAX tokens. capture=False runs the same fixed-shape passes without
     graphs: the CPU's tests check them that way, and a GPU falls back to it if a capture fails."""
 
-    def __init__(self, scores: Scores, capture: bool = True) -> None:
-        self.scores, self.capture = scores, capture
+    def __init__(self, capture: bool = True) -> None:
+        self.capture = capture
         self.captured: dict[tuple[int, bool], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self._pool: KVPool | None = None
 
-    def run(self, ids: torch.Tensor, cache: CacheView, last_only: bool) -> torch.Tensor:
-        """ids (T,) written at cache's positions -> the LM head's rows (T, ...) or (1, ...), as Transformer.scores."""
+    def run(self, scores: Scores, ids: torch.Tensor, cache: CacheView, last_only: bool) -> torch.Tensor:
+        """ids (T,) written at cache's positions -> the LM head's rows (T, ...) or (1, ...), as `scores` (the model's
+        Transformer.scores, passed in on each call so that the model and its graphs hold no reference cycle: a
+        model dropped frees its GPU memory at once)."""
         self._bind(cache.pool)
         T = len(ids)
         self._ids[:T].copy_(ids)
@@ -49,17 +51,17 @@ class StepGraphs:
         self._meta.copy_(torch.tensor([cache.end - T, *table, *pad]))  # the pass's start, then its block table
         key = (T, last_only)
         if not self.capture:
-            return self._body(*key)
+            return self._body(scores, *key)
         if key not in self.captured:
-            self._warm_up(*key)
+            self._warm_up(scores, *key)
             try:
-                self.captured[key] = self._record(*key)
+                self.captured[key] = self._record(scores, *key)
             except torch.cuda.OutOfMemoryError:
                 raise
             except RuntimeError as e:  # an op that cannot be captured: the same passes, eagerly
                 log.warning("CUDA graph capture failed (%s); short passes run eagerly", e)
                 self.capture = False
-                return self._body(*key)
+                return self._body(scores, *key)
         graph, out = self.captured[key]
         graph.replay()
         return out.clone()
@@ -78,24 +80,24 @@ class StepGraphs:
             self._mempool = torch.cuda.graph_pool_handle()
             self._stream = torch.cuda.Stream(dev)
 
-    def _body(self, T: int, last_only: bool) -> torch.Tensor:
+    def _body(self, scores: Scores, T: int, last_only: bool) -> torch.Tensor:
         m = self._pool.manager
         positions = self._meta[:1] + self._rows[:T]  # (T,)
         view = SlotView(self._pool, positions, slot_map(self._meta[1:], m.block_size, m.max_seq_len))
-        return self.scores(self._ids[:T], view, last_only)
+        return scores(self._ids[:T], view, last_only)
 
-    def _warm_up(self, T: int, last_only: bool) -> None:
+    def _warm_up(self, scores: Scores, T: int, last_only: bool) -> None:
         """One run on the capture's stream first: libraries set up their handles and workspaces outside capture.
         It writes the KV that the replay writes again, bit for bit."""
         side = self._stream
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
-            self._body(T, last_only)
+            self._body(scores, T, last_only)
         torch.cuda.current_stream().wait_stream(side)
 
-    def _record(self, T: int, last_only: bool) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+    def _record(self, scores: Scores, T: int, last_only: bool) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._mempool, stream=self._stream, capture_error_mode="thread_local"):
-            out = self._body(T, last_only)
+            out = self._body(scores, T, last_only)
         log.debug("captured a CUDA graph of %d rows (last only: %s)", T, last_only)
         return graph, out

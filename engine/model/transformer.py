@@ -169,7 +169,7 @@ class Transformer(nn.Module):
         trimmed head's own rows (T, len(head)) are returned as they are, not widened to V."""
         assert start == cache.end - len(ids), "the cache view is for another pass"
         if self.graphs is not None and len(ids) <= ROW_WISE_MAX:
-            logits = self.graphs.run(ids, cache, last_only)
+            logits = self.graphs.run(self.scores, ids, cache, last_only)
         else:
             logits = self.scores(ids, cache, last_only)
         if self.head is None or head_rows:
@@ -228,5 +228,5 @@ class Transformer(nn.Module):
         if torch.device(device).type != "cpu":  # a GPU library's kernel may depend on the row count
             pad_short_passes(model)
         if torch.device(device).type == "cuda" and graphs_wanted():
-            model.graphs = StepGraphs(model.scores)
+            model.graphs = StepGraphs()
         return model.eval()
