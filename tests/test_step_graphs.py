@@ -9,7 +9,7 @@ import torch
 from engine.model.kv_cache import BlockManager, KVPool
 from engine.model.row_padding import pad_short_passes
 from engine.model.slot_view import slot_map
-from engine.model.step_graphs import StepGraphs, graphs_wanted
+from engine.model.step_graphs import StepGraphs, exact_graphs, graphs_wanted, rows_keep_their_bits
 from engine.model.transformer import Transformer
 from tests.test_exactness import greedy_identity
 from tests.tiny import ENGINE_CFG, QWEN2_TINY, hf_model, model_config, pass_and_steps, state_dict, tiny_engine
@@ -173,3 +173,25 @@ def test_a_dropped_model_is_freed_at_once_graphs_and_all():
         assert gone() is None
     finally:
         gc.enable()
+
+
+def test_the_padded_attention_keeps_each_rows_bits_wherever_it_sits():
+    assert rows_keep_their_bits(4, 2, 16, 200, "cpu", torch.float32)
+    assert rows_keep_their_bits(14, 2, 64, 300, "cpu", torch.bfloat16)  # the draft's head layout, in bf16
+
+
+def test_no_graphs_where_the_attention_would_round_a_row_by_its_place(monkeypatch):
+    import engine.model.step_graphs as sg
+
+    honest = sg.padded_rows
+
+    def by_place(q, keys, values, bias):  # a library whose kernels round the rows after the first otherwise
+        out = honest(q, keys, values, bias)
+        out[1:] = out[1:] * (1 + 2**-20)
+        return out
+
+    cfg = model_config(QWEN2_TINY)
+    assert isinstance(exact_graphs(cfg, 128, "cpu", torch.float32), StepGraphs)
+    monkeypatch.setattr(sg, "padded_rows", by_place)
+    assert not rows_keep_their_bits(4, 2, 16, 128, "cpu", torch.float32)
+    assert exact_graphs(cfg, 128, "cpu", torch.float32) is None

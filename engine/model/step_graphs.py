@@ -16,7 +16,8 @@ from collections.abc import Callable
 
 import torch
 
-from engine.model.attention import ROW_WISE_MAX
+from engine.api.config import ModelConfig
+from engine.model.attention import ROW_WISE_MAX, padded_rows
 from engine.model.kv_cache import CacheView, KVPool
 from engine.model.slot_view import SlotView, slot_map
 
@@ -28,6 +29,38 @@ log = logging.getLogger(__name__)
 def graphs_wanted() -> bool:
     """SPECLENS_CUDA_GRAPHS=0 runs short passes eagerly on a GPU (for A/B timings)."""
     return os.environ.get("SPECLENS_CUDA_GRAPHS", "1") != "0"
+
+
+@torch.inference_mode()
+def rows_keep_their_bits(heads: int, kv_heads: int, head_dim: int, length: int, device: torch.device | str,
+                         dtype: torch.dtype) -> bool:
+    """Whether padded_rows gives each row the same bits wherever among the padded rows it sits and whatever the
+    others hold: a captured pass scores a plain step's row at index 0 and a verify pass's i-th at index i. A library
+    picks its kernel by shape, not by values, so random values do for the probe (as engine.model.row_padding's)."""
+    gen = torch.Generator(device=device).manual_seed(0)
+
+    def rand(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=gen, device=device, dtype=dtype)
+
+    q = rand(ROW_WISE_MAX, heads, head_dim)  # (R, H, D)
+    keys, values = rand(kv_heads, length, head_dim), rand(kv_heads, length, head_dim)  # (Hkv, S, D)
+    bias = torch.zeros(ROW_WISE_MAX, length, device=device)
+    together = padded_rows(q, keys, values, bias)  # (R, H * D)
+    for r in range(ROW_WISE_MAX):
+        alone = torch.zeros_like(q)
+        alone[0] = q[r]
+        if not torch.equal(padded_rows(alone, keys, values, bias)[0], together[r]):
+            return False
+    return True
+
+
+def exact_graphs(cfg: ModelConfig, max_len: int, device: torch.device | str, dtype: torch.dtype) -> StepGraphs | None:
+    """CUDA graphs for a model's short passes, unless their attention would give a row other bits by its place in
+    the pass: then None, and the eager passes, which attend row by row, keep greedy speculation exact."""
+    if rows_keep_their_bits(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, max_len, device, dtype):
+        return StepGraphs()
+    log.warning("CUDA graphs off: this GPU's batched attention rounds a row by its place in the pass")
+    return None
 
 
 class StepGraphs:

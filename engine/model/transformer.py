@@ -17,7 +17,7 @@ from engine.model.head_part import HeadPart
 from engine.model.kv_cache import CacheView
 from engine.model.row_padding import pad_short_passes
 from engine.model.slot_view import SlotView
-from engine.model.step_graphs import StepGraphs, graphs_wanted
+from engine.model.step_graphs import StepGraphs, exact_graphs, graphs_wanted
 
 
 Angles = tuple[torch.Tensor, torch.Tensor]  # cos and the signed sin at a pass's positions, each (T, 1, D)
@@ -228,5 +228,5 @@ class Transformer(nn.Module):
         if torch.device(device).type != "cpu":  # a GPU library's kernel may depend on the row count
             pad_short_passes(model)
         if torch.device(device).type == "cuda" and graphs_wanted():
-            model.graphs = StepGraphs()
+            model.graphs = exact_graphs(cfg, max_len or cfg.max_position_embeddings, device, dtype)
         return model.eval()
