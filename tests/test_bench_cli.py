@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 import engine.io.provision
 import engine.tools.bench as bench_mod
@@ -154,3 +155,13 @@ def test_a_quantized_run_names_the_kernels_that_ran():
 
     said = bench_mod.ran_kernels(Quantized())
     assert said == ext.describe() and (said.endswith(("(prebuilt)", "(cache)", "(compiled)")) or "fallback" in said)
+
+
+def test_a_gpu_run_says_whether_its_short_passes_were_cuda_graphs():
+    from types import SimpleNamespace
+
+    def on_gpu(graphs):
+        return SimpleNamespace(device=torch.device("cuda"), target=SimpleNamespace(graphs=graphs), weights_format=None)
+
+    assert bench_mod.ran_kernels(on_gpu(object())) == "cuBLAS, short passes as CUDA graphs"
+    assert bench_mod.ran_kernels(on_gpu(None)) == "cuBLAS, eager (no CUDA graphs)"
