@@ -21,12 +21,13 @@ def slot_map(table: torch.Tensor, block_size: int, length: int) -> torch.Tensor:
 
 
 class SlotView:
-    """Writes the pass's positions (T,), consecutive, and reads positions [0, S) of one sequence through `slots`."""
+    """Writes T consecutive positions from `start` (1,), and reads positions [0, S) of one sequence through `slots`."""
 
-    def __init__(self, pool: KVPool, positions: torch.Tensor, slots: torch.Tensor) -> None:
-        self.pool, self.positions, self.slots = pool, positions, slots
-        self.write = slots[positions]  # (T,)
-        padded = positions[:1] + torch.arange(ROW_WISE_MAX, device=slots.device)  # (R,): rows past T are padding
+    def __init__(self, pool: KVPool, start: torch.Tensor, T: int, slots: torch.Tensor) -> None:
+        self.pool, self.slots = pool, slots
+        padded = start + torch.arange(ROW_WISE_MAX, device=slots.device)  # (R,): rows past T are padding
+        self.positions = padded[:T]  # (T,)
+        self.write = slots[self.positions]  # (T,)
         seen = torch.arange(len(slots), device=slots.device)  # (S,)
         hidden = seen.unsqueeze(0) > padded.unsqueeze(1)  # (R, S): a row sees positions <= its own
         self.bias = torch.zeros(hidden.shape, device=slots.device).masked_fill(hidden, float("-inf"))  # (R, S)

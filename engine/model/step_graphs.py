@@ -2,9 +2,9 @@
 
 Run eagerly, a decode step of the embedded target launches a small kernel from Python for each of ~45 operations a
 layer, and the launching, not the GPU, sets its time (16-24 ms on an H200, 4.5 ms as a graph: README, Performance).
-A graph launches them all at once. It fixes every shape and address, so a captured pass runs through a SlotView: each row
-attends over every position its sequence can reach, with tensors of one shape whatever the pass's length, which
-also keeps a verify pass's rows bitwise a plain step's. One graph is captured per row count and output form, on
+A graph launches them all at once. It fixes every shape and address, so a captured pass runs through a SlotView:
+each row attends over every position its sequence can reach, with tensors of one shape whatever the pass's length,
+which also keeps a verify pass's rows bitwise a plain step's. One graph is captured per row count and output form, on
 first use; inputs go through static buffers. All of a model's graphs share one memory pool, so each output is
 copied out at once, before another graph can reuse its memory.
 """
@@ -108,15 +108,13 @@ class StepGraphs:
         self._pool = pool
         self._ids = torch.zeros(ROW_WISE_MAX, dtype=torch.long, device=dev)  # (16,)
         self._meta = torch.zeros(1 + -(-m.max_seq_len // m.block_size), dtype=torch.long, device=dev)  # (1 + blocks,)
-        self._rows = torch.arange(ROW_WISE_MAX, device=dev)  # (16,)
         if self.capture:
             self._mempool = torch.cuda.graph_pool_handle()
             self._stream = torch.cuda.Stream(dev)
 
     def _body(self, scores: Scores, T: int, last_only: bool) -> torch.Tensor:
         m = self._pool.manager
-        positions = self._meta[:1] + self._rows[:T]  # (T,)
-        view = SlotView(self._pool, positions, slot_map(self._meta[1:], m.block_size, m.max_seq_len))
+        view = SlotView(self._pool, self._meta[:1], T, slot_map(self._meta[1:], m.block_size, m.max_seq_len))
         return scores(self._ids[:T], view, last_only)
 
     def _warm_up(self, scores: Scores, T: int, last_only: bool) -> None:

@@ -133,8 +133,8 @@ def _decide(mod: ModuleType, field: str) -> int:
     else:
         times = time_stream_prefetch(mod)
         choice = choose_stream_prefetch(times)
-    log.info("kernel %s: %s -> %d", field, ", ".join(f"{c}: {a * 1e3:.3f} / {b * 1e3:.3f} ms" for c, (a, b) in times.items()),
-             choice)
+    said = ", ".join(f"{c}: {a * 1e3:.3f} / {b * 1e3:.3f} ms" for c, (a, b) in times.items())
+    log.info("kernel %s: %s -> %d", field, said, choice)
     return choice
 
 
