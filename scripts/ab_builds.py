@@ -1,0 +1,153 @@
+"""Two builds of the C++ kernels in one process, on the embedded pair, taking turns pass by pass: an A/B of a kernel
+change (a rewrite, a compiler flag) that the host's drift cannot fake.
+
+On the 2-vCPU development hosts the read bandwidth moves between ~36 and ~62 GB/s from one minute (sometimes one
+second) to the next, and a one-token step with it by a third; two builds timed in alternating processes then differ
+by whatever minutes each drew. Here both builds are loaded at once: "base" is the kernels of a git revision (default
+HEAD), built under another module name with the build's flags plus --base-flags; "new" is the working tree's build,
+the one the engine loads. Both run the same packed weights, so a change must keep the packed layout. Each round
+times every case once on each build, the builds' order alternating, and reads the bandwidth once; rounds are split
+into the host's moods where their bandwidths part by a gap, and each mood reports the median of the rounds' own
+new/base ratios with their quartiles.
+
+    python scripts/ab_builds.py [--base HEAD] [--base-flags "-fira-region=one"] [--rounds 40] [--cases t1,t5,d1]
+
+Cases: tN a target pass over N tokens after the prompt, dN the draft's.
+"""
+from __future__ import annotations
+
+import argparse
+import io
+import statistics
+import subprocess
+import tarfile
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from bench_kernels import ReadBandwidth, cpu_line
+from engine.model.forward import forward_chunked
+from engine.quant import build, ext
+from engine.quant.stack import QuantStack
+from engine.tools.bench import load
+
+ROOT = Path(__file__).resolve().parent.parent
+PROMPT = [{"role": "user", "content": "Write a Python function that returns the n-th Fibonacci number iteratively, "
+                                      "with a docstring and type hints."}]
+MOOD_GAP = 0.25  # bandwidths of two moods: sorted, they part by a step of at least this fraction of the median
+MOOD_SHARE = 0.1  # ... and each side holds at least this share of the rounds (a lone slow read is no mood)
+
+
+def build_base(rev: str, flags: list[str], folder: Path):
+    """The kernels' sources at `rev`, compiled under the name speclens_quant_ab with the build's flags + `flags`."""
+    from torch.utils import cpp_extension
+
+    tar = subprocess.run(["git", "-C", str(ROOT), "archive", rev, "engine/quant/csrc"], check=True,
+                         capture_output=True).stdout
+    tarfile.open(fileobj=io.BytesIO(tar)).extractall(folder / "src", filter="data")
+    csrc = folder / "src" / "engine" / "quant" / "csrc"
+    return cpp_extension.load(name="speclens_quant_ab", sources=[str(csrc / s) for s in build.SOURCES],
+                              extra_cflags=[*build.CFLAGS, *flags], extra_ldflags=list(build.LDFLAGS),
+                              build_directory=str(folder), verbose=False)
+
+
+def switcher(model: torch.nn.Module, base, new) -> Callable[[str], None]:
+    """use("base" | "new"): the model's kernel calls (its C++ stack and every module holding the extension) go to
+    that build."""
+    holders = [m for m in model.modules() if getattr(m, "_mod", None) is not None]
+    stacks = {}
+    for name, mod in (("base", base), ("new", new)):
+        own = ext.load
+        ext.load = lambda *a, _mod=mod, **k: _mod  # QuantStack asks ext.load() for its module
+        try:
+            stacks[name] = QuantStack(model)
+        finally:
+            ext.load = own
+
+    def use(which: str) -> None:
+        mod = base if which == "base" else new
+        model.stack = stacks[which]
+        for h in holders:
+            h._mod = mod
+
+    return use
+
+
+def moods(bws: list[float]) -> list[str]:
+    """'fast' / 'slow' per round where the sorted bandwidths part by a gap, else 'all'."""
+    ranked = sorted(bws)
+    least = max(3, round(MOOD_SHARE * len(ranked)))
+    gaps = [(ranked[i] - ranked[i - 1], ranked[i - 1]) for i in range(least, len(ranked) - least + 1)]
+    if not gaps or max(gaps)[0] < MOOD_GAP * statistics.median(ranked):
+        return ["all"] * len(bws)
+    cut = max(gaps)[1]
+    return ["slow" if b <= cut else "fast" for b in bws]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--base", default="HEAD", help="the git revision whose kernels are the base")
+    ap.add_argument("--base-flags", default="", help="compiler flags added to the base build's")
+    ap.add_argument("--rounds", type=int, default=40)
+    ap.add_argument("--cases", default="t1,t2,t3,t5,t9,d1,d3")
+    a = ap.parse_args()
+    cases = [(c[0], int(c[1:])) for c in a.cases.split(",")]
+
+    engine = load(None, None, None)
+    new = ext.load()
+    with tempfile.TemporaryDirectory() as tmp:
+        base = build_base(a.base, a.base_flags.split(), Path(tmp))
+    base.set_pair_from(new.pair_from())  # this machine's tile choices, as the engine's build has them
+    base.set_stream_prefetch(new.stream_prefetch())
+    print(cpu_line())
+    print(f"base: {a.base} {a.base_flags}; new: the working tree; kernels {new.isa()}")
+
+    ids = engine.encode_chat(PROMPT)
+    models = {"t": (engine.target, engine.target_pool, 0), "d": (engine.model_drafter.model, engine.model_drafter.pool,
+                                                                 engine.model_drafter.seq)}
+    use = {k: switcher(m, base, new) for k, (m, _, _) in models.items()}
+    engine.reset()
+    for model, pool, seq in models.values():
+        forward_chunked(model, pool, seq, ids[:-1], engine.device)
+    n0 = len(ids) - 1
+
+    def once(kind: str, width: int) -> float:
+        model, pool, seq = models[kind]
+        pool.manager.truncate_to(seq, n0)
+        start, end = pool.manager.append(seq, width)
+        t = time.perf_counter()
+        model(torch.tensor(ids[-1:] * width), start, pool.view(seq, start, end))
+        return (time.perf_counter() - t) * 1e3
+
+    reader = ReadBandwidth()
+    ms: dict[tuple[str, int, str], list[float]] = {}
+    bws = []
+    for r in range(a.rounds):
+        for kind, width in cases:
+            for which in (("base", "new") if r % 2 == 0 else ("new", "base")):
+                use[kind](which)
+                ms.setdefault((kind, width, which), []).append(once(kind, width))
+        bws.append(reader.once())
+    for kind in models:
+        use[kind]("new")
+
+    split = moods(bws)
+    for mood in dict.fromkeys(split):
+        rounds = [i for i, m in enumerate(split) if m == mood]
+        span = [bws[i] for i in rounds]
+        print(f"{mood}: {len(rounds)} rounds, read bandwidth {min(span):.0f}-{max(span):.0f} GB/s")
+        for kind, width in cases:
+            b = [ms[(kind, width, "base")][i] for i in rounds]
+            n = [ms[(kind, width, "new")][i] for i in rounds]
+            ratios = sorted(y / x for x, y in zip(b, n))
+            q = len(ratios) // 4
+            name = "target" if kind == "t" else "draft"
+            print(f"  {name} pass of {width:2d}: base {statistics.median(b):7.2f} ms  new {statistics.median(n):7.2f} ms"
+                  f"  new/base {statistics.median(ratios):.3f} (quartiles {ratios[q]:.3f}-{ratios[-q - 1]:.3f})")
+
+
+if __name__ == "__main__":
+    main()
