@@ -6,11 +6,12 @@ Prints, for the target (Qwen2.5-1.5B's shapes) and the draft (0.5B's), run eager
 the first pass of each length (which captures its graph), how many rows of a pass differ bitwise from one-token
 steps, and how far the graphs' logits are from the eager ones. Then the whole engine over the two models (a
 character tokenizer, greedy, no EOS): ms per round and per token, plain and speculative, against the passes alone,
-which is what the engine spends outside the model. With random weights the draft model's tokens are rarely
+which is what the engine spends outside the model (--profile instead: the passes' device time kernel by kernel,
+eager and replayed, from torch.profiler). With random weights the draft model's tokens are rarely
 accepted; the n-gram drafter's are, on a repetitive prompt. With --padding, the earlier study: every matmul and
 norm padded to 16 rows, one row padded to two, or none, and which row counts give F.linear's rows the same bits.
 Usage:
-    python scripts/bench_gpu.py [--reps 30] [--context 200] [--max-len 4096] [--tokens 96] [--padding]
+    python scripts/bench_gpu.py [--reps 30] [--context 200] [--max-len 4096] [--tokens 96] [--padding] [--profile]
 """
 from __future__ import annotations
 
@@ -185,6 +186,43 @@ def padding_study(model: Transformer, name: str, context: list[int], reps: int) 
     set_padding(model, 1)  # back to as the engine runs it
 
 
+def kernel_profile(model: Transformer, name: str, context: list[int], reps: int, top: int = 12) -> None:
+    """Where a pass's device time goes, kernel by kernel: `reps` one-token steps and 5-token passes under
+    torch.profiler, eagerly and replayed from graphs (the same kernels: a replay saves their launches, not their
+    time). On the CPU (--smoke) the profile is of CPU ops and says nothing about a GPU."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activity = ProfilerActivity.CUDA if DEVICE == "cuda" else ProfilerActivity.CPU
+    for mode in ("eager", "graphs"):
+        set_graphs(model, mode == "graphs")
+        pool = fresh(model, context)
+        for n in (1, 5):
+            pass_ms(model, pool, n, 2)  # warm: the graph of this length captured before the profile
+            base, ids = pool.manager.length(0), list(range(7, 7 + n))
+            with profile(activities=[activity]) as prof:
+                for _ in range(reps):
+                    feed(model, pool, ids)
+                    pool.manager.truncate_to(0, base)
+                sync()
+            rows = [(_own_us(e), e.count, e.key) for e in prof.key_averages()
+                    if (DEVICE == "cpu" or e.device_type.name == "CUDA") and _own_us(e) > 0]
+            rows.sort(reverse=True)
+            total = sum(us for us, _, _ in rows)
+            what = "kernels" if DEVICE == "cuda" else "CPU ops"
+            print(f"{name}, {mode}, pass of {n}: {total / reps:.0f} us of device time a pass in "
+                  f"{sum(c for _, c, _ in rows) / reps:.0f} {what}; the {top} largest:")
+            for us, count, key in rows[:top]:
+                print(f"    {us / reps:8.1f} us {100 * us / total:5.1f}%  x{count / reps:<5.0f} {key[:90]}")
+    set_graphs(model, True)
+
+
+def _own_us(event) -> float:
+    """An op's own time on its device (µs, over the profile): the kernel time under CUDA, the CPU time on the CPU."""
+    if DEVICE == "cpu":
+        return event.self_cpu_time_total
+    return getattr(event, "self_device_time_total", None) or getattr(event, "self_cuda_time_total", 0.0)
+
+
 def engine_rounds(target: Transformer, draft: Transformer, tokens: int) -> None:
     """The engine's rounds, plain and speculative, with graphs: time per round against the passes it runs."""
     cache = CacheConfig(block_size=16, max_seq_len=MAX_LEN)
@@ -212,6 +250,7 @@ def main() -> None:
     ap.add_argument("--max-len", type=int, default=MAX_LEN, help="the cache's length, which a graph attends over")
     ap.add_argument("--tokens", type=int, default=96, help="new tokens per engine request")
     ap.add_argument("--padding", action="store_true", help="also the eager row-padding study")
+    ap.add_argument("--profile", action="store_true", help="only the kernel-level profile of passes (torch.profiler)")
     ap.add_argument("--smoke", action="store_true", help="two layers on the CPU: checks the script, measures nothing")
     args = ap.parse_args()
     MAX_LEN = args.max_len
@@ -229,11 +268,16 @@ def main() -> None:
         model = random_model(ModelConfig.from_hf(raw), seed=len(name))
         probed = sum(isinstance(m, RowPadded) for m in model.modules())
         print(f"{name}: the load's probe padded {probed} of {6 * len(model.layers) + 2} matmuls and norms")
+        if args.profile:
+            kernel_profile(model, name, context, args.reps)
+            continue
         step[name] = modes(model, name, context, args.reps)
         if args.padding:
             padding_study(model, name, context, args.reps)
         set_graphs(model, True)
         models[name] = model
+    if args.profile:
+        return
     target, draft = list(SHAPES)
     for mode in ("eager", "graphs"):
         print(f"draft step / target step, {mode} (c at one drafted token a step): "
