@@ -4,13 +4,13 @@ change (a rewrite, a compiler flag) that the host's drift cannot fake.
 On the 2-vCPU development hosts the read bandwidth moves between ~36 and ~62 GB/s from one minute (sometimes one
 second) to the next, and a one-token step with it by a third; two builds timed in alternating processes then differ
 by whatever minutes each drew. Here both builds are loaded at once: "base" is the kernels of a git revision (default
-HEAD), built under another module name with the build's flags plus --base-flags; "new" is the working tree's build,
-the one the engine loads. Both run the same packed weights, so a change must keep the packed layout. Each round
-times every case once on each build, the builds' order alternating, and reads the bandwidth once; rounds are split
-into the host's moods where their bandwidths part by a gap, and each mood reports the median of the rounds' own
-new/base ratios with their quartiles.
+HEAD), built under another module name with the working tree's build flags plus --base-flags; "new" is the working
+tree's build, the one the engine loads. Both run the same packed weights, so a change must keep the packed layout.
+Each round times every case once on each build, the builds' order alternating, and reads the bandwidth once; rounds
+are split into the host's moods where their bandwidths part by a gap, and each mood reports the median of the
+rounds' own new/base ratios with their quartiles.
 
-    python scripts/ab_builds.py [--base HEAD] [--base-flags "-fira-region=one"] [--rounds 40] [--cases t1,t5,d1]
+    python scripts/ab_builds.py [--base HEAD] [--base-flags=-fira-region=one] [--rounds 40] [--cases t1,t5,d1]
 
 Cases: tN a target pass over N tokens after the prompt, dN the draft's.
 """
@@ -58,14 +58,7 @@ def switcher(model: torch.nn.Module, base, new) -> Callable[[str], None]:
     """use("base" | "new"): the model's kernel calls (its C++ stack and every module holding the extension) go to
     that build."""
     holders = [m for m in model.modules() if getattr(m, "_mod", None) is not None]
-    stacks = {}
-    for name, mod in (("base", base), ("new", new)):
-        own = ext.load
-        ext.load = lambda *a, _mod=mod, **k: _mod  # QuantStack asks ext.load() for its module
-        try:
-            stacks[name] = QuantStack(model)
-        finally:
-            ext.load = own
+    stacks = {"base": QuantStack(model, base), "new": QuantStack(model, new)}
 
     def use(which: str) -> None:
         mod = base if which == "base" else new
@@ -145,8 +138,9 @@ def main() -> None:
             ratios = sorted(y / x for x, y in zip(b, n))
             q = len(ratios) // 4
             name = "target" if kind == "t" else "draft"
-            print(f"  {name} pass of {width:2d}: base {statistics.median(b):7.2f} ms  new {statistics.median(n):7.2f} ms"
-                  f"  new/base {statistics.median(ratios):.3f} (quartiles {ratios[q]:.3f}-{ratios[-q - 1]:.3f})")
+            print(f"  {name} pass of {width:2d}: base {statistics.median(b):7.2f} ms  "
+                  f"new {statistics.median(n):7.2f} ms  new/base {statistics.median(ratios):.3f} "
+                  f"(quartiles {ratios[q]:.3f}-{ratios[-q - 1]:.3f})")
 
 
 if __name__ == "__main__":

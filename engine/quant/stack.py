@@ -9,6 +9,7 @@ and speculative decoding make the same prefill calls and only passes of <= 16 to
 """
 from __future__ import annotations
 
+from types import ModuleType
 from typing import TYPE_CHECKING
 
 import torch
@@ -39,8 +40,10 @@ def _spec(lin: QuantLinear) -> tuple:
 class QuantStack:
     """Runs `model.layers` and `model.norm` for T <= 16 tokens: (T, C) embeddings -> (T, C) normed states."""
 
-    def __init__(self, model: Transformer) -> None:
-        mod = ext.load()
+    def __init__(self, model: Transformer, mod: ModuleType | None = None) -> None:
+        """mod: the compiled kernels to run on (by default the engine's, ext.load(); scripts/ab_builds.py gives
+        another build of them)."""
+        mod = mod or ext.load()
         if mod is None:
             raise ValueError("the quantized kernels are not available")
         cfg = model.cfg
