@@ -58,7 +58,7 @@ def switcher(model: torch.nn.Module, base, new) -> Callable[[str], None]:
     """use("base" | "new"): the model's kernel calls (its C++ stack and every module holding the extension) go to
     that build."""
     holders = [m for m in model.modules() if getattr(m, "_mod", None) is not None]
-    stacks = {"base": QuantStack(model, base), "new": QuantStack(model, new)}
+    stacks = {"base": QuantStack(model, base), "new": model.stack}  # the engine's own stack runs on `new`
 
     def use(which: str) -> None:
         mod = base if which == "base" else new
