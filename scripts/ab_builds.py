@@ -11,6 +11,7 @@ are split into the host's moods where their bandwidths part by a gap, and each m
 rounds' own new/base ratios with their quartiles.
 
     python scripts/ab_builds.py [--base HEAD] [--base-flags=-fira-region=one] [--rounds 40] [--cases t1,t5,d1]
+    python scripts/ab_builds.py --base-prefetch 1   # a run-time choice of tune.py, the builds otherwise the same
 
 Cases: tN a target pass over N tokens after the prompt, dN the draft's.
 """
@@ -86,6 +87,10 @@ def main() -> None:
     ap.add_argument("--base-flags", default="", help="compiler flags added to the base build's")
     ap.add_argument("--rounds", type=int, default=40)
     ap.add_argument("--cases", default="t1,t2,t3,t5,t9,d1,d3")
+    ap.add_argument("--base-prefetch", type=int, choices=(0, 1), default=None,
+                    help="the base build's weights asked ahead over 1-6 rows (default: as the engine's, tune.py)")
+    ap.add_argument("--base-pair-from", type=int, default=None,
+                    help="the base build's rows from which groups run in pairs (default: as the engine's)")
     a = ap.parse_args()
     cases = [(c[0], int(c[1:])) for c in a.cases.split(",")]
 
@@ -93,10 +98,13 @@ def main() -> None:
     new = ext.load()
     with tempfile.TemporaryDirectory() as tmp:
         base = build_base(a.base, a.base_flags.split(), Path(tmp))
-    base.set_pair_from(new.pair_from())  # this machine's tile choices, as the engine's build has them
-    base.set_stream_prefetch(new.stream_prefetch())
+    # this machine's tile choices, as the engine's build has them, unless the A/B is of those choices
+    base.set_pair_from(new.pair_from() if a.base_pair_from is None else a.base_pair_from)
+    base.set_stream_prefetch(new.stream_prefetch() if a.base_prefetch is None else a.base_prefetch)
     print(cpu_line())
-    print(f"base: {a.base} {a.base_flags}; new: the working tree; kernels {new.isa()}")
+    print(f"base: {a.base} {a.base_flags} (pair from {base.pair_from()}, prefetch {int(base.stream_prefetch())}); "
+          f"new: the working tree (pair from {new.pair_from()}, prefetch {int(new.stream_prefetch())}); "
+          f"kernels {new.isa()}")
 
     ids = engine.encode_chat(PROMPT)
     models = {"t": (engine.target, engine.target_pool, 0), "d": (engine.model_drafter.model, engine.model_drafter.pool,
