@@ -23,21 +23,21 @@ import statistics
 import subprocess
 import tarfile
 import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
 from bench_kernels import ReadBandwidth, cpu_line
-from engine.model.forward import forward_chunked
 from engine.quant import build, ext
 from engine.quant.stack import QuantStack
 from engine.tools.bench import load
+from pair_passes import PairPasses
 
 ROOT = Path(__file__).resolve().parent.parent
 PROMPT = [{"role": "user", "content": "Write a Python function that returns the n-th Fibonacci number iteratively, "
                                       "with a docstring and type hints."}]
+KINDS = {"t": "target", "d": "draft"}  # the cases' letters
 MOOD_GAP = 0.25  # bandwidths of two moods: sorted, they part by a step of at least this fraction of the median
 MOOD_SHARE = 0.1  # ... and each side holds at least this share of the rounds (a lone slow read is no mood)
 
@@ -106,22 +106,8 @@ def main() -> None:
           f"new: the working tree (pair from {new.pair_from()}, prefetch {int(new.stream_prefetch())}); "
           f"kernels {new.isa()}")
 
-    ids = engine.encode_chat(PROMPT)
-    models = {"t": (engine.target, engine.target_pool, 0), "d": (engine.model_drafter.model, engine.model_drafter.pool,
-                                                                 engine.model_drafter.seq)}
-    use = {k: switcher(m, base, new) for k, (m, _, _) in models.items()}
-    engine.reset()
-    for model, pool, seq in models.values():
-        forward_chunked(model, pool, seq, ids[:-1], engine.device)
-    n0 = len(ids) - 1
-
-    def once(kind: str, width: int) -> float:
-        model, pool, seq = models[kind]
-        pool.manager.truncate_to(seq, n0)
-        start, end = pool.manager.append(seq, width)
-        t = time.perf_counter()
-        model(torch.tensor(ids[-1:] * width), start, pool.view(seq, start, end))
-        return (time.perf_counter() - t) * 1e3
+    passes = PairPasses(engine, engine.encode_chat(PROMPT))
+    use = {k: switcher(passes.models[name][0], base, new) for k, name in KINDS.items()}
 
     reader = ReadBandwidth()
     ms: dict[tuple[str, int, str], list[float]] = {}
@@ -130,9 +116,9 @@ def main() -> None:
         for kind, width in cases:
             for which in (("base", "new") if r % 2 == 0 else ("new", "base")):
                 use[kind](which)
-                ms.setdefault((kind, width, which), []).append(once(kind, width))
+                ms.setdefault((kind, width, which), []).append(passes.once(KINDS[kind], width))
         bws.append(reader.once())
-    for kind in models:
+    for kind in KINDS:
         use[kind]("new")
 
     split = moods(bws)

@@ -27,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from datetime import date
 from pathlib import Path
 
@@ -36,13 +37,13 @@ import torch
 from engine.analysis.theory import theoretical_speedup
 from engine.tools.bench import read_prompts
 from engine.api.config import STOP_BELOW, SamplingParams, SpecParams
-from engine.model.forward import forward_chunked
 from engine.runtime.engine import Engine
 from engine.io.loading import load_engine
 from engine.quant import ext
 from engine.quant.cpu import this_cpu
 from engine.api.events import RoundEvent, Summary
 from engine.io.provision import default_pair
+from pair_passes import PairPasses
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "bench"
 DEFAULT_MODE = "hybrid K=4 stop"  # the app's default settings (app/views/controls_panel.py)
@@ -92,25 +93,25 @@ class ModeRun:
                 "tokens": self.tokens, "outputs": self.outputs, "rounds": self.rounds}
 
 
-def pass_costs(engine: Engine, prompt: list[int], widths=(1, 2, 3, 5, 9), repeats: int = 12) -> dict[int, float]:
-    """Median ms of one target forward over `width` new tokens after the prompt (a verify pass of K = width - 1).
+def pass_times(engine: Engine, prompt: list[int], widths=(1, 2, 3, 5, 9), repeats: int = 12,
+               after_round: Callable[[], None] | None = None) -> dict[int, list[float]]:
+    """ms of one target forward over `width` new tokens after the prompt (a verify pass of K = width - 1), per round.
     The widths take turns, round by round: a host whose speed drifts (±25% between minutes on a shared VM) then
-    moves all of them alike, and their ratios hold."""
-    pool, model = engine.target_pool, engine.target
-    engine.reset()
-    base = len(prompt) - 1
-    forward_chunked(model, pool, 0, prompt[:-1], engine.device)
+    moves all of them alike, and their ratios hold. `after_round` runs after each round (a bandwidth read)."""
+    passes = PairPasses(engine, prompt, draft=False)
     times: dict[int, list[float]] = {w: [] for w in widths}
     for _ in range(repeats):
         for w in widths:
-            pool.manager.truncate_to(0, base)
-            start, end = pool.manager.append(0, w)
-            feed = torch.tensor(prompt[-1:] * w, dtype=torch.long)
-            t = time.perf_counter()
-            model(feed, start, pool.view(0, start, end))
-            times[w].append(time.perf_counter() - t)
+            times[w].append(passes.once("target", w))
+        if after_round is not None:
+            after_round()
     engine.reset()
-    return {w: statistics.median(ts) * 1e3 for w, ts in times.items()}
+    return times
+
+
+def pass_costs(engine: Engine, prompt: list[int], widths=(1, 2, 3, 5, 9), repeats: int = 12) -> dict[int, float]:
+    """The median of pass_times for each width."""
+    return {w: statistics.median(ts) for w, ts in pass_times(engine, prompt, widths, repeats).items()}
 
 
 def alpha_hat(rounds: list[RoundEvent]) -> float:

@@ -23,12 +23,11 @@ import tempfile
 import time
 from pathlib import Path
 
-import torch
 
 from ab_builds import PROMPT
 from bench_kernels import cpu_line
-from engine.model.forward import forward_chunked
 from engine.tools.bench import load
+from pair_passes import PairPasses
 
 BURNER = r"""
 #include <stdlib.h>
@@ -67,21 +66,7 @@ def main() -> None:
     if not 0 < a.busy < a.period:
         raise SystemExit("--busy must be above 0 and below --period")
     engine = load(None, None, None)
-    ids = engine.encode_chat(PROMPT)
-    drafter = engine.model_drafter
-    models = {"target": (engine.target, engine.target_pool, 0), "draft": (drafter.model, drafter.pool, drafter.seq)}
-    engine.reset()
-    for model, pool, seq in models.values():
-        forward_chunked(model, pool, seq, ids[:-1], engine.device)
-    n0 = len(ids) - 1
-
-    def once(kind: str, width: int) -> float:
-        model, pool, seq = models[kind]
-        pool.manager.truncate_to(seq, n0)
-        start, end = pool.manager.append(seq, width)
-        t = time.perf_counter()
-        model(torch.tensor(ids[-1:] * width), start, pool.view(seq, start, end))
-        return (time.perf_counter() - t) * 1e3
+    passes = PairPasses(engine, engine.encode_chat(PROMPT))
 
     print(cpu_line())
     print(f"stand-in: {a.busy:g} ms of spinning every {a.period:g} ms ({a.busy / a.period:.0%} of a core)")
@@ -94,7 +79,7 @@ def main() -> None:
                     os.kill(burner.pid, signal.SIGCONT if state == "running" else signal.SIGSTOP)
                     time.sleep(a.period / 1e3)  # a whole period in the new state before timing
                     for kind, width in CASES:
-                        ms.setdefault((kind, width, state), []).append(statistics.mean(once(kind, width) for _ in range(5)))
+                        ms.setdefault((kind, width, state), []).append(statistics.mean(passes.once(kind, width) for _ in range(5)))
         finally:
             burner.kill()
             burner.wait()

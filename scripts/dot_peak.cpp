@@ -31,45 +31,43 @@ double clock_ghz(int64_t iters) {
 // CHAINS accumulators, each updated once per iteration: enough in flight to cover the dot's latency (4-5 cycles) at
 // two a cycle. Named one by one so each stays in its register (as an array, GCC kept them in memory or copied them
 // every iteration). The accumulators and operands pass through empty asm statements, so the compiler can neither
-// merge the chains nor fold or hoist the dots.
+// merge the chains nor fold or hoist the dots. Returns the dot instructions run.
 constexpr int CHAINS = 12;
-#define SQ_CHAINS(step)                                                                       \
-    auto a0 = zero, a1 = zero, a2 = zero, a3 = zero, a4 = zero, a5 = zero, a6 = zero, a7 = zero, \
-         a8 = zero, a9 = zero, a10 = zero, a11 = zero;                                         \
-    asm("" : "+v"(a0), "+v"(a1), "+v"(a2), "+v"(a3), "+v"(a4), "+v"(a5)); /* twelve, not one */  \
-    asm("" : "+v"(a6), "+v"(a7), "+v"(a8), "+v"(a9), "+v"(a10), "+v"(a11));                     \
-    for (int64_t i = 0; i < iters; ++i) {                                                      \
-        a0 = step(a0), a1 = step(a1), a2 = step(a2), a3 = step(a3), a4 = step(a4), a5 = step(a5); \
-        a6 = step(a6), a7 = step(a7), a8 = step(a8), a9 = step(a9), a10 = step(a10), a11 = step(a11); \
-    }                                                                                          \
-    asm volatile("" : : "v"(a0), "v"(a1), "v"(a2), "v"(a3), "v"(a4), "v"(a5));                 \
-    asm volatile("" : : "v"(a6), "v"(a7), "v"(a8), "v"(a9), "v"(a10), "v"(a11))
+template <class V, class Step>
+int64_t chains(int64_t iters, V zero, Step step) {
+    V a0 = zero, a1 = zero, a2 = zero, a3 = zero, a4 = zero, a5 = zero, a6 = zero, a7 = zero, a8 = zero, a9 = zero,
+      a10 = zero, a11 = zero;
+    asm("" : "+v"(a0), "+v"(a1), "+v"(a2), "+v"(a3), "+v"(a4), "+v"(a5));  // twelve chains, not one
+    asm("" : "+v"(a6), "+v"(a7), "+v"(a8), "+v"(a9), "+v"(a10), "+v"(a11));
+    for (int64_t i = 0; i < iters; ++i) {
+        a0 = step(a0), a1 = step(a1), a2 = step(a2), a3 = step(a3), a4 = step(a4), a5 = step(a5);
+        a6 = step(a6), a7 = step(a7), a8 = step(a8), a9 = step(a9), a10 = step(a10), a11 = step(a11);
+    }
+    asm volatile("" : : "v"(a0), "v"(a1), "v"(a2), "v"(a3), "v"(a4), "v"(a5));
+    asm volatile("" : : "v"(a6), "v"(a7), "v"(a8), "v"(a9), "v"(a10), "v"(a11));
+    return iters * CHAINS;
+}
+
+// a value the compiler cannot see through; `volatile`: nor hoist out of a loop, nor merge with another
+template <class V>
+V opaque(V v) {
+    asm volatile("" : "+v"(v));
+    return v;
+}
 
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
 int64_t dots_vnni256(int64_t iters) {
-    const __m256i zero = _mm256_setzero_si256();
-    __m256i w = _mm256_set1_epi8(3), x = _mm256_set1_epi8(5);
-    asm("" : "+v"(w), "+v"(x));
-    auto step = [&](__m256i a) { return _mm256_dpbusd_epi32(a, w, x); };
-    SQ_CHAINS(step);
-    return iters * CHAINS * 32;
+    const __m256i w = opaque(_mm256_set1_epi8(3)), x = opaque(_mm256_set1_epi8(5));
+    return 32 * chains(iters, _mm256_setzero_si256(), [&](__m256i a) { return _mm256_dpbusd_epi32(a, w, x); });
 }
 int64_t dots_vnni512(int64_t iters) {
-    const __m512i zero = _mm512_setzero_si512();
-    __m512i w = _mm512_set1_epi8(3), x = _mm512_set1_epi8(5);
-    asm("" : "+v"(w), "+v"(x));
-    auto step = [&](__m512i a) { return _mm512_dpbusd_epi32(a, w, x); };
-    SQ_CHAINS(step);
-    return iters * CHAINS * 64;
+    const __m512i w = opaque(_mm512_set1_epi8(3)), x = opaque(_mm512_set1_epi8(5));
+    return 64 * chains(iters, _mm512_setzero_si512(), [&](__m512i a) { return _mm512_dpbusd_epi32(a, w, x); });
 }
 #elif defined(__AVXVNNI__)
 int64_t dots_vnni256(int64_t iters) {
-    const __m256i zero = _mm256_setzero_si256();
-    __m256i w = _mm256_set1_epi8(3), x = _mm256_set1_epi8(5);
-    asm("" : "+x"(w), "+x"(x));
-    auto step = [&](__m256i a) { return _mm256_dpbusd_avx_epi32(a, w, x); };
-    SQ_CHAINS(step);
-    return iters * CHAINS * 32;
+    const __m256i w = opaque(_mm256_set1_epi8(3)), x = opaque(_mm256_set1_epi8(5));
+    return 32 * chains(iters, _mm256_setzero_si256(), [&](__m256i a) { return _mm256_dpbusd_avx_epi32(a, w, x); });
 }
 #endif
 
@@ -77,15 +75,12 @@ int64_t dots_vnni256(int64_t iters) {
 // AVX2 has no 4-way dot: vpmaddubsw makes int16 pair sums (32 products), which the kernels add up in int16 and widen
 // every few steps; the widening and the adds run beside it, so the products' rate is vpmaddubsw's.
 int64_t dots_maddubs(int64_t iters) {
-    const __m256i zero = _mm256_setzero_si256();
-    __m256i w = _mm256_set1_epi8(3), x = _mm256_set1_epi8(5);
-    asm("" : "+x"(w), "+x"(x));
-    auto step = [&](__m256i a) { return _mm256_add_epi16(a, _mm256_maddubs_epi16(w, x)); };
-    SQ_CHAINS(step);
-    return iters * CHAINS * 32;
+    const __m256i w = opaque(_mm256_set1_epi8(3)), x = opaque(_mm256_set1_epi8(5));
+    // w made opaque at every step: the product does not depend on the accumulator, and would be hoisted out
+    return 32 * chains(iters, _mm256_setzero_si256(),
+                       [&](__m256i a) { return _mm256_add_epi16(a, _mm256_maddubs_epi16(opaque(w), x)); });
 }
 #endif
-#undef SQ_CHAINS
 
 // G products a second over `threads` threads running fn at once
 double rate(int64_t (*fn)(int64_t), int threads, int64_t iters) {

@@ -23,17 +23,16 @@ import shutil
 import statistics
 import subprocess
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from ab_builds import moods
+from bench_cpu import pass_times
 from bench_kernels import ReadBandwidth, cpu_line
 from engine.io.loading import load_engine
 from engine.io.provision import default_pair
-from engine.model.forward import forward_chunked
 from engine.quant.linear import QuantLinear
 from profile_step import linears
 
@@ -95,27 +94,6 @@ def products_per_row(model) -> tuple[float, float]:
     return float(layers), float(head.in_features * head.out_features if isinstance(head, QuantLinear) else 0)
 
 
-def time_passes(engine, prompt: list[int], widths: list[int], rounds: int, reader: ReadBandwidth):
-    """ms per pass for each width and the read bandwidth, per round; the widths and the read take turns."""
-    pool, model = engine.target_pool, engine.target
-    engine.reset()
-    base = len(prompt) - 1
-    forward_chunked(model, pool, 0, prompt[:-1], engine.device)
-    times: dict[int, list[float]] = {w: [] for w in widths}
-    bws: list[float] = []
-    for _ in range(rounds):
-        for w in widths:
-            pool.manager.truncate_to(0, base)
-            start, end = pool.manager.append(0, w)
-            feed = torch.tensor(prompt[-1:] * w, dtype=torch.long)
-            t = time.perf_counter()
-            model(feed, start, pool.view(0, start, end))
-            times[w].append((time.perf_counter() - t) * 1e3)
-        bws.append(reader.once())
-    engine.reset()
-    return times, bws
-
-
 def report(mood: str, idx: list[int], times: dict[int, list[float]], bws: list[float], per_row: float, peak: Peak) -> None:
     med = {w: statistics.median(ts[i] for i in idx) for w, ts in times.items()}
     step = med[min(med)]
@@ -152,7 +130,8 @@ def main() -> None:
     reader.once()  # the first read faults the pages in
     text = "def quicksort(items):\n    " * (args.context // 8)
     ids = engine.tokenizer.encode(text)[: args.context]
-    times, bws = time_passes(engine, ids, widths, args.rounds, reader)
+    bws: list[float] = []
+    times = pass_times(engine, ids, widths, args.rounds, after_round=lambda: bws.append(reader.once()))
     after = measure_peak(args.threads)
     peak = max(before, after, key=lambda p: p.gps)
     print(f"dot peak: {peak.name} on {peak.threads} threads, {peak.gps:.0f} G products a second "
