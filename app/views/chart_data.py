@@ -133,9 +133,9 @@ class ChartBuffer:
 class TimeBudget:
     """A token bucket of GUI-thread seconds that refills at `share` of wall-clock time, up to `burst`.
 
-    pyqtgraph updates and paints run Python (and the C++ they call) with the GIL held, so while they run the
-    engine thread cannot dispatch its next kernel: chart work slows generation by about its share of wall
-    time. Spending from this bucket keeps that share bounded however fast rounds arrive."""
+    On a machine with few cores, chart work takes its time from the engine process's threads, and slows
+    generation by about its share of wall time (app/views/charts.py). Spending from this bucket keeps that share
+    bounded however fast rounds arrive."""
 
     def __init__(self, share: float, burst: float) -> None:
         self.share, self.burst = share, burst

@@ -3,9 +3,10 @@
 `ChartBuffer` (app/views/chart_data.py) is plain Python: `feed()` appends one RoundEvent's numbers (called from
 the GUI thread as events arrive). `ChartsPanel.flush()` redraws one plot from the buffer and is called by the window's
 repaint timer (20 Hz). It does nothing when nothing changed, and it keeps the time its updates and paints take
-under 3% of wall time (`TimeBudget`): the paint holds the GIL, so that is what bounds the slowdown it can cause
-the engine thread. On a fast machine every plot refreshes several times a second; a slow one refreshes less
-often, never slower generation.
+under 3% of wall time (`TimeBudget`): on a machine with few cores that time is taken from the engine process's
+threads, and as they meet at the end of every matmul, a preempted one stalls them all, so the engine loses about
+what the window spends (scripts/bench_neighbour.py). On a fast machine every plot refreshes several times a second;
+a slow one refreshes less often, never slower generation.
 
 Speedup, measured vs theoretical (Leviathan et al.): theory = (1 - a^(K+1)) / ((1 - a)(1 + K c)), with a the
 measured acceptance rate, K the mean number of tokens drafted per drafting round, and
@@ -78,13 +79,13 @@ class _View(pg.GraphicsLayoutWidget):
 class ChartsPanel(QWidget):
     """Six small plots in one GraphicsLayoutWidget (one scene, one repaint)."""
 
-    GIL_SHARE = 0.03  # chart updates + paints may take 3% of wall time ...
-    GIL_BURST = 0.03  # ... and 30 ms at once, after a pause
+    CPU_SHARE = 0.03  # chart updates + paints may take 3% of wall time ...
+    CPU_BURST = 0.03  # ... and 30 ms at once, after a pause
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         pg.setConfigOptions(antialias=False)  # per curve below: smooth lines only
-        self.budget = TimeBudget(self.GIL_SHARE, self.GIL_BURST)
+        self.budget = TimeBudget(self.CPU_SHARE, self.CPU_BURST)
         self.buffer = ChartBuffer()
         self._drawn = [-1] * len(self.GROUPS)  # buffer version each plot shows
         self._group = -1

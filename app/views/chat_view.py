@@ -235,7 +235,8 @@ class ChatView(QTextEdit):
 
     def eventFilter(self, obj: QObject, event: QEvent) -> bool:
         """Token tooltips. An event filter rather than a viewportEvent override: the viewport's paint events
-        then run in C++ without a detour through Python, so painting never holds the GIL the engine needs."""
+        then run in C++ without a detour through Python, so painting never holds the GIL that the engine's reader thread
+        (app/host.py) needs to pass on the next round."""
         if obj is self.viewport() and event.type() == QEvent.Type.ToolTip:
             info = self.token_info_at(event.pos())
             if info is None:
