@@ -23,7 +23,6 @@ import tempfile
 import time
 from pathlib import Path
 
-
 from ab_builds import PROMPT
 from bench_kernels import cpu_line
 from engine.tools.bench import load
@@ -79,7 +78,8 @@ def main() -> None:
                     os.kill(burner.pid, signal.SIGCONT if state == "running" else signal.SIGSTOP)
                     time.sleep(a.period / 1e3)  # a whole period in the new state before timing
                     for kind, width in CASES:
-                        ms.setdefault((kind, width, state), []).append(statistics.mean(passes.once(kind, width) for _ in range(5)))
+                        mean = statistics.mean(passes.once(kind, width) for _ in range(5))
+                        ms.setdefault((kind, width, state), []).append(mean)
         finally:
             burner.kill()
             burner.wait()

@@ -31,9 +31,8 @@ import torch
 from ab_builds import moods
 from bench_cpu import pass_times
 from bench_kernels import ReadBandwidth, cpu_line
-from engine.io.loading import load_engine
-from engine.io.provision import default_pair
 from engine.quant.linear import QuantLinear
+from engine.tools.bench import load
 from profile_step import linears
 
 GOALS = {5: 1.25, 9: 1.6}  # issue 24: a pass of T tokens in at most this many one-token steps
@@ -54,25 +53,32 @@ class Peak:
 
 def parse_peak(text: str) -> Peak:
     """The fastest dot of dot_peak's output."""
-    ghz, best = 0.0, None
-    for line in text.splitlines():
-        f = line.split()
-        if f and f[0] == "clock":
-            ghz = float(f[1])
-        elif f and f[0] == "dot" and (best is None or float(f[3]) > best.gps):
-            best = Peak(f[1], float(f[3]), 0.0, int(f[2]))
-    if best is None or ghz <= 0:
+    fields = [line.split() for line in text.splitlines()]
+    clocks = [float(f[1]) for f in fields if f and f[0] == "clock"]
+    dots = [(float(f[3]), f[1], int(f[2])) for f in fields if f and f[0] == "dot"]
+    if not dots or not clocks or clocks[-1] <= 0:
         raise ValueError(f"dot_peak printed no clock or no dot:\n{text}")
-    return Peak(best.name, best.gps, ghz, best.threads)
+    gps, name, threads = max(dots)
+    return Peak(name, gps, clocks[-1], threads)
+
+
+def compiler() -> str | None:
+    return os.environ.get("CXX") or shutil.which("g++")
+
+
+def build_peak(folder: Path) -> Path:
+    """dot_peak.cpp built for this CPU into folder; the executable's path."""
+    cxx = compiler()
+    if not cxx:
+        raise SystemExit("pass_bound.py needs g++ to build its dot micro-benchmark (scripts/dot_peak.cpp)")
+    exe = folder / "dot_peak"
+    subprocess.run([cxx, "-O2", "-march=native", "-pthread", str(SOURCE), "-o", str(exe)], check=True)
+    return exe
 
 
 def measure_peak(threads: int) -> Peak:
-    cxx = os.environ.get("CXX") or shutil.which("g++")
-    if not cxx:
-        raise SystemExit("pass_bound.py needs g++ to build its dot micro-benchmark (scripts/dot_peak.cpp)")
     with tempfile.TemporaryDirectory() as tmp:
-        exe = Path(tmp) / "dot_peak"
-        subprocess.run([cxx, "-O2", "-march=native", "-pthread", str(SOURCE), "-o", str(exe)], check=True)
+        exe = build_peak(Path(tmp))
         out = subprocess.run([str(exe), str(threads)], check=True, capture_output=True, text=True).stdout
     return parse_peak(out)
 
@@ -94,7 +100,8 @@ def products_per_row(model) -> tuple[float, float]:
     return float(layers), float(head.in_features * head.out_features if isinstance(head, QuantLinear) else 0)
 
 
-def report(mood: str, idx: list[int], times: dict[int, list[float]], bws: list[float], per_row: float, peak: Peak) -> None:
+def report(mood: str, idx: list[int], times: dict[int, list[float]], bws: list[float], per_row: float,
+           peak: Peak) -> None:
     med = {w: statistics.median(ts[i] for i in idx) for w, ts in times.items()}
     step = med[min(med)]
     bw = statistics.median(bws[i] for i in idx)
@@ -119,9 +126,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     print(f"CPU: {cpu_line()}")
     before = measure_peak(args.threads)
-    target, draft = default_pair()
-    engine = load_engine(str(target), str(draft))
-    engine.settle()  # the weights on huge pages where the kernel allows, as in the app's steady state
+    engine = load(None, None, None)  # the embedded pair, settled: its weights on huge pages, as in the app
     layers, head = products_per_row(engine.target)
     per_row = layers + head
     print(f"target: {per_row / 1e9:.3f} G products a token ({layers / 1e9:.3f} G in the layers, "
