@@ -2,8 +2,8 @@
 
     SPECLENS_PREBUILD_KERNELS=1 pip wheel --no-build-isolation --no-deps . -w dist/
 
-builds engine/quant/csrc with torch's BuildExtension (the sources and flags of engine/quant/build.py, so the same
-multi-ISA module as a build on first use) into engine/quant/prebuilt/, beside a build.json naming its key (sources,
+builds engine/cpu/csrc with torch's BuildExtension (the sources and flags of engine/cpu/build.py, so the same
+multi-ISA module as a build on first use) into engine/cpu/prebuilt/, beside a build.json naming its key (sources,
 flags, torch, Python). It loads only where that key matches, i.e. with the torch it was built against
 (--no-build-isolation builds against the installed one); elsewhere it compiles on first use as a source install
 does. Without SPECLENS_PREBUILD_KERNELS=1 (`pip install .`, `pip install -e .`) nothing is compiled at install.
@@ -22,8 +22,8 @@ ROOT = Path(__file__).resolve().parent
 
 
 def build_rules():
-    """engine/quant/build.py by path: its flags and key, without importing the engine package here."""
-    spec = importlib.util.spec_from_file_location("speclens_build_rules", ROOT / "engine" / "quant" / "build.py")
+    """engine/cpu/build.py by path: its flags and key, without importing the engine package here."""
+    spec = importlib.util.spec_from_file_location("speclens_build_rules", ROOT / "engine" / "cpu" / "build.py")
     mod = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = mod  # its dataclasses look their module up there
     spec.loader.exec_module(mod)
@@ -49,7 +49,7 @@ def kernel_build() -> dict:
 
     # -g0 last: Python's own CFLAGS carry -g, which would ship ~10x the bytes for no speed
     kernels = CppExtension(
-        f"engine.quant.prebuilt.{rules.NAME}", [f"engine/quant/csrc/{s}" for s in rules.SOURCES],
+        f"engine.cpu.prebuilt.{rules.NAME}", [f"engine/cpu/csrc/{s}" for s in rules.SOURCES],
         extra_compile_args=[*rules.CFLAGS, "-g0"], extra_link_args=list(rules.LDFLAGS))
     return {"ext_modules": [kernels], "cmdclass": {"build_ext": BuildKernels}}
 

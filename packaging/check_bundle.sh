@@ -29,5 +29,5 @@ case "$out" in
     *"load-test ok"*" kernels)"*) ;;
     *) echo "no load-test ok line"; exit 1 ;;
 esac
-# nothing built: the bundle writes at most the machine's kernel tile choice (engine/quant/tune.py)
+# nothing built: the bundle writes at most the machine's kernel tile choice (engine/cpu/tune.py)
 test -z "$(ls -A "$work/cache" | grep -vx kernel-tuning.json)" || { echo "the bundle wrote into its empty cache: $(ls -R "$work/cache" | head)"; exit 1; }

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the binary wheel (the CPU kernels prebuilt by setup.py) and checks that, installed on its own, it loads
-# them with no compiler on PATH and an empty SPECLENS_CACHE: `python -m engine.quant` names the kernels and where
+# them with no compiler on PATH and an empty SPECLENS_CACHE: `python -m engine.cpu` names the kernels and where
 # they came from, then `python -m app.main --load-test` loads the embedded pair (provisioned into the usual cache
 # first, since an empty cache has no models) and prints its `load-test ok` line. Exit 1 on the fallback.
 #
@@ -26,8 +26,8 @@ mkdir "$work/cache" "$work/run"
 cd "$work/run"  # not the checkout, whose packages would otherwise be importable
 run() { env PATH="" PYTHONPATH="$work/site" SPECLENS_CACHE="$work/cache" QT_QPA_PLATFORM=offscreen "$PY" "$@"; }
 run -c "import engine, app, sys; sys.exit(0 if engine.__file__.startswith('$work/site') and app.__file__.startswith('$work/site') else 'not the wheel: ' + engine.__file__)"
-run -m engine.quant
-run -c "from engine.quant import ext; ext.load(); import sys; sys.exit(0 if ext.outcome().source == 'prebuilt' else 1)"
+run -m engine.cpu
+run -c "from engine.cpu import ext; ext.load(); import sys; sys.exit(0 if ext.outcome().source == 'prebuilt' else 1)"
 run -m app.main --load-test --settings "$work/run/s.ini" --target "$target" --draft "$draft" | tail -2
-# nothing built: the cache holds at most the machine's kernel tile choice (engine/quant/tune.py)
+# nothing built: the cache holds at most the machine's kernel tile choice (engine/cpu/tune.py)
 test -z "$(ls -A "$work/cache" | grep -vx kernel-tuning.json)" || { echo "the cache holds more than the tile choice: $(ls -R "$work/cache" | head)"; exit 1; }

@@ -1,7 +1,7 @@
 """Shared fixtures for the app tests: a scripted engine and its loaders (they run in the engine process), hand-made
 events, hosts and windows, an isolated QSettings.
 
-Import with `from tests.app_fixtures import *` (pytest finds the fixtures in the importing module).
+tests/conftest.py registers this module as a plugin, so its fixtures reach every test; import its helpers by name.
 Qt runs headless: QT_QPA_PLATFORM is set to offscreen before anything imports Qt. The engine process imports this
 module to build its engine (engine.service.loaders.Factory paths "tests.app_fixtures:..."), so nothing at module level
 imports Qt or torch: the scripted engine's process starts in a fraction of a second.
@@ -21,8 +21,8 @@ import pytest  # noqa: E402
 
 from engine.api.config import SamplingParams, SpecParams  # noqa: E402
 from engine.api.events import CommittedToken, DraftToken, Origin, RoundEvent, Summary  # noqa: E402
-from engine.runtime.tally import RoundTally  # noqa: E402
 from engine.api.live import Controls  # noqa: E402
+from engine.runtime.tally import RoundTally  # noqa: E402
 from engine.service.loaders import Factory  # noqa: E402
 
 __all__ = [

@@ -3,6 +3,9 @@ import os
 import pytest
 import torch
 
+# The window's fixtures (a scripted engine, hosts, windows, an isolated QSettings) for every test folder.
+pytest_plugins = ["tests.app_fixtures"]
+
 # Headless Qt for every test that opens a window; must be set before Qt is imported.
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 # Tiny test models are dominated by per-op overhead, which extra threads only add to; tests on the
@@ -13,8 +16,8 @@ torch.set_num_threads(1)
 @pytest.fixture(scope="module")
 def kernels():
     """The compiled kernels' module. Where they did not build, the tests that need them are skipped: the pure-torch
-    fallback has tests of its own, and the build's failures are tested in test_kernel_build.py."""
-    from engine.quant import ext
+    fallback has tests of its own, and the build's failures are tested in tests/kernels/test_kernel_build.py."""
+    from engine.cpu import ext
 
     mod = ext.load()
     if mod is None:

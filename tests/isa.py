@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 import torch
 
-from engine.quant import ext
+from engine.cpu import ext
 
 
 def outputs_per_isa_and_threads(compute: Callable[[], torch.Tensor]) -> dict[tuple[str, int], torch.Tensor]:

@@ -4,8 +4,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from engine.quant.formats import FORMATS, T
-from engine.quant.linear import Act, QuantEmbedding, QuantLinear
+from engine.cpu.formats import FORMATS, T
+from engine.cpu.linear import Act, QuantEmbedding, QuantLinear
 
 
 def _f16(b: np.ndarray) -> np.ndarray:  # (n, 2) uint8 -> (n, 1) float32

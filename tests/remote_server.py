@@ -1,7 +1,7 @@
 """A local HTTP server for the attach-mode tests: it replays a recording of a real llama-server
-(tests/data/remote/*.json, made by scripts/record_llama_stream.py) and can misbehave on purpose (an error status,
+(tests/data/remote/*.json, made by scripts/fixtures/record_llama_stream.py) and can misbehave on purpose (an error status,
 a malformed chunk, a stall, a connection closed mid-reply). A fake for unit tests only: the live test
-(tests/test_remote_live.py) runs real llama-servers."""
+(tests/remote/test_live.py) runs real llama-servers."""
 from __future__ import annotations
 
 import json

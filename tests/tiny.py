@@ -100,8 +100,8 @@ def pair_folders(root: Path) -> tuple[Path, Path]:
 
 def tiny_engine(max_seq_len: int = 256, draft: bool = True, noise: float = 0.03, **kw):
     from engine.api.config import CacheConfig
-    from engine.runtime.engine import Engine
     from engine.model.transformer import Transformer
+    from engine.runtime.engine import Engine
 
     cfg = model_config(ENGINE_CFG)
     sd = state_dict(hf_model(ENGINE_CFG, 0))

@@ -5,7 +5,7 @@ the GUI thread as events arrive). `ChartsPanel.flush()` redraws one plot from th
 repaint timer (20 Hz). It does nothing when nothing changed, and it keeps the time its updates and paints take
 under 3% of wall time (`TimeBudget`): on a machine with few cores that time is taken from the engine process's
 threads, and as they meet at the end of every matmul, a preempted one stalls them all, so the engine loses about
-what the window spends (scripts/bench_neighbour.py). On a fast machine every plot refreshes several times a second;
+what the window spends (scripts/profile/neighbour.py). On a fast machine every plot refreshes several times a second;
 a slow one refreshes less often, never slower generation.
 
 Speedup, measured vs theoretical (Leviathan et al.): theory = (1 - a^(K+1)) / ((1 - a)(1 + K c)), with a the

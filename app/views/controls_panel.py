@@ -33,7 +33,7 @@ from engine.api.config import NEEDS_DRAFT_MODEL, STOP_BELOW, SamplingParams, Spe
 
 K_MIN, K_MAX = 1, 16
 # With "Stop drafting when unsure" (on by default) K is a ceiling: on a 2-vCPU AVX2 machine the embedded pair ran
-# 1.18-1.19x plain at K = 2, 4 and 6 alike (scripts/bench_cpu.py; see the README), where fixed K peaks at 1-2
+# 1.18-1.19x plain at K = 2, 4 and 6 alike (scripts/bench/cpu.py; see the README), where fixed K peaks at 1-2
 # and falls off after. 4 leaves room for text that repeats.
 DEFAULT_K = 4
 # The fastest mode in the latest runs on Zen 4, Zen 5 and an Intel Xeon and in two of three on Zen 3 (README

@@ -1,7 +1,7 @@
 """Colours: Okabe-Ito hues for token origins and chart series, blended into the current palette.
 
 Token backgrounds are tints (the hue mixed into the base colour) so the palette's own text colour stays
-readable on them in light and dark mode alike; `tests/test_app_chat_view.py` checks the WCAG contrast.
+readable on them in light and dark mode alike; `tests/app/test_chat_view.py` checks the WCAG contrast.
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """A Transformer that runs a GGUF file's quantized weights as they are.
 
 Every matrix, the embedding and the LM head included, keeps the file's blocks (Q4_K, Q6_K, ...) and is
-multiplied by the quantized kernels of engine.quant; norms and biases are the file's F32 vectors. q/k/v and
+multiplied by the quantized kernels of engine.cpu; norms and biases are the file's F32 vectors. q/k/v and
 gate/up run as one matrix when their block types agree (Q4_K_M files store some v as Q6_K: those run apart).
 """
 from __future__ import annotations
@@ -14,9 +14,9 @@ from engine.io.gguf_file import GGUFFile
 from engine.model.head_part import HeadPart
 from engine.model.transformer import Transformer
 from engine.model.pages import Arena
-from engine.quant import QuantEmbedding, QuantLinear, ext, formats
-from engine.quant.linear import Act, FileEmbedding, packed_slices
-from engine.quant.stack import QuantStack
+from engine.cpu import QuantEmbedding, QuantLinear, ext, formats
+from engine.cpu.linear import Act, FileEmbedding, packed_slices
+from engine.cpu.stack import QuantStack
 
 
 class Concat(nn.Module):

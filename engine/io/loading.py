@@ -9,9 +9,9 @@ import numpy as np
 import torch
 
 from engine.api.config import DEFAULT_CONTEXT, CacheConfig
-from engine.quant import ext
-from engine.quant.dense import run_on_kernels
-from engine.quant.formats import T
+from engine.cpu import ext
+from engine.cpu.dense import run_on_kernels
+from engine.cpu.formats import T
 from engine.spec.draft_vocab import DRAFT_VOCAB, head_rows
 from engine.model.pages import HugePages
 from engine.model.transformer import Transformer
@@ -134,7 +134,7 @@ def place(ckpt: Checkpoint, dtype: torch.dtype, dev: torch.device, max_len: int,
           act: str = "int8", head_rows: np.ndarray | None = None, requant: int | None = None) -> Transformer:
     """The model on its device: a GGUF's own blocks through the quantized kernels, or dense tensors.
 
-    Dense on the CPU: the target on the kernels' F32 units and the C++ stack, batch-invariant (engine.quant.dense),
+    Dense on the CPU: the target on the kernels' F32 units and the C++ stack, batch-invariant (engine.cpu.dense),
     or without them fp32 prepacked for oneDNN; a draft re-quantized to `requant` on the kernels, else int8
     weight-only through torch (cheaper steps; speculative output is unchanged, only the target decides)."""
     if ckpt.tensors is None:
@@ -148,6 +148,6 @@ def place(ckpt: Checkpoint, dtype: torch.dtype, dev: torch.device, max_len: int,
         return model
     if int8 and int8_supported():
         return swap_linears(model, Int8Linear)
-    if run_on_kernels(model):  # batch-invariant, so greedy speculation stays exact (engine.quant.dense)
+    if run_on_kernels(model):  # batch-invariant, so greedy speculation stays exact (engine.cpu.dense)
         return model
     return swap_linears(model, PackedLinear) if packed_supported() else model

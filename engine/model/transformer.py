@@ -151,7 +151,7 @@ class Transformer(nn.Module):
             self.lm_head.weight = self.embed.weight
         self.rope = Rotary(cfg, max_len or cfg.max_position_embeddings)
         # Optional fast path for passes of <= ROW_WISE_MAX tokens: all layers and the final norm in one call,
-        # (T, C) -> (T, C); set by loaders whose weights allow it (engine.quant.stack for GGUF models).
+        # (T, C) -> (T, C); set by loaders whose weights allow it (engine.cpu.stack for GGUF models).
         self.stack: Callable[[torch.Tensor, int, CacheView], torch.Tensor] | None = None
         # The vocabulary part a trimmed LM head scores (a draft's, engine.spec.draft_vocab); the others get -inf.
         self.head: HeadPart | None = None

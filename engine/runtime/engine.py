@@ -16,7 +16,7 @@ from engine.model.forward import common_prefix, forward_chunked
 from engine.model.kv_cache import BlockManager, KVPool
 from engine.model.pages import HugePages
 from engine.model.transformer import Transformer
-from engine.quant import kernels_name
+from engine.cpu import kernels_name
 from engine.runtime.clock import Clock
 from engine.runtime.detok import TokenTexts
 from engine.runtime.stepping import NO_STEPS, Marks, NoSteps, RoundSteps

@@ -45,7 +45,7 @@ def default_loader(target: str | None, draft: str | None, device: str | None, pr
     time, with its elapsed time shown), then load_engine. Without kernels every later stage repeats the sentence
     that says so, and the engine carries it (`kernels_notice`) for the window's status line."""
     from engine.io.loading import load_engine
-    from engine.quant import ext
+    from engine.cpu import ext
 
     if target is None:
         from engine.io.provision import default_pair
@@ -64,7 +64,7 @@ def warm_engine() -> None:
     """Import torch and the engine and load the compiled kernels when they are built (~1.3 s): what every load
     starts with. A compile waits for the load, whose progress the window shows."""
     import engine.io.loading  # noqa: F401 - torch and the engine, imported for their side of the warm-up
-    from engine.quant import ext
+    from engine.cpu import ext
 
     ext.find()
 

@@ -217,7 +217,7 @@ def ran_kernels(engine: Engine) -> str:
         return "cuBLAS, short passes as CUDA graphs" if graphs else "cuBLAS, eager (no CUDA graphs)"
     if not getattr(engine, "weights_format", None):
         return "none (dense weights)"
-    from engine.quant import ext
+    from engine.cpu import ext
 
     return ext.describe()
 

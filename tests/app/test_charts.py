@@ -1,0 +1,314 @@
+"""ChartsPanel: scripted rounds reach every plot, and redraws happen only on flush."""
+import numpy as np
+import pytest
+
+from app.views.chart_data import TimeBudget, nice_ceiling, rolling_mean
+from app.views.charts import ChartsPanel
+from engine.analysis.theory import theoretical_speedup
+from engine.api.events import Origin
+from tests.app_fixtures import make_round
+
+
+def rounds():
+    return [
+        make_round(1, ("a", "b", "c"), ("x",), "d", k=4, draft_ms=4.0, verify_ms=10.0),  # 3 of 4
+        make_round(2, ("a", "b", "c", "d"), (), "e", Origin.BONUS, k=4, draft_ms=4.0, verify_ms=10.0),  # 4 of 4
+        make_round(3, (), ("x", "y", "z", "w"), "d", k=4, draft_ms=4.0, verify_ms=10.0),  # 0 of 4
+        make_round(4, ("a",), ("x", "y"), "d", k=3, draft_ms=3.0, verify_ms=10.0),  # 1 of 3 (adaptive K)
+    ]
+
+
+@pytest.fixture
+def panel(qtbot):
+    p = ChartsPanel()
+    qtbot.addWidget(p)
+    p.resize(700, 700)
+    p.show()
+    return p
+
+
+def test_rolling_mean():
+    assert np.allclose(rolling_mean(np.array([1.0, 3.0, 5.0, 7.0]), 2), [1, 2, 4, 6])
+    assert len(rolling_mean(np.array([]))) == 0
+
+
+def test_charts_receive_points(panel):
+    for ev in rounds():
+        panel.feed(ev)
+    assert panel.flush(full=True) is True
+    x, y = panel.curves["acceptance"].getData()
+    assert list(x) == [1, 2, 3, 4] and np.allclose(y, [0.75, 1.0, 0.0, 1 / 3])
+    assert len(panel.curves["acceptance_mean"].getData()[0]) == 4
+    x, y = panel.curves["tokens"].getData()
+    assert np.allclose(y, [4 / 14 * 1000, 5 / 14 * 1000, 1 / 14 * 1000, 2 / 13 * 1000])
+    assert list(panel.curves["k"].getData()[1]) == [4, 4, 4, 3]
+    assert list(panel.curves["drafted"].getData()[1]) == [len(ev.drafted) for ev in rounds()]
+    hist = panel.bars["histogram"].opts["height"]
+    assert list(hist) == [1, 1, 0, 1, 1]  # accepted 0, 1, 3, 4 once each
+    pos = panel.bars["position"].opts["height"]
+    assert np.allclose(pos, [3 / 4, 2 / 4, 2 / 4, 1 / 3])
+    _, theory = panel.curves["theoretical"].getData()
+    assert len(theory) == 4
+    t = panel.buffer.totals
+    assert theory[-1] == pytest.approx(theoretical_speedup(t.drafting.alpha, t.drafting.mean_k, t.cost_ratio()))
+    assert "Speedup" in panel.plots["speedup"].titleLabel.text
+
+
+def test_speedup_shows_only_what_is_measured(panel):
+    """Before the session has a plain rate there is no measured speedup, only a plain word on what is missing;
+    once there is one (Run > Compare), the whole measured curve is drawn from it."""
+    for ev in rounds():
+        panel.feed(ev)
+    panel.flush(full=True)
+    title = panel.plots["speedup"].titleLabel.text
+    assert "theory" in title and " vs " not in title and "~" not in title
+    assert len(panel.curves["measured"].getData()[0] or []) == 0
+    assert "measured speedup: needs a plain run \u2014 Run \u203a Compare" in panel.speedup_note.toPlainText()
+    panel.set_plain_reference(20.0)  # 20 ms per plain token
+    panel.flush(full=True)
+    x, measured = panel.curves["measured"].getData()
+    spent = np.cumsum([14.0, 14.0, 14.0, 13.0])
+    committed = np.cumsum([4, 5, 1, 2])
+    assert list(x) == [1, 2, 3, 4] and np.allclose(measured, committed * 20.0 / spent)
+    title = panel.plots["speedup"].titleLabel.text
+    assert f"{measured[-1]:.2f}\u00d7</span> vs" in title and "theory" in title
+    assert "needs a plain run" not in panel.speedup_note.toPlainText()
+
+
+def test_hybrid_rounds_show_each_drafters_inputs(panel):
+    """Under the hybrid drafter the speedup note gives α, K and c per drafter, and the theory is their mix."""
+    panel.set_plain_reference(10.0)
+    for ev in rounds():
+        panel.feed(ev)
+    panel.flush(full=True)
+    assert panel.speedup_note.toPlainText().count("\u03b1") == 1 and "n-gram" not in panel.speedup_note.toPlainText()
+    panel.feed(make_round(5, tuple("abcdef"), (), "g", Origin.BONUS, k=6, drafter="ngram", draft_ms=0.0))
+    panel.flush(full=True)
+    note = panel.speedup_note.toPlainText().splitlines()
+    assert note[0] == "draft model: \u03b1 0.53  K 3.8  c 0.10"  # 8 of 15 in 4 rounds, 15 ms over 15 drafts
+    assert note[1] == "n-gram: \u03b1 1.00  K 6.0  c 0.00"
+    _, theory = panel.curves["theoretical"].getData()
+    assert theory[-1] == pytest.approx(panel.buffer.totals.theoretical_speedup(10.0))
+
+
+def test_flush_only_redraws_on_change(panel):
+    panel.budget = TimeBudget(share=1.0, burst=10.0)  # this test is about change tracking, not the budget
+    panel.flush(full=True)
+    before = panel.repaints
+    assert panel.flush() is False and panel.repaints == before
+    panel.feed(rounds()[0])
+    assert panel.repaints == before  # feeding never draws
+    # One plot per flush, then nothing left to do.
+    for i in range(1, 7):
+        assert panel.flush() is True and panel.repaints == before + i
+    assert panel.flush() is False
+    assert len(panel.curves["acceptance"].getData()[0]) == len(panel.curves["k"].getData()[0]) == 1
+
+
+def test_an_early_stop_shows_as_fewer_drafted_than_k(panel):
+    panel.feed(make_round(1, ("a",), ("x",), "d", k=6, draft_ms=2.0, verify_ms=10.0))  # stopped after 2 of 6
+    panel.feed(make_round(2, (), (), "p", Origin.PLAIN, mode="plain", draft_ms=0.0, verify_ms=20.0))
+    panel.flush(full=True)
+    k, drafted = panel.curves["k"].getData()[1], panel.curves["drafted"].getData()[1]
+    assert k[0] == 6 and drafted[0] == 2
+    assert np.isnan(k[1]) and np.isnan(drafted[1])  # nothing drafted in plain mode
+
+
+def test_plain_reference_line(panel):
+    assert not panel.plain_line.isVisible()
+    panel.feed(make_round(1, (), (), "p", Origin.PLAIN, mode="plain", draft_ms=0.0, verify_ms=20.0))
+    panel.flush(full=True)
+    assert panel.plain_line.isVisible() and panel.plain_line.value() == pytest.approx(50.0)
+    assert np.isnan(panel.curves["k"].getData()[1][0])  # no K in plain mode
+    panel.set_plain_reference(10.0)  # a session-wide reference wins
+    panel.flush(full=True)
+    assert panel.plain_line.value() == pytest.approx(100.0)
+    assert "plain 100.0" in panel.plots["tokens"].titleLabel.text
+
+
+def test_clear_keeps_session_reference_and_marks_messages(panel):
+    panel.set_plain_reference(10.0)
+    panel.start_message()
+    panel.feed(rounds()[0])
+    panel.start_message()
+    panel.feed(rounds()[1])
+    panel.flush(full=True)
+    assert len(panel._markers) == 4  # one boundary, drawn on the four per-round plots
+    panel.clear()
+    assert len(panel.curves["acceptance"].getData()[0] or []) == 0
+    assert panel._markers == [] and panel.plain_line.isVisible()
+
+
+def test_nice_ceiling():
+    assert [nice_ceiling(v) for v in (0, 0.7, 1, 1.1, 2.2, 3, 7, 11, 260)] == [1, 1, 1, 2, 2.5, 5, 10, 20, 500]
+
+
+def test_time_budget_limits_chart_work(panel, monkeypatch):
+    clock = [100.0]
+    monkeypatch.setattr("app.views.charts.time.perf_counter", lambda: clock[0])
+    budget = TimeBudget(share=0.03, burst=0.03)
+    assert budget.allow()
+    budget.spend(0.05)  # one expensive paint overdraws the bucket ...
+    assert not budget.allow()
+    clock[0] += 0.5  # ... 0.5 s at 3% refills 15 ms: still 5 ms short
+    assert not budget.allow()
+    clock[0] += 0.5
+    assert budget.allow()
+    clock[0] += 100  # never more than the burst
+    assert budget.allow() and budget.level == pytest.approx(0.03)
+    # The panel skips its (non-final) flushes while the bucket is empty, and a final flush ignores it.
+    panel.budget = budget
+    panel.flush(full=True)
+    panel.feed(rounds()[0])
+    budget.spend(1.0)
+    assert panel.flush() is False
+    assert panel.flush(full=True) is True
+
+
+def test_the_acceptance_lines_break_across_plain_rounds(panel):
+    """Issue 22 item 15: after a speculation-off reply the lines ran straight across its plain rounds."""
+    plain = [make_round(i, (), (), "p", Origin.PLAIN, mode="plain", drafter=None, draft_ms=0.0) for i in (3, 4)]
+    nothing = make_round(7, (), (), "n", Origin.PLAIN, k=4, drafter="ngram")  # speculative, drafted nothing
+    for ev in rounds()[:2] + plain + rounds()[2:] + [nothing]:
+        panel.feed(ev)
+    panel.flush(full=True)
+    for name in ("acceptance", "acceptance_mean"):
+        curve = panel.curves[name]
+        x, y = curve.getData()
+        assert list(x) == [1, 2, 3, 4, 5, 6], name  # round 7 drafted nothing: left out, the line runs over it
+        assert np.isnan(y[2]) and np.isnan(y[3]) and np.isfinite(y[[0, 1, 4, 5]]).all(), name
+        assert curve.opts["connect"] == "finite", name
+
+
+def test_the_speedup_lines_break_across_plain_rounds(panel):
+    """Issue 22 item 15, seen in docs/charts-after-plain.png: the measured and theory speedups (running totals)
+    ran flat across a speculation-off reply's rounds while the acceptance line broke there."""
+    plain = [make_round(i, (), (), "p", Origin.PLAIN, mode="plain", drafter=None, draft_ms=0.0, verify_ms=20.0)
+             for i in (3, 4)]
+    for ev in rounds()[:2] + plain + rounds()[2:]:
+        panel.feed(ev)
+    panel.flush(full=True)
+    for name in ("measured", "theoretical"):
+        curve = panel.curves[name]
+        x, y = curve.getData()
+        assert list(x) == [1, 2, 3, 4, 5, 6], name
+        assert np.isnan(y[2]) and np.isnan(y[3]) and np.isfinite(y[[0, 1, 4, 5]]).all(), name
+        assert curve.opts["connect"] == "finite", name
+
+
+def test_positions_with_few_drafts_are_faded_and_counted(panel):
+    """Issue 22 item 21: one round at K = 16 drew sixteen full bars at 1.0."""
+    panel.feed(make_round(1, tuple("abcdefghijklmnop"), (), "q", Origin.BONUS, k=16))
+    panel.flush(full=True)
+    opts = panel.bars["position"].opts
+    assert list(opts["height"]) == [1.0] * 16
+    assert all(b.alphaF() < 0.5 for b in opts["brushes"])
+    title = panel.plots["position"].titleLabel.item.toPlainText()  # as shown: the title is HTML
+    assert "n 1" in title and "faded < 5" in title
+    for i in range(2, 7):
+        panel.feed(make_round(i, ("a",), ("x",), "q", k=2))
+    panel.flush(full=True)
+    opts = panel.bars["position"].opts
+    assert opts["brushes"][0].alphaF() == 1.0 and opts["brushes"][1].alphaF() == 1.0  # 6 drafts each
+    assert opts["brushes"][2].alphaF() < 0.5
+    assert "n 6\u20131" in panel.plots["position"].titleLabel.text
+
+
+def _speedup_title(panel) -> str:
+    return panel.plots["speedup"].titleLabel.text
+
+
+def test_theory_is_redone_when_the_plain_rate_arrives(panel):
+    """Issue 22 item 17: the live window kept the theory computed before the plain rate was known (1.04x) while
+    the reopened trace computed it after (1.06x). One computation: under the reference in force now."""
+    from engine.analysis.stats import SpeedTotals
+
+    for ev in rounds():
+        panel.feed(ev)
+    panel.flush(full=True)
+    panel.set_plain_reference(7.0)  # Run > Compare finished after the reply
+    panel.flush(full=True)
+    totals = SpeedTotals()
+    expect = []
+    for ev in rounds():
+        totals.add(ev)
+        expect.append(totals.theoretical_speedup(7.0))
+    assert panel.buffer.theoretical == pytest.approx(expect)
+    assert f"theory {expect[-1]:.2f}\u00d7" in _speedup_title(panel)
+
+
+def test_a_trace_shows_the_theory_the_window_showed(qtbot):
+    from app.dialogs.trace_window import TraceWindow
+    from app.session.trace import Trace
+    from engine.analysis.stats import MessageRecord, SpeedTotals
+
+    chat = MessageRecord(1, 1, "chat", "q", rounds(), None)
+    plain = [make_round(i, (), (), "p", Origin.PLAIN, mode="plain", drafter=None, draft_ms=0.0, verify_ms=6.0)
+             for i in (1, 2)]
+    compare = MessageRecord(1, 2, "compare-plain", "q", plain, None)  # after the last chat reply
+    viewer = TraceWindow(Trace((chat, compare)))
+    qtbot.addWidget(viewer)
+    live = ChartsPanel()
+    qtbot.addWidget(live)
+    for ev in rounds():
+        live.feed(ev)
+    live.set_plain_reference(6.0)  # what the main window had once Compare was done
+    live.flush(full=True)
+    totals = SpeedTotals()
+    for ev in rounds():
+        totals.add(ev)
+    expect = f"theory {totals.theoretical_speedup(6.0):.2f}\u00d7"
+    assert expect in _speedup_title(live) and expect in _speedup_title(viewer.charts)
+    assert viewer.charts.buffer.theoretical == pytest.approx(live.buffer.theoretical)
+
+
+def _titles_fit(panel) -> list[str]:
+    """The plots whose title text is wider than the plot."""
+    return [name for name, p in panel.plots.items() if p.titleLabel.item.boundingRect().width() > p.width() + 1]
+
+
+def test_a_narrow_panel_reflows_to_one_scrolled_column(qtbot):
+    """Issue 22 item 14: beside the inspector the panel is ~360 px wide, and two columns clipped every title."""
+    from app.views.charts import PLOT_MIN_HEIGHT
+
+    panel = ChartsPanel()
+    qtbot.addWidget(panel)
+    hybrid = [make_round(i, ("a", "b"), ("x",), "d", k=3, drafter="model" if i % 2 else "ngram") for i in range(1, 9)]
+    for ev in hybrid:
+        panel.feed(ev)
+    panel.set_plain_reference(9.0)
+    for width, columns in ((360, 1), (700, 2), (360, 1)):
+        panel.resize(width, 780)
+        panel.show()
+        qtbot.waitUntil(lambda: panel.columns == columns, timeout=2000)
+        panel.flush(full=True)
+        qtbot.wait(50)
+        assert _titles_fit(panel) == [], (width, _titles_fit(panel))
+        if columns == 1:
+            assert all(p.height() >= PLOT_MIN_HEIGHT - 20 for p in panel.plots.values())
+            assert panel.scroll.verticalScrollBar().maximum() > 0  # the rest is a scroll away
+        else:
+            assert panel.scroll.verticalScrollBar().maximum() == 0
+
+
+@pytest.mark.parametrize("width", [360, 800])
+def test_the_speedup_note_stays_above_the_curves(qtbot, width):
+    """Issue 22 item 14: the formula's note ran across the curve (its peak comes in the first rounds)."""
+    panel = ChartsPanel()
+    qtbot.addWidget(panel)
+    panel.resize(width, 780)
+    panel.show()
+    early = [make_round(i, ("a", "b", "c", "d"), (), "e", Origin.BONUS, k=4, draft_ms=0.5, verify_ms=10.0)
+             for i in range(1, 4)]
+    late = [make_round(i, (), ("x", "y"), "d", k=2, draft_ms=4.0, verify_ms=10.0) for i in range(4, 30)]
+    for ev in early + late:  # no plain rate: the note has its longest text, three lines
+        panel.feed(ev)
+    panel.flush(full=True)
+    qtbot.wait(50)
+    panel.flush(full=True)
+    vb = panel.plots["speedup"].vb
+    note_bottom = panel.speedup_note.pos().y() + panel.speedup_note.boundingRect().height()
+    (_, y_hi) = vb.viewRange()[1]
+    top = np.nanmax(np.asarray(panel.buffer.theoretical, dtype=float))
+    top_px = vb.height() * (1 - top / y_hi)  # pixels from the top of the plot
+    assert top_px > note_bottom, (top_px, note_bottom)

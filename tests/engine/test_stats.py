@@ -1,0 +1,220 @@
+"""engine.analysis.stats: rows, CSV and the speedup arithmetic, on hand-made events (no Qt, no torch in stats)."""
+import csv
+import math
+import sys
+
+import pytest
+
+from engine.analysis.stats import (
+    ROUND_COLUMNS,
+    SUMMARY_COLUMNS,
+    SessionStats,
+    SpeedTotals,
+    round_tokens_per_s,
+    summary_path,
+)
+from engine.analysis.theory import theoretical_speedup
+from engine.api.events import Origin
+from tests.app_fixtures import make_round, make_summary
+
+
+def test_stats_imports_neither_qt_nor_torch():
+    import subprocess
+
+    code = ("import sys, engine.analysis.stats; bad = [m for m in sys.modules if m.split('.')[0] in "
+            "('torch', 'PySide6', 'pyqtgraph')]; print(bad); sys.exit(1 if bad else 0)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_theoretical_speedup_formula():
+    # alpha = 0: one token per round, paid for with K draft steps.
+    assert theoretical_speedup(0.0, 4, 0.1) == pytest.approx(1 / 1.4)
+    # alpha = 1: K + 1 tokens per round (the limit of the fraction).
+    assert theoretical_speedup(1.0, 4, 0.05) == pytest.approx(5 / 1.2)
+    assert theoretical_speedup(0.8, 4, 0.0) == pytest.approx((1 - 0.8**5) / 0.2)
+    a, k, c = 0.7, 5, 0.05
+    assert theoretical_speedup(a, k, c) == pytest.approx((1 - a ** (k + 1)) / ((1 - a) * (1 + k * c)))
+    assert theoretical_speedup(0.5, 0, 0.1) == 1.0
+
+
+def test_round_row_fields():
+    ev = make_round(3, accepted=("a", "b"), rejected=("x", "y"), final="c", origin=Origin.CORRECTED, k=4,
+                    draft_ms=4.0, verify_ms=6.0, temperature=0.7)
+    stats = SessionStats()
+    rec = stats.begin("hi")
+    rec.rounds.append(ev)
+    (row,) = stats.round_rows()
+    assert list(row) == list(ROUND_COLUMNS)
+    assert row["chat"] == 1 and row["message"] == 1 and row["kind"] == "chat"
+    assert (row["round"], row["mode"], row["drafter"]) == (3, "speculative", "model")
+    assert (row["k"], row["temperature"]) == (4, 0.7)
+    assert (row["drafted"], row["accepted"], row["committed"]) == (4, 2, 3)
+    assert (row["final_origin"], row["final_token"], row["final_token_id"]) == ("corrected", "c", 300)
+    assert row["tokens_per_s"] == pytest.approx(3 / 0.010)
+    assert round_tokens_per_s(ev) == pytest.approx(300.0)
+
+
+def test_plain_and_bonus_rows():
+    plain = make_round(1, accepted=(), final="z", origin=Origin.PLAIN, mode="plain", draft_ms=0.0)
+    bonus = make_round(2, accepted=("a", "b"), final="c", origin=Origin.BONUS)
+    stats = SessionStats()
+    stats.begin("q").rounds.extend([plain, bonus])
+    rows = stats.round_rows()
+    assert rows[0]["mode"] == "plain" and rows[0]["drafter"] == "" and rows[0]["k"] == 0
+    assert rows[0]["final_origin"] == "plain"
+    assert rows[1]["final_origin"] == "bonus" and rows[1]["accepted"] == 2
+
+
+def test_csv_round_trip_and_summary_file(tmp_path):
+    stats = SessionStats()
+    first = [make_round(1, ("a",), ("x",), "b"), make_round(2, ("c", "d"), (), "e", Origin.BONUS, stop_reason="eos")]
+    rec = stats.begin('say "hi", please')
+    rec.rounds.extend(first)
+    rec.summary = make_summary(first, reused=0)
+    stats.new_chat()
+    rec2 = stats.begin("again")
+    second = [make_round(1, (), (), "q", Origin.PLAIN, mode="plain")]
+    rec2.rounds.extend(second)
+    rec2.summary = make_summary(second, reused=7, stop="cancelled")
+
+    main, side = stats.write_csv(tmp_path / "session.csv")
+    assert side == tmp_path / "session_summary.csv" == summary_path(main)
+    with main.open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [r["message"] for r in rows] == ["1", "1", "2"]
+    assert [r["chat"] for r in rows] == ["1", "1", "2"]
+    assert [r["round"] for r in rows] == ["1", "2", "1"]
+    assert rows[0]["final_token"] == "b" and rows[1]["final_origin"] == "bonus" and rows[2]["mode"] == "plain"
+    with side.open(newline="") as f:
+        summ = list(csv.DictReader(f))
+    assert list(summ[0]) == list(SUMMARY_COLUMNS)
+    assert summ[0]["prompt"] == 'say "hi", please'
+    assert summ[0]["new_tokens"] == "5" and summ[0]["drafted"] == "4" and summ[0]["accepted"] == "3"
+    assert summ[1]["reused_prefix_tokens"] == "7" and summ[1]["stop_reason"] == "cancelled"
+    assert summ[1]["mode"] == "plain"
+
+
+def test_unfinished_message_still_summarised():
+    stats = SessionStats()
+    stats.begin("x").rounds.append(make_round(1))
+    (row,) = stats.summary_rows()
+    assert row["stop_reason"] == "error" and row["rounds"] == 1 and row["new_tokens"] == 2
+
+
+def test_unwritable_path_raises(tmp_path):
+    stats = SessionStats()
+    with pytest.raises(OSError):
+        stats.write_csv(tmp_path / "missing-dir" / "x.csv")
+
+
+def _session(prompt: str) -> SessionStats:
+    stats = SessionStats()
+    rounds = [make_round(1, ("a",), ("x",), "b", stop_reason="eos")]
+    rec = stats.begin(prompt)
+    rec.rounds.extend(rounds)
+    rec.summary = make_summary(rounds, reused=0)
+    return stats
+
+
+def test_a_failed_export_leaves_the_earlier_export_whole(tmp_path, monkeypatch):
+    """Issue 22 item 3: the disk fills while the second file is written; the first export stays, both files."""
+    path = tmp_path / "session.csv"
+    _session("first").write_csv(path)
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    later = _session("first")
+    later.begin("second").rounds.append(make_round(1))
+    real, calls = csv.DictWriter.writerows, []
+
+    def writerows(self, rows):
+        calls.append(1)
+        if len(calls) == 2:
+            raise OSError(28, "No space left on device")
+        return real(self, rows)
+
+    monkeypatch.setattr(csv.DictWriter, "writerows", writerows)
+    with pytest.raises(OSError, match="No space"):
+        later.write_csv(path)
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before  # no temporaries left either
+    monkeypatch.undo()
+    later.write_csv(path)
+    assert "second" in summary_path(path).read_text(encoding="utf-8")
+
+
+def test_an_export_keeps_the_permissions_of_the_file_it_replaces(tmp_path):
+    path = tmp_path / "session.csv"
+    path.write_text("old", encoding="utf-8")
+    path.chmod(0o640)
+    _session("x").write_csv(path)
+    assert path.stat().st_mode & 0o777 == 0o640
+
+
+def test_an_export_never_fails_on_a_lone_surrogate(tmp_path):
+    """Issue 22 item 4: text that reached the session (a trace, a paste) cannot break saving."""
+    main, side = _session("a\ud800b").write_csv(tmp_path / "s.csv")
+    with side.open(newline="", encoding="utf-8") as f:
+        assert next(csv.DictReader(f))["prompt"] == "a?b"
+
+
+def test_summary_path_names():
+    assert summary_path("/a/b/stats.csv").name == "stats_summary.csv"
+    assert summary_path("/a/b/stats").name == "stats_summary.csv"
+
+
+def test_new_chat_numbering_skips_empty_chats():
+    s = SessionStats()
+    s.new_chat()  # nothing in chat 1 yet: stays 1
+    assert s.begin("a").chat == 1
+    s.new_chat()
+    assert s.begin("b").chat == 2 and len(s) == 2
+
+
+def test_speed_totals_with_and_without_plain_rate():
+    t = SpeedTotals()
+    # 4 drafted at 1 ms each, 10 ms verify, 3 accepted + 1 correction = 4 tokens per round.
+    for r in range(1, 3):
+        t.add(make_round(r, ("a", "b", "c"), ("x",), "d", draft_ms=4.0, verify_ms=10.0))
+    assert t.drafting.alpha == pytest.approx(0.75) and t.drafting.mean_k == 4
+    # No plain rate: c = 1 ms per draft / 10 ms verify; measured = tokens * verify per round / time.
+    assert t.plain_ms_per_token is None
+    assert t.cost_ratio() == pytest.approx(0.1)
+    assert t.measured_speedup() == pytest.approx(8 * 10.0 / 28.0)
+    # A plain round at 8 ms per token sets the reference.
+    t.add(make_round(3, (), (), "p", Origin.PLAIN, mode="plain", draft_ms=0.0, verify_ms=8.0))
+    assert t.plain_ms_per_token == pytest.approx(8.0)
+    assert t.cost_ratio() == pytest.approx(1 / 8)
+    assert t.measured_speedup() == pytest.approx(8 / 28.0 * 8.0)
+    assert t.theoretical_speedup() == pytest.approx(theoretical_speedup(0.75, 4, 1 / 8))
+    # An explicit session reference wins.
+    assert t.cost_ratio(2.0) == pytest.approx(0.5)
+
+
+def test_speed_totals_keep_each_drafter_apart():
+    """Under the hybrid drafter, model rounds and free n-gram rounds alternate. One α and one c over both would
+    describe neither: the theory is the mix of their rounds, each at its own α, K and c."""
+    t = SpeedTotals()
+    plain = 10.0
+    for r in range(4):  # the model: 4 drafted at 1 ms each, 3 pass
+        t.add(make_round(r, ("a", "b", "c"), ("x",), "d", drafter="model", draft_ms=4.0, verify_ms=12.0))
+    for r in range(4, 6):  # the n-gram lookup: 8 drafted at no cost, all pass
+        t.add(make_round(r, tuple("abcdefgh"), (), "i", drafter="ngram", draft_ms=0.0, verify_ms=16.0))
+    model, ngram = t.by_drafter["model"], t.by_drafter["ngram"]
+    assert (model.rounds, model.alpha, model.mean_k, model.cost_ratio(plain)) == (4, 0.75, 4, pytest.approx(0.1))
+    assert (ngram.rounds, ngram.alpha, ngram.mean_k, ngram.cost_ratio(plain)) == (2, 1.0, 8, 0.0)
+    tokens = 4 * (1 - 0.75 ** 5) / 0.25 + 2 * 9  # expected tokens of each drafter's rounds
+    cost = 4 * (1 + 4 * 0.1) + 2 * 1  # in target steps
+    assert t.theoretical_speedup(plain) == pytest.approx(tokens / cost)
+    # Pooled into one α (28/32), one K (5.3) and one c, the formula would say 3.60x where the mix gives 3.97x.
+    pooled = theoretical_speedup(t.drafting.alpha, t.drafting.mean_k, t.cost_ratio(plain))
+    assert abs(pooled / t.theoretical_speedup(plain) - 1) > 0.05
+    # One drafter alone is Leviathan's formula exactly.
+    alone = SpeedTotals()
+    for r in range(4):
+        alone.add(make_round(r, ("a", "b", "c"), ("x",), "d", drafter="model", draft_ms=4.0, verify_ms=12.0))
+    assert alone.theoretical_speedup(plain) == pytest.approx(theoretical_speedup(0.75, 4, 0.1))
+
+
+def test_speed_totals_empty():
+    t = SpeedTotals()
+    assert t.measured_speedup() is None and t.theoretical_speedup() is None and t.drafting.alpha == 0.0
+    assert not math.isnan(t.cost_ratio())
