@@ -9,8 +9,8 @@ tokens took 15 / 10 / 6 / 5 / 0% less).
 
 The stream prefetch (every x86 build). Over 1-6 rows each thread streams one run of weights, which the kernels leave
 to the hardware prefetcher (`g_stream_prefetch`). On Zen 4, asking for each unit 6 KB ahead made a draft step 5%
-slower in the host's fast-memory minutes (the same in its slow ones) and passes of 2-5 tokens up to 22% slower; the
-kernels of 2026-11-22, on a Zen 3 machine, had run one-row calls ~15% faster with it. So the first load also times a
+slower in the host's fast-memory minutes (the same in its slow ones) and passes of 2-5 tokens up to 22% slower; on Zen 3
+one-row calls have run faster with it (docs/performance.md). So the first load also times a
 one-row Q4_0 layer (the draft's gate|up) and a Q4_K layer over 1 and 5 rows both ways, and asks ahead only where that
 takes less time by the margin.
 

@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     window.controls.seed_spin.setValue(0)
     window.controls.drafter_combo.setCurrentIndex(window.controls.drafter_combo.findData(drafter))
     window.show()
-    window.inspector.show()  # the dock open, as issue 24's goal has it (the engine records its rows either way)
+    window.inspector.show()  # the dock open, as the step-cost goal has it (the engine records its rows either way)
     # headless sends exactly what the window sends (the app's defaults, e.g. its early draft stop, included)
     sampling, spec = window.controls.sampling_params(), window.controls.spec_params()
     assert sampling.temperature == 0.0 and spec.k == args.k and spec.drafter == drafter

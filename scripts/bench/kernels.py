@@ -35,7 +35,7 @@ from engine.model.pages import collapse
 from engine.cpu import ext, formats
 from engine.cpu.machine import this_cpu
 
-NOMINAL_GBS = 21.6  # what a one-row matmul reaches on the 2-vCPU EPYC development machine (issue 9)
+NOMINAL_GBS = 21.6  # what a one-row matmul reaches on the 2-vCPU EPYC development machine
 SHAPES = {"ffn_up 1536->8960": (1536, 8960), "ffn_down 8960->1536": (8960, 1536), "lm_head 1536->151936": (1536, 151936),
           # the draft's (0.5B, run as Q4_0): gate|up in one call, and down
           "draft_up 896->9728": (896, 9728), "draft_down 4864->896": (4864, 896)}

@@ -1,5 +1,5 @@
 """Where the engine's resident memory goes over a long chat session: the embedded pair driven turn by turn, with
-the RSS printed beside the part of it that is KV cache pages (issue 22's soak).
+the RSS printed beside the part of it that is KV cache pages.
 
     python -m scripts.bench.soak_rss [TURNS] [TURNS_PER_CHAT]      # defaults 300 and 50
 

@@ -15,7 +15,7 @@ share. The real tile runs the AVX2 kernels whatever the CPU's best, so that both
 
 From it: the least time a pass of R tokens can take over the target's matrices (all of them counted at the
 Q4_K block's cost, though Q6_K's costs more), on the given threads, against the step's memory floor (the packed
-weights a step reads over the read bandwidth measured here, as scripts/profile/step.py). Issue 24 asks a pass of
+weights a step reads over the read bandwidth measured here, as scripts/profile/step.py). The pass goals ask a pass of
 5 tokens for <= 1.25 steps and of 9 for <= 1.6.
 
     python -m scripts.profile.int8_bound [--threads 2] [--gguf TARGET.gguf]

@@ -10,7 +10,7 @@ bandwidth take turns (split into the host's memory moods where the bandwidths pa
 - the pass in ms and in one-token steps, and the rate its products ran at, as a share of the peak;
 - `bound`: the fewest steps a pass could take if every product ran at the peak (T x products a row / peak,
   at least one step);
-- `goal needs`: for issue 24's goals (5 tokens in 1.25 steps, 9 in 1.6), the share of the peak the products
+- `goal needs`: for the pass goals (5 tokens in 1.25 steps, 9 in 1.6), the share of the peak the products
   would need to run at if the whole pass did nothing else; above 100% the goal is out of reach in that mood.
 
     python -m scripts.profile.pass_bound [--rounds 30] [--threads 2] [--widths 1,2,3,5,9]
@@ -35,7 +35,7 @@ from scripts.bench.kernels import ReadBandwidth, cpu_line
 from scripts.profile.ab_builds import moods
 from scripts.profile.step import linears
 
-GOALS = {5: 1.25, 9: 1.6}  # issue 24: a pass of T tokens in at most this many one-token steps
+GOALS = {5: 1.25, 9: 1.6}  # a pass of T tokens in at most this many one-token steps
 SOURCE = Path(__file__).with_name("dot_peak.cpp")
 
 

@@ -1,4 +1,4 @@
-"""Screenshots of a load without compiled kernels (issue 23: never silently slow), under Xvfb.
+"""Screenshots of a load without compiled kernels (never silently slow), under Xvfb.
 
     Xvfb :99 -screen 0 1480x900x24 &
     DISPLAY=:99 python -m scripts.screenshots.fallback light /tmp/fallback

@@ -6,7 +6,7 @@ made).
 
 Three greedy replies of the embedded pair: speculative (draft model, K 4), plain (speculation off), speculative
 again; then the screen is grabbed. The acceptance line and its mean must break over the plain rounds rather than
-run across them (issue 22, item 15): the third reply is there so that there is a line on both sides of the gap.
+run across them: the third reply is there so that there is a line on both sides of the gap.
 MODELS=tiny runs the tiny random pair of tests/tiny.py instead.
 """
 import functools

@@ -166,7 +166,7 @@ def test_time_budget_limits_chart_work(panel, monkeypatch):
 
 
 def test_the_acceptance_lines_break_across_plain_rounds(panel):
-    """Issue 22 item 15: after a speculation-off reply the lines ran straight across its plain rounds."""
+    """After a speculation-off reply the lines ran straight across its plain rounds."""
     plain = [make_round(i, (), (), "p", Origin.PLAIN, mode="plain", drafter=None, draft_ms=0.0) for i in (3, 4)]
     nothing = make_round(7, (), (), "n", Origin.PLAIN, k=4, drafter="ngram")  # speculative, drafted nothing
     for ev in rounds()[:2] + plain + rounds()[2:] + [nothing]:
@@ -181,7 +181,7 @@ def test_the_acceptance_lines_break_across_plain_rounds(panel):
 
 
 def test_the_speedup_lines_break_across_plain_rounds(panel):
-    """Issue 22 item 15, seen in docs/charts-after-plain.png: the measured and theory speedups (running totals)
+    """The measured and theory speedups (running totals)
     ran flat across a speculation-off reply's rounds while the acceptance line broke there."""
     plain = [make_round(i, (), (), "p", Origin.PLAIN, mode="plain", drafter=None, draft_ms=0.0, verify_ms=20.0)
              for i in (3, 4)]
@@ -197,7 +197,7 @@ def test_the_speedup_lines_break_across_plain_rounds(panel):
 
 
 def test_positions_with_few_drafts_are_faded_and_counted(panel):
-    """Issue 22 item 21: one round at K = 16 drew sixteen full bars at 1.0."""
+    """One round at K = 16 drew sixteen full bars at 1.0."""
     panel.feed(make_round(1, tuple("abcdefghijklmnop"), (), "q", Origin.BONUS, k=16))
     panel.flush(full=True)
     opts = panel.bars["position"].opts
@@ -219,7 +219,7 @@ def _speedup_title(panel) -> str:
 
 
 def test_theory_is_redone_when_the_plain_rate_arrives(panel):
-    """Issue 22 item 17: the live window kept the theory computed before the plain rate was known (1.04x) while
+    """The live window kept the theory computed before the plain rate was known (1.04x) while
     the reopened trace computed it after (1.06x). One computation: under the reference in force now."""
     from engine.analysis.stats import SpeedTotals
 
@@ -268,7 +268,7 @@ def _titles_fit(panel) -> list[str]:
 
 
 def test_a_narrow_panel_reflows_to_one_scrolled_column(qtbot):
-    """Issue 22 item 14: beside the inspector the panel is ~360 px wide, and two columns clipped every title."""
+    """Beside the inspector the panel is ~360 px wide, and two columns clipped every title."""
     from app.views.charts import PLOT_MIN_HEIGHT
 
     panel = ChartsPanel()
@@ -293,7 +293,7 @@ def test_a_narrow_panel_reflows_to_one_scrolled_column(qtbot):
 
 @pytest.mark.parametrize("width", [360, 800])
 def test_the_speedup_note_stays_above_the_curves(qtbot, width):
-    """Issue 22 item 14: the formula's note ran across the curve (its peak comes in the first rounds)."""
+    """The formula's note ran across the curve (its peak comes in the first rounds)."""
     panel = ChartsPanel()
     qtbot.addWidget(panel)
     panel.resize(width, 780)

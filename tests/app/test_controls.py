@@ -176,7 +176,7 @@ def test_an_unknown_drafter_in_the_settings_falls_back_to_the_default(qtbot, qt_
 
 
 def test_the_context_setting_follows_the_pair_and_shows_its_memory(qtbot):
-    """Issue 22 item 20: the context was fixed at 4096 though the embedded target allows 32k."""
+    """The context was fixed at 4096 though the embedded target allows 32k."""
     from pathlib import Path
 
     from engine.io.hub import LocalModel

@@ -282,7 +282,7 @@ def test_token_without_inspector_data(qtbot):
 
 
 def test_a_long_token_title_fits_the_dock_at_its_narrowest(qtbot):
-    """Issue 22 item 14: a token with no place to wrap (a run of spaces, a long identifier) was cut off."""
+    """A token with no place to wrap (a run of spaces, a long identifier) was cut off."""
     from PySide6.QtCore import Qt
     from PySide6.QtWidgets import QMainWindow
 

@@ -61,7 +61,7 @@ def test_app_exits_with_the_line_before_any_window(monkeypatch, capsys):
 
 
 def test_no_display_at_all_is_one_line_not_an_abort():
-    """Issue 22 item 13: with neither DISPLAY nor WAYLAND_DISPLAY, Qt aborted (134) asking for xcb-cursor0."""
+    """With neither DISPLAY nor WAYLAND_DISPLAY, Qt aborted (134) asking for xcb-cursor0."""
     import os
     from pathlib import Path
 

@@ -119,7 +119,7 @@ def test_stop_while_paused(qtbot, make_window):
     w.input.setPlainText(PROMPT)
     w.send()
     qtbot.waitUntil(lambda: _paused(w) is not None, timeout=20000)
-    # Issue 22 item 21: the status line said "Generating" while the engine waited for a click
+    # The status line said "Generating" while the engine waited for a click
     assert w.round_label.text().startswith("Paused (step-through") and "Generating" not in w.round_label.text()
     qtbot.keyClick(w, Qt.Key.Key_Escape)
     wait_idle(qtbot, w, timeout=10000)

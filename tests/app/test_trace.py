@@ -117,7 +117,7 @@ def test_unreadable_and_binary_files(tmp_path):
      r"nested deeper than any trace"),
 ])
 def test_hostile_json_is_a_trace_error(tmp_path, content, message):
-    """Issue 22 item 5: deep nesting and huge integers were a RecursionError and a ValueError."""
+    """Deep nesting and huge integers were a RecursionError and a ValueError."""
     path = tmp_path / "hostile.json"
     path.write_text(content, encoding="utf-8")
     with pytest.raises(TraceError, match=message):
@@ -145,7 +145,7 @@ def test_the_stepped_parse_refuses_what_json_loads_refuses(text):
 
 
 def test_a_lone_surrogate_saves_and_reopens_exactly(tmp_path):
-    """Issue 22 item 4: text the app accepted never makes saving fail; JSON escapes keep it as it was."""
+    """Text the app accepted never makes saving fail; JSON escapes keep it as it was."""
     from dataclasses import replace
 
     trace = hand_made_trace()
@@ -169,7 +169,7 @@ def test_a_failed_save_leaves_the_old_file(tmp_path, monkeypatch):
 
 
 def test_reply_counts_say_what_they_hold():
-    """Issue 22 item 18: "Wrote session.json (8 replies)" beside a trace window's "3 replies"."""
+    """Saving said "Wrote session.json (8 replies)" beside a trace window's "3 replies"."""
     from dataclasses import replace
 
     from app.session.trace import count_replies
@@ -190,7 +190,7 @@ def test_the_trace_window_counts_replays_apart(qtbot):
 
 
 def test_a_long_chat_is_painted_over_several_frames(qtbot, monkeypatch):
-    """Issue 22 item 5: after a large trace was read, painting its chat held the window for seconds more."""
+    """After a large trace was read, painting its chat held the window for seconds more."""
     from PySide6.QtCore import QTimer
 
     import app.dialogs.trace_window as tw
@@ -303,7 +303,7 @@ def _trace_windows():
 
 
 def test_a_large_trace_is_read_behind_a_progress_dialog(qtbot, window, dialogs, tmp_path, monkeypatch):
-    """Issue 22 item 5: a 100,000-round trace froze the window for a minute while it was read."""
+    """A 100,000-round trace froze the window for a minute while it was read."""
     import threading
     import time
 

@@ -80,7 +80,7 @@ def test_cancel_stops_the_sweep(qtbot, make_window):
     qtbot.waitUntil(lambda: len(dlg.tuner.runs) >= 1, timeout=30000)
     assert 0 < dlg.progress.value() < 1000 and "Replay" in dlg.status.text()
     dlg.cancel_button.click()
-    # Issue 22 item 16: nothing changed for ~25 s while the running replay's prefill went on
+    # Nothing changed for ~25 s while the running replay's prefill went on
     assert dlg.tuner.done or ("Cancelling" in dlg.status.text() and not dlg.cancel_button.isEnabled())
     qtbot.waitUntil(lambda: dlg.tuner.done, timeout=10000)
     wait_idle(qtbot, w)
@@ -140,7 +140,7 @@ def test_tuner_requires_a_seed(seedless, qtbot):
 
 
 def test_apply_from_one_replay_each_says_it_is_one_sample(qtbot):
-    """Issue 22 item 16: Apply was offered from single replays whose timing spread nobody knew."""
+    """Apply was offered from single replays whose timing spread nobody knew."""
     from app.dialogs.tuner_dialog import TunerDialog
     from engine.analysis.sweep import Sweep, SweepRun
     from engine.api.config import SamplingParams, SpecParams

@@ -249,7 +249,7 @@ def test_message_waits_while_no_model_is_ready(qtbot, make_window, tmp_path):
 
 
 def test_a_lone_surrogate_is_replaced_and_the_reply_runs(qtbot, window, engine_log):
-    """Issue 22 item 4: the engine refuses text that is not valid Unicode; the app sends U+FFFD in its place."""
+    """The engine refuses text that is not valid Unicode; the app sends U+FFFD in its place."""
     c = window.controller
     text = "a" + chr(0xD800) + "b"
     assert c.send(text, window.controls.sampling_params(), window.controls.spec_params(), "sys" + chr(0xDC00))
@@ -261,7 +261,7 @@ def test_a_lone_surrogate_is_replaced_and_the_reply_runs(qtbot, window, engine_l
 
 
 def test_a_message_too_long_for_the_context_is_not_sent_and_says_so(qtbot, make_window, dialogs):
-    """Issue 22 item 19: the error named a Python class, and the refused message stayed in the chat as if sent."""
+    """The error named a Python class, and the refused message stayed in the chat as if sent."""
     from tests.app_fixtures import tiny
 
     w = make_window(tiny(max_seq_len=64), show=False)
@@ -279,7 +279,7 @@ def test_a_message_too_long_for_the_context_is_not_sent_and_says_so(qtbot, make_
 
 
 def test_a_refused_target_stays_in_the_picker(qtbot, make_window, dialogs):
-    """Issue 22 item 21: after a refused --target the Target combo showed the embedded pair, as if that was asked."""
+    """After a refused --target the Target combo showed the embedded pair, as if that was asked."""
     w = make_window(show=False)  # fake_loader: the default pair loads, a named path does not exist
     w.load_models("/does/not/exist")
     qtbot.waitUntil(lambda: bool(dialogs), timeout=5000)
@@ -293,7 +293,7 @@ def test_a_refused_target_stays_in_the_picker(qtbot, make_window, dialogs):
 
 
 def test_the_context_setting_reaches_the_engine_at_the_next_load(qtbot, make_window):
-    """Issue 22 item 20: the window's context setting sizes the engine's caches when the models load."""
+    """The window's context setting sizes the engine's caches when the models load."""
     from tests.app_fixtures import tiny
 
     w = make_window(tiny(max_seq_len=256), show=False)

@@ -209,7 +209,7 @@ def test_cancel_before_the_first_round(engine, prompt):
 
 
 def test_cancel_during_a_long_prefill_stops_between_its_chunks(engine, prompt, plain, monkeypatch):
-    """Issue 22 item 16: a cancel waited out the whole prefill of a long prompt (~25 s on the embedded pair)."""
+    """A cancel waited out the whole prefill of a long prompt (~25 s on the embedded pair)."""
     import engine.model.forward as fwd
 
     monkeypatch.setattr(fwd, "PREFILL_CHUNK", 4)
@@ -235,7 +235,7 @@ def test_cancel_during_a_long_prefill_stops_between_its_chunks(engine, prompt, p
 
 
 def test_cancel_during_the_draft_models_prefill_stops_between_its_chunks(engine, prompt, plain, monkeypatch):
-    """Issue 22 item 16: the draft model's lazy prefill of the prompt (round 1) also ran to its end first."""
+    """The draft model's lazy prefill of the prompt (round 1) also ran to its end first."""
     import engine.model.forward as fwd
 
     monkeypatch.setattr(fwd, "PREFILL_CHUNK", 4)

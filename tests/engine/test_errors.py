@@ -202,7 +202,7 @@ def test_kv_cache_exhausted_mid_request_is_clear_and_recoverable():
     assert s.new_tokens == 5
 
 
-# ---- issue 22 item 7: messages, prompt ids and SpecParams fields are checked where they enter -------------------
+# ---- messages, prompt ids and SpecParams fields are checked where they enter -------------------
 @pytest.mark.parametrize("messages, field", [
     ([{"role": "user", "content": 5}], r"messages\[0\]\['content'\] must be a string, got 5"),
     ([{"role": "user", "content": None}], r"messages\[0\]\['content'\] must be a string, got None"),
@@ -218,7 +218,7 @@ def test_bad_messages_name_the_field(engine, messages, field):
 
 
 def test_a_lone_surrogate_is_refused_by_name(engine):
-    """Issue 22 item 4: it reached the tokenizer and failed there with a raw TypeError."""
+    """It reached the tokenizer and failed there with a raw TypeError."""
     text = "a" + chr(0xD800) + "b"  # built here: pytest cannot print a failure report holding one
     with pytest.raises(ValueError, match=r"messages\[0\]\['content'\] holds a lone surrogate \(U\+D800\) at character 1"):
         engine.encode_chat([{"role": "user", "content": text}])
@@ -250,7 +250,7 @@ def test_bad_spec_fields_name_the_field(kw, field):
     assert SpecParams(k=64, k_max=64).k == 64
 
 
-# ---- issue 22 items 8, 9: reset() mid-reply, and the Summary ends the request ----------------------------------
+# ---- reset() mid-reply, and the Summary ends the request ----------------------------------
 def test_reset_mid_reply_is_refused_and_the_reply_finishes(engine):
     engine.reset()
     gen = engine.generate([5, 6, 7], SamplingParams(max_new_tokens=8), SpecParams(k=2))

@@ -180,7 +180,7 @@ def test_list_finds_compatible_cache_models_and_skips_the_rest(cache, no_embedde
     assert (models["tiny/qwen"].arch, models["tiny/qwen"].source) == ("qwen2", "hf-cache")
     g = models["tiny/qwen-gguf/q8.gguf"]
     assert (g.source, g.arch, g.vocab_size, g.num_layers, g.hidden_size) == ("gguf", "qwen2", len(tok), 2, 32)
-    assert (g.context_limit, g.kv_values_per_token) == (128, 64)  # issue 22 item 20: what a context costs
+    assert (g.context_limit, g.kv_values_per_token) == (128, 64)  # what a context costs
     assert (g.kv_bytes_per_value, llama.kv_bytes_per_value) == (2, 4)  # a GGUF model's cache is float16
     assert g.path == gsnap / "q8.gguf"
 
@@ -246,7 +246,7 @@ def header_only_gguf(path: Path, alignment: int) -> Path:
 
 @pytest.mark.parametrize("alignment", [0, 24])
 def test_a_gguf_with_a_bad_alignment_is_a_model_load_error(tmp_path, alignment):
-    """Issue 22 item 6: alignment 0 was a ZeroDivisionError."""
+    """Alignment 0 was a ZeroDivisionError."""
     from engine.io.gguf_file import GGUFFile
 
     path = header_only_gguf(tmp_path / "bad.gguf", alignment)
@@ -255,7 +255,7 @@ def test_a_gguf_with_a_bad_alignment_is_a_model_load_error(tmp_path, alignment):
 
 
 def test_one_bad_gguf_never_hides_the_other_models(cache, fake_embedded, caplog):
-    """Issue 22 item 6: a GGUF with alignment 0 in the HF cache emptied the whole list, the embedded pair too."""
+    """A GGUF with alignment 0 in the HF cache emptied the whole list, the embedded pair too."""
     save_hf_folder(cache_repo(cache, "good/llama"))
     header_only_gguf(cache_repo(cache, "bad/zero-align") / "x.gguf", 0)
     with caplog.at_level("WARNING", logger="engine.io.hub"):
@@ -281,7 +281,7 @@ def test_an_unforeseen_error_skips_only_its_entry(cache, no_embedded, monkeypatc
 
 
 def test_load_engine_takes_the_context_asked_for_within_the_models_limit(tmp_path):
-    """Issue 22 item 20: the cache was 4096 tokens (or the models' limit), whatever the user wanted."""
+    """The cache was 4096 tokens (or the models' limit), whatever the user wanted."""
     from engine.io.loading import load_engine
 
     folder, _ = save_hf_folder(tmp_path / "m")  # max_position_embeddings 128

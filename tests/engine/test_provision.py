@@ -229,7 +229,7 @@ def test_embedded_partsets_match_pyproject():
 
 
 def test_a_read_only_cache_says_where_and_what_to_do(tmp_path, parts, monkeypatch):
-    """Issue 22 item 10: an existing cache on a read-only file system gave a raw OSError about '.lock'."""
+    """An existing cache on a read-only file system gave a raw OSError about '.lock'."""
     ps, locate = parts
     root = tmp_path / "cache"
     root.mkdir()

@@ -1,4 +1,4 @@
-"""Engine reliability (issue 8): failures, cancels, bad values and misuse leave the engine exact and usable."""
+"""Engine reliability: failures, cancels, bad values and misuse leave the engine exact and usable."""
 from __future__ import annotations
 
 import json

@@ -118,7 +118,7 @@ def _session(prompt: str) -> SessionStats:
 
 
 def test_a_failed_export_leaves_the_earlier_export_whole(tmp_path, monkeypatch):
-    """Issue 22 item 3: the disk fills while the second file is written; the first export stays, both files."""
+    """The disk fills while the second file is written; the first export stays, both files."""
     path = tmp_path / "session.csv"
     _session("first").write_csv(path)
     before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
@@ -150,7 +150,7 @@ def test_an_export_keeps_the_permissions_of_the_file_it_replaces(tmp_path):
 
 
 def test_an_export_never_fails_on_a_lone_surrogate(tmp_path):
-    """Issue 22 item 4: text that reached the session (a trace, a paste) cannot break saving."""
+    """Text that reached the session (a trace, a paste) cannot break saving."""
     main, side = _session("a\ud800b").write_csv(tmp_path / "s.csv")
     with side.open(newline="", encoding="utf-8") as f:
         assert next(csv.DictReader(f))["prompt"] == "a?b"

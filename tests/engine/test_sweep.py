@@ -45,7 +45,7 @@ def test_run_of_counts_decided_tests_and_leaves_prefills_out():
 
 
 def test_one_rate_definition_in_the_summary_and_the_tuner():
-    """Issue 22 item 16: the reply's rate (the chat footer, the session CSV) kept the draft's prefill in while the
+    """The reply's rate (the chat footer, the session CSV) kept the draft's prefill in while the
     K tuner's (its dialog, NAME_tuner.csv) left it out; a replay then showed two rates."""
     from dataclasses import replace
 

@@ -121,7 +121,7 @@ def test_icons_render(qapp):
 
 
 def test_a_refused_target_prints_its_reason_without_a_traceback(tmp_path):
-    """Issue 22 item 21: the engine process logged a Python traceback for a path that does not exist."""
+    """The engine process logged a Python traceback for a path that does not exist."""
     out = load_test(tmp_path, "--target", str(tmp_path / "no-such-model"))
     assert out.returncode == 1
     assert "Traceback" not in out.stderr and "no-such-model" in out.stderr, out.stderr

@@ -1,4 +1,4 @@
-"""The compiled kernels travel with the program (issue 23): a binary wheel and the PyInstaller bundle, each built
+"""The compiled kernels travel with the program: a binary wheel and the PyInstaller bundle, each built
 here from this checkout, load them with no compiler on PATH and an empty SPECLENS_CACHE, and their --load-test
 names the kernels' instruction set (not the fallback). The scripts are packaging/check_wheel.sh and
 packaging/check_bundle.sh; these tests are how CI runs them (about 1.5 and 6 minutes on 2 cores)."""

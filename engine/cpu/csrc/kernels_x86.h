@@ -703,7 +703,7 @@ static GroupsFn<V> groups_fn(int qtype, int rows) {  // rows 1 .. MAX_ROWS
 #if SQ_ZMM
 // Pairs of groups from this many rows on. Below, a call is bound by memory, and two streams per thread read it
 // ~10-40% slower than one; from 3 rows on (Q6_K, with its larger units: 7) the halved instruction count wins on
-// Zen 5 (scripts/bench_kernels.py --isa avxvnni,avx512vnni). Zen 4 runs a 512-bit operation as two halves, and
+// Zen 5 (python -m scripts.bench.kernels --isa avxvnni,avx512vnni). Zen 4 runs a 512-bit operation as two halves, and
 // there pairs made passes of 3-7 tokens 5-15% slower: engine/cpu/tune.py times both on the machine and sets
 // g_pair_from (isa.h).
 static int pair_rows(int qtype) { return g_pair_from ? g_pair_from : qtype == Q6_K ? 7 : 3; }
