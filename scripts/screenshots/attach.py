@@ -1,7 +1,7 @@
-"""The window attached to real llama-servers under Xvfb (how docs/attach.png was made).
+"""The window attached to real llama-servers under Xvfb (how docs/images/attach.png was made).
 
     Xvfb :99 -screen 0 1480x900x24 &
-    DISPLAY=:99 SHOT=docs/attach.png python -m scripts.screenshots.attach light
+    DISPLAY=:99 SHOT=docs/images/attach.png python -m scripts.screenshots.attach light
 
 Starts two llama-servers on 127.0.0.1 through ../shared/bench/llama_server.sh with the embedded pair (one with the
 draft, K = 4; one plain), attaches the window to them (File > Attach to server, as `speclens --attach URL

@@ -10,7 +10,8 @@ minute), and the load then goes on with them.
 The engine process gets an empty SPECLENS_CACHE and CXX pointing at no compiler, so the kernels can be neither
 found nor built; the embedded pair is loaded from its files in the usual cache. Saves DIR/load_dialog.png (the load
 dialog while the models are placed, the sentence under the step) and DIR/window.png (the status line after the
-load), and prints the sentence.
+load), and prints the sentence. docs/images/kernels-fallback-dialog.png and kernels-fallback-status.png are those
+two; docs/images/kernels-compile-dialog.png is the COMPILE=1 dialog.
 """
 import os
 import sys

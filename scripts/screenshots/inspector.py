@@ -1,8 +1,9 @@
-"""The distribution inspector open on a rejected draft, in the real window under Xvfb (how docs/inspector.png was
-made), and the session saved as a trace.
+"""The distribution inspector open on a rejected draft, in the real window under Xvfb (how
+docs/images/inspector.png was made), and the session saved as a trace.
 
     Xvfb :99 -screen 0 1480x900x24 &
-    DISPLAY=:99 SHOT=docs/inspector.png TRACE=docs/inspector-trace.json python -m scripts.screenshots.inspector light
+    export DISPLAY=:99 SHOT=docs/images/inspector.png TRACE=docs/images/inspector-trace.json
+    python -m scripts.screenshots.inspector light
 
 One reply of the embedded pair at temperature 0.8 with the draft model; then a click on the first rejected draft
 (a real mouse click on the chat) opens the inspector, and the screen is grabbed. MODELS=tiny runs the tiny random

@@ -1,8 +1,8 @@
-"""The charts across a speculation-off reply, in the real window under Xvfb (how docs/charts-after-plain.png was
+"""The charts across a speculation-off reply, in the real window under Xvfb (how docs/images/charts-after-plain.png was
 made).
 
     Xvfb :99 -screen 0 1480x900x24 &
-    DISPLAY=:99 SHOT=docs/charts-after-plain.png python -m scripts.screenshots.plain_gap light
+    DISPLAY=:99 SHOT=docs/images/charts-after-plain.png python -m scripts.screenshots.plain_gap light
 
 Three greedy replies of the embedded pair: speculative (draft model, K 4), plain (speculation off), speculative
 again; then the screen is grabbed. The acceptance line and its mean must break over the plain rounds rather than

@@ -1,8 +1,9 @@
-"""Step-through mid-round and the K tuner's chart, in the real window under Xvfb (how docs/step_through.png and
-docs/tuner.png were made).
+"""Step-through mid-round and the K tuner's chart, in the real window under Xvfb (how docs/images/step_through.png and
+docs/images/tuner.png were made).
 
     Xvfb :99 -screen 0 1480x900x24 &
-    DISPLAY=:99 STEP=docs/step_through.png TUNER=docs/tuner.png python -m scripts.screenshots.step_tuner light
+    export DISPLAY=:99 STEP=docs/images/step_through.png TUNER=docs/images/tuner.png
+    python -m scripts.screenshots.step_tuner light
 
 One reply of the embedded pair at temperature 0.7 with the draft model and Run > Step through on: Next (F10) is
 pressed until a round is decided with a rejected draft (round 3 or later), and the screen is grabbed there. Then

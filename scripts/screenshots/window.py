@@ -1,7 +1,7 @@
-"""Screenshots of the real window under Xvfb (how docs/screenshot.png was made).
+"""Screenshots of the real window under Xvfb (how docs/images/screenshot.png was made).
 
     Xvfb :99 -screen 0 1480x900x24 &
-    DISPLAY=:99 SHOT=docs/screenshot.png CMP=docs/compare.png python -m scripts.screenshots.window light
+    DISPLAY=:99 SHOT=docs/images/screenshot.png CMP=docs/images/compare.png python -m scripts.screenshots.window light
     DISPLAY=:99 CRASH=/tmp/crash.png python -m scripts.screenshots.window light     # plus the crash banner
 
 Turn 1 (greedy code), Run > Compare, then turn 2 at temperature 0.8, grabbed from the X screen mid-reply. With
