@@ -30,6 +30,8 @@ _SCALARS = {  # value type -> struct format (little-endian)
     GGUFValueType.UINT64: "<Q", GGUFValueType.INT64: "<q", GGUFValueType.FLOAT64: "<d",
 }
 SUPPORTED_ARCHS = ("llama", "qwen2")
+_MAX_NESTING = 4  # arrays of arrays in metadata; llama.cpp writes none nested
+_MAX_DIMS = 4  # GGML_MAX_DIMS
 
 # GGUF tensor name (after "blk.{i}.") -> Hugging Face name (after "model.layers.{i}.")
 _LAYER_NAMES = {
@@ -134,6 +136,9 @@ class _Cursor:
         """An array of strings, located now and decoded on first use (see StringArray). Locating is a walk over
         the length prefixes (~600k in a vocabulary and its merges, per file), so the loop does nothing else:
         a prefix past the end raises struct.error, and the end is checked once."""
+        if count * 8 > len(self.buf) - self.pos:  # each entry has an 8-byte length: a larger count is a lie
+            raise ModelLoadError(f"{self.path}: GGUF header is truncated inside a string array of {count} entries "
+                                 f"at byte {self.pos}")
         buf, base, starts = self.buf, self.pos, [0] * count
         length, pos = struct.Struct("<Q").unpack_from, base
         try:
@@ -148,10 +153,13 @@ class _Cursor:
         self.pos = pos
         return arr
 
-    def value(self, vtype: int) -> Any:
+    def value(self, vtype: int, depth: int = 0) -> Any:
         if vtype == GGUFValueType.STRING:
             return self.string()
         if vtype == GGUFValueType.ARRAY:
+            if depth >= _MAX_NESTING:  # each level costs only 12 bytes, so a file could nest past Python's stack
+                raise ModelLoadError(f"{self.path}: GGUF metadata nests arrays deeper than {_MAX_NESTING} levels "
+                                     f"at byte {self.pos}; the file is damaged")
             sub, count = self.take("<I"), self.take("<Q")
             if sub in _SCALARS:  # numeric arrays in one numpy read: token_type has ~150k entries
                 dt = np.dtype(_SCALARS[GGUFValueType(sub)].replace("?", "b1"))
@@ -163,7 +171,9 @@ class _Cursor:
                 return arr
             if sub == GGUFValueType.STRING:
                 return self.strings(count)
-            return [self.value(sub) for _ in range(count)]
+            if count * 4 > len(self.buf) - self.pos:  # every element takes at least 4 bytes
+                raise ModelLoadError(f"{self.path}: GGUF header is truncated inside an array at byte {self.pos}")
+            return [self.value(sub, depth + 1) for _ in range(count)]
         if vtype not in _SCALARS:
             raise ModelLoadError(f"{self.path}: unknown GGUF metadata value type {vtype} at byte {self.pos}")
         return self.take(_SCALARS[GGUFValueType(vtype)])
@@ -203,7 +213,11 @@ class GGUFFile:
         infos = []
         for _ in range(n_tensors):
             name = c.string()
-            dims = [c.take("<Q") for _ in range(c.take("<I"))]
+            n_dims = c.take("<I")
+            if n_dims > _MAX_DIMS:
+                raise ModelLoadError(f"{self.path}: tensor {name!r} claims {n_dims} dimensions (GGUF allows at most "
+                                     f"{_MAX_DIMS}); the file is damaged")
+            dims = [c.take("<Q") for _ in range(n_dims)]
             raw_type, rel = c.take("<I"), c.take("<Q")
             try:
                 qtype = GGMLQuantizationType(raw_type)
@@ -218,6 +232,8 @@ class GGUFFile:
         data_start = -(-c.pos // align) * align
         size = len(self._mm)
         for name, qtype, shape, rel in infos:
+            if qtype not in GGML_QUANT_SIZES:
+                raise ModelLoadError(f"{self.path}: tensor {name!r} has ggml type {qtype.name}, which SpecLens cannot read")
             block, type_size = GGML_QUANT_SIZES[qtype]
             numel = math.prod(shape)
             if shape and shape[-1] % block:
@@ -239,52 +255,145 @@ class GGUFFile:
             raise ModelLoadError(f"{self.path}: GGUF metadata lacks {full!r}")
         return default
 
+    def _int(self, key: str, lo: int, hi: int, default: Any = ...) -> int:
+        """An integer metadata value, checked before anything is sized by it: a string, a float, a bool or a value
+        out of [lo, hi] names the key and the file."""
+        v = self._meta(key, default)
+        if isinstance(v, list):
+            raise ModelLoadError(f"{self.path}: GGUF metadata {self.arch}.{key} is a list; per-layer values "
+                                 "are not supported")
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise ModelLoadError(f"{self.path}: GGUF metadata {self.arch}.{key} must be an integer, got {_short(v)}")
+        if not lo <= v <= hi:
+            raise ModelLoadError(f"{self.path}: GGUF metadata {self.arch}.{key} is {v}, outside [{lo}, {hi}]; "
+                                 "the file is damaged or not a model SpecLens runs")
+        return v
+
+    def _float(self, key: str, default: float, lo: float, hi: float) -> float:
+        v = self._meta(key, default)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not lo < v < hi:
+            raise ModelLoadError(f"{self.path}: GGUF metadata {self.arch}.{key} must be a finite number in "
+                                 f"({lo:g}, {hi:g}), got {_short(v)}")
+        return float(v)
+
+    def _token_id(self, key: str, vocab: int) -> int | None:
+        full = f"tokenizer.ggml.{key}_token_id"
+        v = self.metadata.get(full)
+        if v is None:
+            return None
+        if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < vocab:
+            raise ModelLoadError(f"{self.path}: GGUF metadata {full} must be a token id in [0, {vocab}), "
+                                 f"got {_short(v)}")
+        return v
+
     def config(self) -> ModelConfig:
+        """The model's config, every value it is built from checked first (type, range, agreement with the
+        tensors' shapes): a hostile or damaged header is a ModelLoadError naming the key, never an allocation
+        sized by it."""
         if self.arch not in SUPPORTED_ARCHS:
             raise ModelLoadError(f"{self.path}: unsupported architecture {self.arch!r} "
                                  f"(SpecLens runs {', '.join(SUPPORTED_ARCHS)})")
-        if "token_embd.weight" not in self.tensors:
+        embd = self.tensors.get("token_embd.weight")
+        if embd is None:
             raise ModelLoadError(f"{self.path}: GGUF has no token_embd.weight tensor")
-        heads, kv = self._meta("attention.head_count"), self._meta("attention.head_count_kv", None)
-        if isinstance(heads, list) or isinstance(kv, list):
-            raise ModelLoadError(f"{self.path}: per-layer head counts are not supported")
-        hidden = self._meta("embedding_length")
+        if len(embd.shape) != 2 or embd.shape[0] < 1:
+            raise ModelLoadError(f"{self.path}: tensor 'token_embd.weight' has shape {embd.shape}, expected "
+                                 "(vocabulary, embedding_length)")
+        vocab = embd.shape[0]
+        hidden = self._int("embedding_length", 1, _MAX_WIDTH)
+        if hidden != embd.shape[1]:
+            raise ModelLoadError(f"{self.path}: GGUF metadata {self.arch}.embedding_length is {hidden} but "
+                                 f"token_embd.weight has rows of {embd.shape[1]}")
+        heads = self._int("attention.head_count", 1, _MAX_WIDTH)
+        kv = self._int("attention.head_count_kv", 1, heads, heads)
+        if heads % kv:
+            raise ModelLoadError(f"{self.path}: GGUF metadata {self.arch}.attention.head_count ({heads}) is not a "
+                                 f"multiple of attention.head_count_kv ({kv})")
+        head_dim = self._int("attention.key_length", 0, _MAX_WIDTH, 0) or hidden // heads
+        if head_dim < 2 or head_dim % 2:  # rotary embeddings turn pairs of values
+            raise ModelLoadError(f"{self.path}: GGUF metadata gives heads of {head_dim} values "
+                                 f"({self.arch}.attention.head_count {heads}); rotary embeddings need an even size")
+        # every layer has at least one tensor, so a count beyond the file's tensors is a lie (and would size lists)
+        layers = self._int("block_count", 1, max(1, len(self.tensors)))
+        ffn = self._int("feed_forward_length", 1, _MAX_WIDTH)
+        context = self._int("context_length", 2, 2**31 - 1, 4096)
+        eps = self._float("attention.layer_norm_rms_epsilon", 1e-5, 0.0, 1.0)
+        theta = self._float("rope.freq_base", 10000.0, 0.0, 1e12)
         tokens = self.metadata.get("tokenizer.ggml.tokens") or []
         try:
-            return ModelConfig(
-                vocab_size=self.tensors["token_embd.weight"].shape[0],
+            cfg = ModelConfig(
+                vocab_size=vocab,
                 hidden_size=hidden,
-                intermediate_size=self._meta("feed_forward_length"),
-                num_layers=self._meta("block_count"),
+                intermediate_size=ffn,
+                num_layers=layers,
                 num_heads=heads,
-                num_kv_heads=kv or heads,
-                head_dim=self._meta("attention.key_length", 0) or hidden // heads,
-                rms_norm_eps=float(f"{self._meta('attention.layer_norm_rms_epsilon', 1e-5):.7g}"),  # stored as f32
-                rope_theta=float(self._meta("rope.freq_base", 10000.0)),
-                rope_scaling=self._rope_scaling(),
-                max_position_embeddings=self._meta("context_length", 4096),
+                num_kv_heads=kv,
+                head_dim=head_dim,
+                rms_norm_eps=float(f"{eps:.7g}"),  # stored as f32
+                rope_theta=theta,
+                rope_scaling=self._rope_scaling(head_dim),
+                max_position_embeddings=context,
                 tie_word_embeddings="output.weight" not in self.tensors,
                 attention_bias="blk.0.attn_q.bias" in self.tensors,
-                bos_token_id=self.metadata.get("tokenizer.ggml.bos_token_id"),
-                eos_token_ids=self._eos_ids(tokens),
+                bos_token_id=self._token_id("bos", vocab),
+                eos_token_ids=self._eos_ids(tokens, vocab),
                 arch=self.arch,
             )
         except ValueError as e:
             raise ModelLoadError(f"{self.path}: invalid model metadata: {e}") from e
+        self._check_shapes(cfg)
+        return cfg
 
-    def _eos_ids(self, tokens: list[str]) -> tuple[int, ...]:
-        ids = [self.metadata.get(f"tokenizer.ggml.{k}_token_id") for k in ("eos", "eot", "eom")]
-        if self.arch == "qwen2":  # Qwen2.5 chat models end turns with <|im_end|>; base models with <|endoftext|>
+    def _check_shapes(self, c: ModelConfig) -> None:
+        """Every tensor the config implies is in the file with the shape it implies: a missing one or a
+        metadata value that disagrees with the weights (feed_forward_length, say) fails here, at load, naming
+        both, rather than as a KeyError or at the first generation."""
+        q, kv = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+        h, f = c.hidden_size, c.intermediate_size
+        want: dict[str, tuple[int, ...]] = {"token_embd.weight": (c.vocab_size, h), "output_norm.weight": (h,)}
+        if not c.tie_word_embeddings:
+            want["output.weight"] = (c.vocab_size, h)
+        layer = {"attn_norm.weight": (h,), "ffn_norm.weight": (h,), "attn_q.weight": (q, h), "attn_k.weight": (kv, h),
+                 "attn_v.weight": (kv, h), "attn_output.weight": (h, q), "ffn_gate.weight": (f, h),
+                 "ffn_up.weight": (f, h), "ffn_down.weight": (h, f)}
+        if c.attention_bias:
+            layer |= {"attn_q.bias": (q,), "attn_k.bias": (kv,), "attn_v.bias": (kv,)}
+        for i in range(c.num_layers):
+            want |= {f"blk.{i}.{k}": v for k, v in layer.items()}
+        missing = [n for n in want if n not in self.tensors]
+        if missing:
+            more = f" (and {len(missing) - 3} more)" if len(missing) > 3 else ""
+            raise ModelLoadError(f"{self.path}: GGUF lacks tensor {', '.join(missing[:3])}{more} that its metadata "
+                                 f"({self.arch}.block_count {c.num_layers}) implies")
+        keys = {"ffn_gate": "feed_forward_length", "ffn_up": "feed_forward_length", "ffn_down": "feed_forward_length",
+                "attn_q": "attention.head_count", "attn_k": "attention.head_count_kv",
+                "attn_v": "attention.head_count_kv", "attn_output": "attention.head_count"}
+        for name, shape in want.items():
+            t = self.tensors[name]
+            if t.shape != shape:
+                kind = name.split(".")[-2]
+                key = keys.get(kind, "embedding_length")
+                raise ModelLoadError(f"{self.path}: tensor {name!r} has shape {t.shape} but the GGUF metadata "
+                                     f"({self.arch}.{key} and the others) implies {shape}")
+
+    def _eos_ids(self, tokens: list[str], vocab: int) -> tuple[int, ...]:
+        ids = [self._token_id(k, vocab) for k in ("eos", "eot", "eom")]
+        if self.arch == "qwen2" and isinstance(tokens, (StringArray, list)):
+            # Qwen2.5 chat models end turns with <|im_end|>; base models with <|endoftext|>
             find = tokens.find if isinstance(tokens, StringArray) else lambda t: tokens.index(t) if t in tokens else None
-            ids += sorted(i for i in map(find, ("<|im_end|>", "<|endoftext|>")) if i is not None)
+            ids += sorted(i for i in map(find, ("<|im_end|>", "<|endoftext|>")) if i is not None and i < vocab)
         return tuple(dict.fromkeys(i for i in ids if i is not None))
 
-    def _rope_scaling(self) -> dict[str, Any] | None:
+    def _rope_scaling(self, head_dim: int) -> dict[str, Any] | None:
         kind = self._meta("rope.scaling.type", "none")
         if kind not in ("none", None):
-            raise ModelLoadError(f"{self.path}: unsupported rope scaling {kind!r}")
-        if "rope_freqs.weight" not in self.tensors:
+            raise ModelLoadError(f"{self.path}: unsupported rope scaling {_short(kind)}")
+        t = self.tensors.get("rope_freqs.weight")
+        if t is None:
             return None
+        if t.shape != (head_dim // 2,):
+            raise ModelLoadError(f"{self.path}: tensor 'rope_freqs.weight' has shape {t.shape}, expected "
+                                 f"({head_dim // 2},) for heads of {head_dim} values")
         return _llama3_scaling(self.read_raw("rope_freqs.weight"), self.path, self._meta("rope.freq_base", 10000.0))
 
     # --- tensors ------------------------------------------------------------------------------------------
@@ -380,6 +489,17 @@ class GGUFFile:
     @property
     def num_params(self) -> int:
         return sum(t.numel for n, t in self.tensors.items() if n not in _IGNORED)
+
+
+# The widest embedding, MLP or head a model may claim: 16x the largest in use today, and small enough that a
+# product of two stays far from 64-bit overflow
+_MAX_WIDTH = 1 << 20
+
+
+def _short(v: Any) -> str:
+    """A metadata value for a message: repr, cut short (a hostile value may be a megabyte long)."""
+    text = repr(v)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:

@@ -80,6 +80,16 @@ def eos_ids(ckpt: Checkpoint) -> set[int]:
     return ids
 
 
+def check_paths(target: str, draft: str | None = None) -> None:
+    """Each model path names a file or folder SpecLens can open: a typo is told at once, not after the kernels
+    compile (a minute and more on a fresh machine)."""
+    from engine.io.hub import resolve
+
+    for spec in (target, draft):
+        if spec is not None:
+            resolve(spec)
+
+
 def load_engine(
     target: str, draft: str | None = None, *, device: str | None = None, progress: Progress | None = None,
     cache: CacheConfig | None = None, draft_int8: bool | None = None, draft_vocab: int | None = DRAFT_VOCAB,

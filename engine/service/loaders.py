@@ -44,9 +44,11 @@ def default_loader(target: str | None, draft: str | None, device: str | None, pr
     """Provision the embedded pair when no target is given, make sure of the CPU kernels (a compile, the first
     time, with its elapsed time shown), then load_engine. Without kernels every later stage repeats the sentence
     that says so, and the engine carries it (`kernels_notice`) for the window's status line."""
-    from engine.io.loading import load_engine
+    from engine.io.loading import check_paths, load_engine
     from engine.cpu import ext
 
+    if target is not None:
+        check_paths(target, draft)  # before the kernels, whose first compile takes minutes
     if target is None:
         from engine.io.provision import default_pair
 
