@@ -29,16 +29,9 @@ from PySide6.QtWidgets import (
 )
 
 from app.views.context_setting import ContextSetting
-from engine.api.config import NEEDS_DRAFT_MODEL, STOP_BELOW, SamplingParams, SpecParams
+from engine.api.config import APP_DEFAULTS, NEEDS_DRAFT_MODEL, SamplingParams, SpecParams
 
-K_MIN, K_MAX = 1, 16
-# With "Stop drafting when unsure" (on by default) K is a ceiling: on a 2-vCPU AVX2 machine the embedded pair ran
-# 1.18-1.19x plain at K = 2, 4 and 6 alike (scripts/bench/cpu.py; see the README), where fixed K peaks at 1-2
-# and falls off after. 4 leaves room for text that repeats.
-DEFAULT_K = 4
-# The fastest mode in the latest runs on Zen 4, Zen 5 and an Intel Xeon and in two of three on Zen 3 (README
-# "Performance"): the n-gram lookup where the reply copies its context, the draft model elsewhere.
-DEFAULT_DRAFTER = "hybrid"
+K_MIN = 1
 SEED_RANDOM = -1
 
 
@@ -122,7 +115,7 @@ class ControlsPanel(QWidget):
         box = QGroupBox("Speculation")
         form = QFormLayout(box)
         self.spec_toggle = QCheckBox("Speculative decoding")
-        self.spec_toggle.setChecked(True)
+        self.spec_toggle.setChecked(APP_DEFAULTS.speculative)
         self.spec_toggle.setToolTip("Off: plain decoding, one target step per token")
         self.drafter_combo = QComboBox()
         self.drafter_combo.addItem("Draft model", "model")
@@ -130,21 +123,22 @@ class ControlsPanel(QWidget):
         self.drafter_combo.addItem("Draft model + n-gram", "hybrid")
         self.drafter_combo.setItemData(self.drafter_combo.findData("hybrid"), "The n-gram lookup when it is likely "
                                        "to pass (free drafts), else the draft model", Qt.ItemDataRole.ToolTipRole)
-        self.drafter_combo.setCurrentIndex(self.drafter_combo.findData(DEFAULT_DRAFTER))
-        self.k_slider = _slider(K_MIN, K_MAX, DEFAULT_K, 2)
+        self.drafter_combo.setCurrentIndex(self.drafter_combo.findData(APP_DEFAULTS.drafter))
+        self.k_slider = _slider(K_MIN, APP_DEFAULTS.k_max, APP_DEFAULTS.k, 2)
         self.k_slider.setToolTip("Tokens drafted per round")
         self.k_label = QLabel()
         self.adaptive_check = QCheckBox("Adaptive K")
+        self.adaptive_check.setChecked(APP_DEFAULTS.adaptive)
         self.adaptive_check.setToolTip("Let the engine pick K each round from recent acceptance; the K slider is "
                                        "the upper bound")
         form.addRow(self.spec_toggle)
         form.addRow("Drafter", self.drafter_combo)
         form.addRow("K", _with_value(self.k_slider, self.k_label))
         self.stop_check = QCheckBox("Stop drafting when unsure")
-        self.stop_check.setChecked(True)
+        self.stop_check.setChecked(APP_DEFAULTS.stop_below > 0)
         self.stop_check.setToolTip(
             f"The draft model ends a round's draft early once its own confidence that all its tokens pass drops "
-            f"below {STOP_BELOW:.0%}, so K is a ceiling: fewer wasted draft steps and verify rows. Output is "
+            f"below {APP_DEFAULTS.stop_below:.0%}, so K is a ceiling: fewer wasted draft steps and verify rows. Output is "
             "unchanged either way")
         form.addRow(self.adaptive_check)
         form.addRow(self.stop_check)
@@ -153,22 +147,23 @@ class ControlsPanel(QWidget):
     def _sampling_box(self) -> QGroupBox:
         box = QGroupBox("Sampling")
         form = QFormLayout(box)
-        self.temp_slider = _slider(0, 200, 0, 10)
+        self.temp_slider = _slider(0, 200, round(APP_DEFAULTS.temperature * 100), 10)
         self.temp_slider.setToolTip("0 is greedy: the reply is then identical with and without speculation")
         self.temp_label = QLabel()
-        self.top_p_slider = _slider(5, 100, 100, 5)
+        self.top_p_slider = _slider(5, 100, round(APP_DEFAULTS.top_p * 100), 5)
         self.top_p_label = QLabel()
         self.top_k_spin = QSpinBox()
         self.top_k_spin.setRange(0, 1000)
         self.top_k_spin.setSpecialValueText("off")
+        self.top_k_spin.setValue(APP_DEFAULTS.top_k)
         self.max_tokens_spin = QSpinBox()
         self.max_tokens_spin.setRange(1, 8192)
-        self.max_tokens_spin.setValue(256)
+        self.max_tokens_spin.setValue(APP_DEFAULTS.max_new_tokens)
         self.max_tokens_spin.setSingleStep(32)
         self.max_tokens_spin.setToolTip("Fixed when a reply starts")
         self.seed_spin = QSpinBox()
         self.seed_spin.setRange(SEED_RANDOM, 2**31 - 1)
-        self.seed_spin.setValue(SEED_RANDOM)
+        self.seed_spin.setValue(SEED_RANDOM if APP_DEFAULTS.seed is None else APP_DEFAULTS.seed)
         self.seed_spin.setSpecialValueText("random")
         self.seed_spin.setToolTip("Fixed when a reply starts; 'random' draws a new seed each time")
         form.addRow("Temperature", _with_value(self.temp_slider, self.temp_label))
@@ -216,8 +211,8 @@ class ControlsPanel(QWidget):
             k=self.k_slider.value(),
             drafter=self.drafter_combo.currentData(),
             adaptive=self.adaptive_check.isChecked(),
-            k_max=K_MAX,
-            stop_below=STOP_BELOW if self.stop_check.isChecked() else 0.0,
+            k_max=APP_DEFAULTS.k_max,
+            stop_below=APP_DEFAULTS.stop_below if self.stop_check.isChecked() else 0.0,
         )
 
     def system_prompt(self) -> str:
@@ -350,11 +345,11 @@ class ControlsPanel(QWidget):
             self.top_k_spin.setValue(int(s.value("top_k", self.top_k_spin.value())))
             self.max_tokens_spin.setValue(int(s.value("max_new_tokens", self.max_tokens_spin.value())))
             self.seed_spin.setValue(int(s.value("seed", self.seed_spin.value())))
-            self.spec_toggle.setChecked(_bool(s.value("speculative", True)))
-            i = self.drafter_combo.findData(s.value("drafter", DEFAULT_DRAFTER))
-            self.drafter_combo.setCurrentIndex(i if i >= 0 else self.drafter_combo.findData(DEFAULT_DRAFTER))
-            self.adaptive_check.setChecked(_bool(s.value("adaptive", False)))
-            self.stop_check.setChecked(_bool(s.value("stop_when_unsure", True)))
+            self.spec_toggle.setChecked(_bool(s.value("speculative", APP_DEFAULTS.speculative)))
+            i = self.drafter_combo.findData(s.value("drafter", APP_DEFAULTS.drafter))
+            self.drafter_combo.setCurrentIndex(i if i >= 0 else self.drafter_combo.findData(APP_DEFAULTS.drafter))
+            self.adaptive_check.setChecked(_bool(s.value("adaptive", APP_DEFAULTS.adaptive)))
+            self.stop_check.setChecked(_bool(s.value("stop_when_unsure", APP_DEFAULTS.stop_below > 0)))
             self.system_edit.setPlainText(str(s.value("system_prompt", "")))
             self.saved_pair = (str(s.value("target", "")) or None, str(s.value("draft", "")) or None)
             self.context.set_wanted(int(s.value("context", self.context.wanted)))

@@ -201,6 +201,43 @@ class SpecParams:
 STOP_BELOW = 0.7
 
 
+@dataclass(frozen=True)
+class AppDefaults:
+    """What the app runs before anyone changes a control, and what `speclens-bench --modes default` runs: one
+    definition, so the benchmark's "default" is the app's."""
+
+    speculative: bool = True
+    # The fastest mode in the latest runs on Zen 4, Zen 5 and an Intel Xeon and in two of three on Zen 3 (README
+    # "Performance"): the n-gram lookup where the reply copies its context, the draft model elsewhere.
+    drafter: Drafter = "hybrid"
+    # With the early stop on, K is a ceiling: on a 2-vCPU AVX2 machine the embedded pair ran 1.18-1.19x plain at
+    # K = 2, 4 and 6 alike (scripts/bench/cpu.py; see the README), where fixed K peaks at 1-2 and falls off after.
+    # 4 leaves room for text that repeats.
+    k: int = 4
+    k_max: int = 16  # the K slider's top
+    adaptive: bool = False
+    stop_below: float = STOP_BELOW
+    temperature: float = 0.0  # greedy: the reply is then identical with and without speculation
+    top_p: float = 1.0
+    top_k: int = 0
+    max_new_tokens: int = 256
+    seed: int | None = None  # a new one per reply
+
+    def __post_init__(self) -> None:
+        self.spec_params(), self.sampling_params()  # checked as the engine would check them
+
+    def spec_params(self) -> SpecParams:
+        return SpecParams(enabled=self.speculative, k=self.k, drafter=self.drafter, adaptive=self.adaptive,
+                          k_max=self.k_max, stop_below=self.stop_below)
+
+    def sampling_params(self) -> SamplingParams:
+        return SamplingParams(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
+                              max_new_tokens=self.max_new_tokens, seed=self.seed)
+
+
+APP_DEFAULTS = AppDefaults()
+
+
 # The KV cache's length when nothing else is asked for: the embedded pair's caches then take ~0.17 GB (float16, as
 # GGUF models keep them), well within the app's 2.5 GB budget; its target allows 32k tokens (~1.3 GB), a setting away.
 DEFAULT_CONTEXT = 4096

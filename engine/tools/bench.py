@@ -9,13 +9,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import NoReturn
 
-from engine.api.config import NEEDS_DRAFT_MODEL, STOP_BELOW, SamplingParams, SpecParams
+from engine.api.config import APP_DEFAULTS, NEEDS_DRAFT_MODEL, STOP_BELOW, SamplingParams, SpecParams
 from engine.runtime.engine import Engine
 from engine.io.loading import load_engine
 from engine.api.events import RoundEvent, Summary
 
 DRAFTER_OF = {"draft": "model", "ngram": "ngram", "hybrid": "hybrid"}  # mode -> SpecParams.drafter
-MODES = ("plain", *DRAFTER_OF)
+MODES = ("plain", *DRAFTER_OF, "default")  # default: the app's settings as it starts (APP_DEFAULTS)
 PROG = "speclens-bench"
 
 
@@ -114,11 +114,19 @@ def check_device(device: str | None) -> None:
         fail(f"--device {device!r}: CUDA is not available on this machine")
 
 
+def mode_spec(mode: str, k: int, stop_below: float = 0.0, adaptive: bool = False) -> SpecParams:
+    """What a mode runs. "default" is the app's speculation as it starts, whatever --k, --stop-below and
+    --adaptive say: it measures what a user gets without touching a control."""
+    if mode == "default":
+        return APP_DEFAULTS.spec_params()
+    drafter = DRAFTER_OF.get(mode)
+    return (SpecParams(enabled=False) if drafter is None
+            else SpecParams(k=k, drafter=drafter, stop_below=stop_below, adaptive=adaptive))
+
+
 def run_mode(engine: Engine, prompts: list[list[int]], mode: str, k: int, sampling: SamplingParams,
              stop_below: float = 0.0, adaptive: bool = False) -> Result:
-    drafter = DRAFTER_OF.get(mode)
-    spec = (SpecParams(enabled=False) if drafter is None
-            else SpecParams(k=k, drafter=drafter, stop_below=stop_below, adaptive=adaptive))
+    spec = mode_spec(mode, k, stop_below, adaptive)
     outputs, summaries, rounds, seconds = [], [], [], 0.0
     for ids in prompts:
         engine.reset()  # no cross-prompt prefix reuse: every prompt pays its own prefill
@@ -138,7 +146,7 @@ def run_mode(engine: Engine, prompts: list[list[int]], mode: str, k: int, sampli
     for e in rounds:
         widths.setdefault(len(e.drafted) + 1, []).append(e.verify_ms)
     return Result(
-        mode, 0 if mode == "plain" else k, sampling.temperature, new / decode_s if decode_s > 0 else 0.0, new,
+        mode, spec.k if spec.enabled else 0, sampling.temperature, new / decode_s if decode_s > 0 else 0.0, new,
         accepted / drafted if drafted else 0.0, new / len(rounds) if rounds else 0.0, seconds, len(rounds),
         e2e_tokens_per_s=new / seconds, stop_below=spec.stop_below, adaptive=spec.adaptive, drafted_tokens=drafted,
         accepted_tokens=accepted, alpha=accepted / (accepted + rejections) if spec_rounds else None,
@@ -229,8 +237,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prompts", required=True, help="JSONL, one {id, messages} per line")
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--k", default="4", help="K, or a list to sweep: 1,2,4,8")
-    ap.add_argument("--temperature", type=float, default=0.0)
-    ap.add_argument("--top-p", type=float, default=1.0)
+    ap.add_argument("--temperature", type=float, default=APP_DEFAULTS.temperature)
+    ap.add_argument("--top-p", type=float, default=APP_DEFAULTS.top_p)
     ap.add_argument("--stop-below", type=float, default=0.0, help="the draft model stops drafting once its confidence "
                     f"that the whole draft passes falls below this (the app's default: {STOP_BELOW}; 0: always K)")
     ap.add_argument("--adaptive", action="store_true", help="adaptive K: K is a ceiling, chosen each round")
@@ -273,7 +281,8 @@ def main(argv: list[str] | None = None) -> int:
     if target is None and draft is not None:
         fail("--draft given without --target")
     for mode in modes:
-        if DRAFTER_OF.get(mode) in NEEDS_DRAFT_MODEL and target is not None and draft is None:
+        spec = mode_spec(mode, ks[0])
+        if spec.enabled and spec.drafter in NEEDS_DRAFT_MODEL and target is not None and draft is None:
             fail(f"mode '{mode}' needs --draft")
 
     engine = load(target, draft, a.device)
@@ -287,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
 
     results: list[Result] = []
     for mode in modes:
-        for k in ([ks[0]] if mode == "plain" else ks):
+        for k in ([ks[0]] if mode in ("plain", "default") else ks):  # neither reads --k
             results.append(run_mode(engine, ids, mode, k, sampling, a.stop_below, a.adaptive))
             print(f"  {mode} K={k}: {results[-1].tokens_per_s:.2f} tok/s", file=sys.stderr)
     relate_to_plain(results)

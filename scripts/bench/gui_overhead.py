@@ -78,8 +78,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from app.controller import ChatController
     from app.host import EngineHost
-    from app.views.controls_panel import DEFAULT_DRAFTER
     from app.views.window import MainWindow
+    from engine.api.config import APP_DEFAULTS
     from engine.service.loaders import Factory
 
     qapp = QApplication.instance() or QApplication([])
@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         print("the engine did not load", file=sys.stderr)
         return 1
     what += f" ({time.perf_counter() - t:.1f} s to a loaded engine)"
-    drafter = args.drafter or (DEFAULT_DRAFTER if host.info.draft_name else "ngram")
+    drafter = args.drafter or (APP_DEFAULTS.drafter if host.info.draft_name else "ngram")
     messages = [{"role": "user", "content": args.prompt}]
 
     settings = QSettings(str(Path(os.environ.get("TMPDIR", "/tmp")) / "speclens-bench.ini"), QSettings.Format.IniFormat)

@@ -1,13 +1,8 @@
 """Controls: live changes reach the engine at its next round; settings persist in an isolated QSettings."""
 from PySide6.QtCore import QSettings
 
-from app.views.controls_panel import (
-    DEFAULT_DRAFTER,
-    DEFAULT_K,
-    ControlsPanel,
-    describe_model,
-)
-from engine.api.config import STOP_BELOW, SamplingParams, SpecParams
+from app.views.controls_panel import ControlsPanel, describe_model
+from engine.api.config import APP_DEFAULTS, STOP_BELOW, SamplingParams, SpecParams
 from tests.app_fixtures import fake, wait_idle
 
 
@@ -15,8 +10,8 @@ def test_panel_values(qtbot):
     p = ControlsPanel()
     qtbot.addWidget(p)
     assert p.sampling_params() == SamplingParams(temperature=0.0, top_p=1.0, top_k=0, max_new_tokens=256, seed=None)
-    assert DEFAULT_DRAFTER == "hybrid"  # fastest on Zen 4/5; on Zen 3 within the runs' spread (README)
-    assert p.spec_params() == SpecParams(enabled=True, k=DEFAULT_K, drafter="hybrid", adaptive=False, k_max=16,
+    assert APP_DEFAULTS.drafter == "hybrid"  # fastest on Zen 4/5; on Zen 3 within the runs' spread (README)
+    assert p.spec_params() == SpecParams(enabled=True, k=APP_DEFAULTS.k, drafter="hybrid", adaptive=False, k_max=16,
                                          stop_below=STOP_BELOW)
     p.stop_check.setChecked(False)
     assert p.spec_params().stop_below == 0.0  # always K
@@ -54,7 +49,7 @@ def test_changes_reach_engine_at_next_round(qtbot, make_window, engine_log):
     w.send()
     record = w.controller.active.record
     qtbot.waitUntil(lambda: len(engine_log.seen) >= 3, timeout=5000)
-    assert all(s.k == DEFAULT_K and s.enabled and s.temperature == 0.0 for s in engine_log.seen)
+    assert all(s.k == APP_DEFAULTS.k and s.enabled and s.temperature == 0.0 for s in engine_log.seen)
     n = len(engine_log.seen)  # rounds started so far; the next one may already have read the old values
     w.controls.k_slider.setValue(7)
     w.controls.temp_slider.setValue(80)
@@ -163,7 +158,7 @@ def test_bad_settings_fall_back_to_defaults(qtbot, qt_settings):
     p = ControlsPanel()
     qtbot.addWidget(p)
     p.load_settings(qt_settings)
-    assert p.spec_params().k == DEFAULT_K
+    assert p.spec_params().k == APP_DEFAULTS.k
 
 
 def test_an_unknown_drafter_in_the_settings_falls_back_to_the_default(qtbot, qt_settings):
@@ -172,7 +167,7 @@ def test_an_unknown_drafter_in_the_settings_falls_back_to_the_default(qtbot, qt_
     qtbot.addWidget(p)
     p.drafter_combo.setCurrentIndex(p.drafter_combo.findData("ngram"))
     p.load_settings(qt_settings)
-    assert p.spec_params().drafter == DEFAULT_DRAFTER
+    assert p.spec_params().drafter == APP_DEFAULTS.drafter
 
 
 def test_the_context_setting_follows_the_pair_and_shows_its_memory(qtbot):

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from app.views.controls_panel import DEFAULT_DRAFTER
+from engine.api.config import APP_DEFAULTS
 from engine.remote import metrics
 from tests.app_fixtures import CODE_REPLY, wait_idle
 from tests.remote_server import ReplayServer, recording
@@ -36,7 +36,7 @@ def test_attached_reply_is_coloured_and_its_totals_equal_the_servers_metrics(qtb
         model = rec["models"]["data"][0]["id"]  # llama-server names its model by the file's path
         assert model.rsplit("/", 1)[-1] + " + its draft model" in window.model_label.text()
         # a server with a draft: the local choice is kept (disabled while attached), not switched to n-gram
-        assert window.controls.drafter_combo.currentData() == DEFAULT_DRAFTER
+        assert window.controls.drafter_combo.currentData() == APP_DEFAULTS.drafter
         assert "llama.cpp" in window.model_label.text() and srv.url in window.model_label.text()
         send(qtbot, window, "Write fib")
     s = window.controller.stats.records[-1].summary
