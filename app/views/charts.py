@@ -24,6 +24,7 @@ inspector); the speedup plot's y range leaves the formula's note a band of its o
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import numpy as np
 import pyqtgraph as pg
@@ -154,6 +155,11 @@ class ChartsPanel(QWidget):
         vb = self.plots["speedup"].vb
         vb.sigResized.connect(self._on_speedup_resized)
         self._markers: list[tuple[pg.PlotItem, pg.InfiniteLine]] = []
+        # Each plot's draw, by name (the full flush below draws every plot, so a missing one fails at once)
+        self._drawers: dict[str, Callable[[ChartBuffer, np.ndarray, float], None]] = {
+            "acceptance": self._draw_acceptance, "tokens": self._draw_tokens, "histogram": self._draw_histogram,
+            "position": self._draw_position, "speedup": self._draw_speedup, "k": self._draw_k,
+        }
         self._restyle()
         self.flush(full=True)
 
@@ -238,7 +244,7 @@ class ChartsPanel(QWidget):
         x = np.asarray(b.x, dtype=float)
         x_hi = max(nice_ceiling(len(x) + 1), 10.0)  # rounded ranges: axes re-render only now and then
         for name in self.GROUPS[group]:
-            getattr(self, f"_draw_{name}")(b, x, x_hi)
+            self._drawers[name](b, x, x_hi)
         self._sync_markers(group)
 
     def _draw_acceptance(self, b: ChartBuffer, x: np.ndarray, x_hi: float) -> None:
