@@ -261,6 +261,15 @@ def tiny_loader(target, draft, device, progress, cancelled, *, max_seq_len: int 
     return engine
 
 
+def teardown_marking_loader(target, draft, device, progress, cancelled, *, marker: str):
+    """Runs in the engine process: the FakeEngine, with an exit hook that writes `marker` if the interpreter's
+    teardown runs (so a test can see whether the process ended without it)."""
+    import atexit
+
+    atexit.register(lambda: Path(marker).write_text("the interpreter's teardown ran"))
+    return fake_loader(target, draft, device, progress, cancelled)
+
+
 def spy(inner: Factory, path) -> Factory:
     """`inner`'s engine, with every request's yielded events appended to `path` (read them with `spied`)."""
     return Factory("tests.app_fixtures:spy_loader", {"inner": inner, "path": str(path)})

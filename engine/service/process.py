@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+import os
+import sys
 import traceback
 from typing import Any
 
@@ -46,3 +48,23 @@ def serve(conn: Any, loader: Factory = DEFAULT_LOADER, lister: Factory = DEFAULT
         except OSError:
             pass
         raise SystemExit(1) from e
+    exit_now(conn)
+
+
+def exit_now(conn: Any) -> None:
+    """End the process once the loop has ended on Shutdown, skipping the interpreter's teardown. That teardown
+    unloads torch and walks every object the models made: far longer than the loop takes to end (within a
+    round), and on a machine whose cores are busy long enough to outlast the GUI's wait, which then killed the
+    process. Nothing in here needs it: the replies, traces and exports are the GUI's to write, the models
+    and KV pages are memory the OS takes back, and the kernel build's lock is released where it is taken."""
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (AttributeError, OSError, ValueError):  # no console (a windowed bundle) or already closed
+            pass
+    try:
+        conn.close()
+    except OSError:
+        pass
+    os._exit(0)

@@ -333,6 +333,18 @@ def test_clean_shutdown_is_not_a_death(qtbot, make_host):
     assert died == [] and not host.running
 
 
+def test_shutdown_ends_the_process_without_the_interpreters_teardown(qtbot, make_host, tmp_path):
+    """The loop ends within a round of Shutdown; the interpreter's teardown after it (unloading torch, walking
+    every object the models made) outlasted the GUI's wait on a busy machine. The process skips it, exiting 0."""
+    from engine.service.loaders import Factory
+
+    marker = tmp_path / "teardown"
+    host = make_host(Factory("tests.app_fixtures:teardown_marking_loader", {"marker": str(marker)}))
+    proc = host.process
+    assert host.shutdown(5)
+    assert proc.exitcode == 0 and not marker.exists()
+
+
 @pytest.mark.parametrize("exitcode, fatal, text", [
     (-9, None, "The engine process was killed (SIGKILL). The system sends it when memory runs out; "
                "check free memory before reloading."),
