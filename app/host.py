@@ -61,6 +61,7 @@ from engine.api.protocol import (
     Shutdown,
     Started,
     problem,
+    version_problem,
 )
 from engine.service.loaders import DEFAULT_LISTER, DEFAULT_LOADER, Factory
 from engine.service.process import spawn
@@ -274,9 +275,12 @@ class EngineHost(HostSignals):
 
     def _on_started(self, m: Started) -> None:
         self.pid = m.pid
-        if m.protocol != PROTOCOL_VERSION:  # a build mixed from two versions: say so before anything misreads
+        wrong = version_problem(m.protocol)
+        if wrong is not None:  # a build mixed from two versions: nothing it says can be read; the window says why
             log.error("the engine process speaks protocol version %s, this window %s", m.protocol,
                       PROTOCOL_VERSION)
+            self._fatal = wrong  # the pipe closes next: _on_lost shows the sentence through `died`
+            self.send(Shutdown())
 
     def _on_loaded(self, m: Loaded) -> None:
         self.info, self.last_load, self.loading = m.info, self.loading or self.last_load, None

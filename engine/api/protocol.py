@@ -40,10 +40,11 @@ in __post_init__.
 from __future__ import annotations
 
 import functools
+import reprlib
 import types
 import typing
 from collections.abc import Collection
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, is_dataclass
 from typing import Any
 
 from engine.api.config import SamplingParams, SpecParams
@@ -240,8 +241,9 @@ EVENTS: tuple[type, ...] = (Started, LoadProgress, Loaded, LoadFailed, LoadCance
 
 # ---- checking ------------------------------------------------------------------------------------------------
 def problem(message: object, accepted: Collection[type]) -> str | None:
-    """What is wrong with a received message (None: nothing): not one of the `accepted` types, or a field whose
-    value does not match its type hint."""
+    """What is wrong with a received message (None: nothing): not one of the `accepted` types, a field whose
+    value does not match its type hint, or decoding settings their own checks refuse. Whatever arrives, this
+    answers: its walk and its description of a value are bounded in depth and size."""
     if type(message) not in accepted:
         return f"not a message this side reads: {_short(message)}"
     return field_problem(message)
@@ -255,7 +257,35 @@ def field_problem(message: object) -> str | None:
             return f"{type(message).__name__}.{f.name} is missing"
         if not _fits(value, hints[f.name]):
             return f"{type(message).__name__}.{f.name} must be {_name(hints[f.name])}, got {_short(value)}"
+        if type(value) in _SELF_CHECKED and (wrong := _settings_problem(value)) is not None:
+            return f"{type(message).__name__}.{f.name}: {wrong}"
+    if isinstance(message, Load) and message.context is not None and not 2 <= message.context < 2**31:
+        return f"Load.context must be None or a token count in [2, 2**31), got {_short(message.context)}"
     return None
+
+
+# Settings whose __post_init__ checks their values. Unpickling skips __init__, so a received one is checked again
+# here: SpecParams(k=0) built past its check would otherwise reach a round and fail there.
+_SELF_CHECKED = (SamplingParams, SpecParams)
+
+
+def _settings_problem(value: Any) -> str | None:
+    try:
+        type(value).__post_init__(value)  # normalizes in place what it would have (stop strings), else only reads
+    except (ValueError, TypeError) as e:
+        return _cut(str(e), 200)
+    except AttributeError as e:  # a field left out
+        return f"{type(value).__name__} is incomplete ({_cut(str(e), 120)})"
+    return None
+
+
+def version_problem(protocol: object) -> str | None:
+    """The sentence the window shows when the engine process speaks another protocol version than it does
+    (None: the same). Such a pair comes from two installs mixed; nothing either says can be trusted."""
+    if protocol == PROTOCOL_VERSION:
+        return None
+    return (f"it speaks protocol version {_short(protocol, 20)} and this window version {PROTOCOL_VERSION}, so "
+            "parts of two SpecLens versions are installed together; reinstall SpecLens.")
 
 
 _MISSING = object()
@@ -286,6 +316,34 @@ def _name(hint: Any) -> str:
     return hint.__name__ if plain else str(hint).replace("typing.", "")
 
 
+class _BoundedRepr(reprlib.Repr):
+    """repr that stops a few levels down and a few items across: a received value may nest 20,000 lists deep
+    (the builtin repr recurses past Python's stack) or hold a megabyte string."""
+
+    def __init__(self) -> None:
+        super().__init__()  # keyword limits only from Python 3.12
+        self.maxlevel, self.maxstring, self.maxother, self.maxlong = 4, 60, 60, 40
+        self.maxlist = self.maxtuple = self.maxdict = self.maxset = self.maxfrozenset = self.maxdeque = 8
+
+    def repr_instance(self, x: Any, level: int) -> str:
+        if is_dataclass(x) and not isinstance(x, type):  # fields through this repr, not the class's own
+            if level <= 0:
+                return f"{type(x).__name__}(...)"
+            parts = [f"{f.name}={self.repr1(getattr(x, f.name, '?'), level - 1)}" for f in fields(x)[:8]]
+            return f"{type(x).__name__}({', '.join(parts)})"
+        return super().repr_instance(x, level)
+
+
+_BOUNDED = _BoundedRepr()
+
+
+def _cut(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "\u2026"
+
+
 def _short(value: object, limit: int = 80) -> str:
-    text = repr(value)
+    try:
+        text = _BOUNDED.repr(value)
+    except Exception:  # noqa: BLE001 - a hostile __repr__: name the type and nothing more
+        text = f"<{type(value).__name__}>"
     return text if len(text) <= limit else text[: limit - 1] + "\u2026"

@@ -97,19 +97,35 @@ class Service:
 
     # ---- reader thread ---------------------------------------------------------------------------------------
     def read_commands(self) -> None:
+        """Reads until Shutdown or the pipe closes. Nothing a command holds may end this thread: once it stops,
+        QueryStatus, Cancel and Shutdown go unanswered and the window can only kill the process."""
         while self.reading:
             try:
                 cmd = self.conn.recv()
             except (EOFError, OSError):  # the GUI went away: stop what runs and leave
                 cmd = Shutdown()
             except Exception as e:  # noqa: BLE001 - bytes that do not unpickle: say so, and read on
-                self.refuse(f"unreadable message: {describe_error(e)}")
+                self._refuse_safely(f"unreadable message: {_cut(describe_error(e))}")
                 continue
-            wrong = problem(cmd, self.handlers)
-            if wrong is not None:
-                self.refuse(wrong)
-                continue
-            self.handlers[type(cmd)](cmd)
+            try:
+                wrong = problem(cmd, self.handlers)
+                if wrong is not None:
+                    self.refuse(wrong)
+                    continue
+                self.handlers[type(cmd)](cmd)
+            except (EOFError, OSError):  # the pipe broke while answering: as if the GUI went away
+                self._shutdown(Shutdown())
+            except Exception as e:  # noqa: BLE001 - a command no check foresaw: refused, and the loop reads on
+                log.warning("a command failed in the reader:\n%s", traceback.format_exc(limit=5))
+                self._refuse_safely(f"{type(cmd).__name__} could not be handled: {_cut(describe_error(e))}")
+            finally:
+                del cmd  # a hostile value (deeply nested, huge) is freed here, not kept until the next arrives
+
+    def _refuse_safely(self, why: str) -> None:
+        try:
+            self.refuse(why)
+        except (EOFError, OSError):
+            self._shutdown(Shutdown())
 
     def _queue(self, job: Job) -> None:
         with self._unfinished_lock:
@@ -225,3 +241,7 @@ class Service:
             self.requests.pop(cmd.rid, None)
             self.send(Finished(cmd.rid))
 
+
+def _cut(text: str, limit: int = 300) -> str:
+    """An error's text, bounded: the reader answers with it and logs it."""
+    return text if len(text) <= limit else text[: limit - 1] + "\u2026"

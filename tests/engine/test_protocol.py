@@ -206,3 +206,110 @@ def test_the_host_says_when_the_engine_speaks_another_protocol_version(qtbot, ma
         host._message.emit((host.process, Started(host.process.pid, protocol=99)))
         qtbot.waitUntil(lambda: bool(caplog.records), timeout=5000)
     assert "protocol version 99" in caplog.records[0].getMessage()
+
+
+# ---- hostile commands: the reader survives whatever arrives ----------------------------------------------------
+def nested_load_pickle(depth: int) -> bytes:
+    """A pickled Load whose target is a list nested `depth` deep (too deep for pickle.dumps to write): the
+    placeholder string's opcodes are replaced by `depth` EMPTY_LISTs, each APPENDed into the one below."""
+    msg = forged(Load, target="PLACEHOLDER", draft=None, device=None, context=None)
+    data = pickle.dumps(msg, protocol=4)
+    placeholder = b"\x8c\x0bPLACEHOLDER"
+    assert data.count(placeholder) == 1
+    return data.replace(placeholder, b"]" * depth + b"a" * (depth - 1))
+
+
+def test_a_deeply_nested_value_is_described_in_bounded_text():
+    msg = pickle.loads(nested_load_pickle(20_000))
+    says = problem(msg, COMMANDS)
+    assert says.startswith("Load.target must be str | None, got [[[") and len(says) < 200
+    assert problem(["x" * 10**6], COMMANDS).endswith("\u2026") or len(problem(["x" * 10**6], COMMANDS)) < 200
+
+
+@pytest.mark.parametrize("spec, says", [
+    ({"k": 0}, "Generate.spec: K must be >= 1, got 0"),
+    ({"k_max": 10**9}, "Generate.spec: SpecParams.k_max must be in [1, 64]"),
+    ({"drafter": "oracle"}, "Generate.spec: drafter must be one of"),
+    ({"stop_below": float("nan")}, "Generate.spec: SpecParams.stop_below must be a finite number"),
+])
+def test_decoding_settings_built_past_their_checks_are_refused(spec, says):
+    forged_spec = forged(SpecParams, **(vars(SpecParams()) | spec))
+    msg = forged(Generate, rid=1, messages=MESSAGES, sampling=SamplingParams(), spec=forged_spec, stepping=False)
+    assert says in problem(msg, COMMANDS)
+    bad_sampling = forged(SamplingParams, **(vars(SamplingParams()) | {"temperature": -1.0}))
+    msg = forged(Generate, rid=1, messages=MESSAGES, sampling=bad_sampling, spec=SpecParams(), stepping=False)
+    assert "Generate.sampling: temperature must be in [0, 10]" in problem(msg, COMMANDS)
+
+
+def test_a_load_with_an_impossible_context_is_refused():
+    assert "Load.context must be None or a token count" in problem(forged(Load, target=None, draft=None,
+                                                                          device=None, context=-5), COMMANDS)
+
+
+def test_the_engine_survives_a_deeply_nested_command(engine):
+    engine.conn.send_bytes(nested_load_pickle(20_000))
+    answer = engine.next()
+    assert isinstance(answer, CommandError) and answer.problem.startswith("Load.target must be str | None")
+    engine.conn.send(QueryStatus())
+    assert isinstance(engine.next(), EngineStatus)
+
+
+def test_the_engine_refuses_k_zero_over_the_pipe_and_serves_on(engine):
+    engine.conn.send(Load(None, None, None))
+    engine.until(Loaded)
+    spec = forged(SpecParams, **(vars(SpecParams()) | {"k": 0}))
+    engine.conn.send(forged(Generate, rid=3, messages=MESSAGES, sampling=SamplingParams(max_new_tokens=4),
+                            spec=spec, stepping=False))
+    answer = engine.next()
+    assert isinstance(answer, CommandError) and "K must be >= 1, got 0" in answer.problem
+    engine.conn.send(Generate(4, MESSAGES, SamplingParams(max_new_tokens=4), SpecParams()))
+    assert engine.until(Finished)[-1] == Finished(4)
+
+
+def test_a_handler_that_fails_is_refused_and_the_reader_reads_on(monkeypatch):
+    from engine.service.command_loop import Service
+
+    class Pipe:
+        def __init__(self, commands):
+            self.commands, self.sent = list(commands), []
+
+        def recv(self):
+            if not self.commands:
+                raise EOFError
+            return self.commands.pop(0)
+
+        def send(self, msg):
+            self.sent.append(msg)
+
+    pipe = Pipe([QueryStatus(), QueryStatus()])
+    service = Service(pipe, fake(), LISTER)
+    calls = []
+
+    def status_fails_once():
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("no such page")
+        return EngineStatus(1, 2, False, None, None, None, None)
+
+    monkeypatch.setattr(service, "status", status_fails_once)
+    service.read_commands()  # returns once the pipe closes: the failure did not end it
+    assert isinstance(pipe.sent[0], CommandError) and "QueryStatus could not be handled" in pipe.sent[0].problem
+    assert isinstance(pipe.sent[1], EngineStatus)
+
+
+def test_a_protocol_mismatch_is_one_sentence_for_the_window():
+    from engine.api.protocol import PROTOCOL_VERSION, version_problem
+
+    assert version_problem(PROTOCOL_VERSION) is None
+    says = version_problem(99)
+    assert "protocol version 99" in says and says.endswith("reinstall SpecLens.") and "\n" not in says
+
+
+def test_the_host_shows_a_protocol_mismatch_and_stops_that_engine(qtbot, make_host):
+    host = make_host(load=False)
+    deaths = []
+    host.died.connect(deaths.append)
+    host._message.emit((host.process, Started(host.process.pid, protocol=99)))
+    qtbot.waitUntil(lambda: bool(deaths), timeout=10000)
+    assert "protocol version 99" in deaths[0] and "reinstall SpecLens" in deaths[0]
+    assert not host.running
