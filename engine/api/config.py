@@ -6,10 +6,12 @@ import numbers
 from dataclasses import dataclass, replace
 from typing import Any, Literal, get_args
 
+from engine.model import families
+
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """A Llama-family decoder (Llama 2/3/3.2, Qwen2/2.5)."""
+    """A decoder of a family the engine runs (engine.model.families: Llama 2/3/3.2, Qwen2/2.5, Mistral)."""
 
     vocab_size: int
     hidden_size: int
@@ -27,6 +29,10 @@ class ModelConfig:
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     arch: str = "llama"
+    # The attention window of windowed layers (Mistral, Qwen with use_sliding_window); None: none. The engine has
+    # full attention only, which equals windowed attention exactly while the sequence fits the window, so a
+    # windowed model's context (max_position_embeddings) is capped at the window.
+    sliding_window: int | None = None
 
     def __post_init__(self) -> None:
         if self.head_dim == 0:
@@ -40,13 +46,25 @@ class ModelConfig:
             kind = self.rope_scaling.get("rope_type", self.rope_scaling.get("type"))
             if kind not in ("llama3", "default", None):
                 raise ValueError(f"unsupported rope_scaling type {kind!r} (supported: llama3)")
+        if self.sliding_window is not None and self.max_position_embeddings > self.sliding_window:
+            raise ValueError(f"a context of {self.max_position_embeddings} tokens is longer than the model's "
+                             f"{self.sliding_window}-token sliding window, and SpecLens has no windowed attention")
+
+    @property
+    def context_note(self) -> str:
+        """Why the context is shorter than the model was trained for, for the load info; "" when it is not."""
+        if self.sliding_window is None:
+            return ""
+        return (f"context capped at {self.sliding_window} tokens, the model's sliding window: within it "
+                "SpecLens's full attention is exactly the model's windowed attention")
 
     @classmethod
     def from_hf(cls, cfg: dict[str, Any]) -> ModelConfig:
-        """From a Hugging Face config.json dict."""
-        arch = cfg.get("model_type", "llama")
-        if arch not in ("llama", "qwen2", "mistral"):
-            raise ValueError(f"unsupported model_type {arch!r}: SpecLens runs Llama-family models (llama, qwen2)")
+        """From a Hugging Face config.json dict; a family or field the engine does not compute is refused by name
+        (engine.model.families)."""
+        fam = families.check_hf_config(cfg)
+        window = families.sliding_window(fam, cfg)
+        context = cfg.get("max_position_embeddings", 4096)
         eos = cfg.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ())
         return cls(
@@ -60,12 +78,13 @@ class ModelConfig:
             rms_norm_eps=cfg.get("rms_norm_eps", 1e-5),
             rope_theta=cfg.get("rope_theta", (cfg.get("rope_parameters") or {}).get("rope_theta", 10000.0)),
             rope_scaling=_rope_scaling(cfg),
-            max_position_embeddings=cfg.get("max_position_embeddings", 4096),
+            max_position_embeddings=min(context, window) if window else context,
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            attention_bias=bool(cfg.get("attention_bias", arch == "qwen2")),
+            attention_bias=fam.qkv_bias == "always" or (fam.qkv_bias == "config" and bool(cfg.get("attention_bias"))),
             bos_token_id=cfg.get("bos_token_id"),
             eos_token_ids=eos_ids,
-            arch=arch,
+            arch=fam.model_type,
+            sliding_window=window if window and window < context else None,
         )
 
 

@@ -22,6 +22,7 @@ from gguf.quants import dequantize
 
 from engine.api.config import ModelConfig
 from engine.api.errors import ModelLoadError
+from engine.model.families import gguf_refusal
 
 _MAGIC = b"GGUF"
 _SCALARS = {  # value type -> struct format (little-endian)
@@ -29,7 +30,6 @@ _SCALARS = {  # value type -> struct format (little-endian)
     GGUFValueType.UINT32: "<I", GGUFValueType.INT32: "<i", GGUFValueType.FLOAT32: "<f", GGUFValueType.BOOL: "<?",
     GGUFValueType.UINT64: "<Q", GGUFValueType.INT64: "<q", GGUFValueType.FLOAT64: "<d",
 }
-SUPPORTED_ARCHS = ("llama", "qwen2")
 _MAX_NESTING = 4  # arrays of arrays in metadata; llama.cpp writes none nested
 _MAX_DIMS = 4  # GGML_MAX_DIMS
 
@@ -290,9 +290,8 @@ class GGUFFile:
         """The model's config, every value it is built from checked first (type, range, agreement with the
         tensors' shapes): a hostile or damaged header is a ModelLoadError naming the key, never an allocation
         sized by it."""
-        if self.arch not in SUPPORTED_ARCHS:
-            raise ModelLoadError(f"{self.path}: unsupported architecture {self.arch!r} "
-                                 f"(SpecLens runs {', '.join(SUPPORTED_ARCHS)})")
+        if (why := gguf_refusal(self.arch)) is not None:  # engine.model.families: unknown, or a feature missing
+            raise ModelLoadError(f"{self.path}: {why}")
         embd = self.tensors.get("token_embd.weight")
         if embd is None:
             raise ModelLoadError(f"{self.path}: GGUF has no token_embd.weight tensor")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import cached_property
@@ -22,6 +23,7 @@ if TYPE_CHECKING:
     from engine.io.gguf_file import GGUFFile
 
 Progress = Callable[[str, float], None]
+log = logging.getLogger(__name__)
 
 # The weight types the engine computes from (it casts them to its own dtype). safetensors also holds integer
 # and fp8 tensors; those belong to quantized exports that need scales this loader does not apply.
@@ -52,6 +54,9 @@ def load_checkpoint(spec: str | Path, progress: Progress | None = None, *, dequa
     if path.suffix == ".gguf":
         return _load_gguf(path, name, report, dequantize)
     config = _read_config(path)
+    if config.context_note:  # a windowed model runs exactly only within its window: the user learns why
+        log.info("%s: %s", name, config.context_note)
+        report(f"{name}: {config.context_note}", 0.0)
     shards = safetensors_files(path)
     tensors: dict[str, torch.Tensor] = {}
     for i, shard in enumerate(shards):
@@ -145,6 +150,11 @@ def check_tensors(config: ModelConfig, tensors: dict[str, torch.Tensor], path: P
     if problems:
         more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
         raise ModelLoadError(f"{path}: weights do not match config.json: {'; '.join(problems[:5])}{more}")
+    head, embed = tensors.get("lm_head.weight"), tensors.get("model.embed_tokens.weight")
+    if config.tie_word_embeddings and head is not None and not torch.equal(head, embed.to(head.dtype)):
+        # A tied model scores with its embedding; a different stored head leaves which one it was trained with open
+        raise ModelLoadError(f"{path}: config.json ties the LM head to the embedding (tie_word_embeddings), but the "
+                             "weights hold a different lm_head.weight; SpecLens cannot tell which one is meant")
 
 
 def _load_gguf(path: Path, name: str, report: Progress, dequantize: bool) -> Checkpoint:

@@ -1,0 +1,197 @@
+"""Model families as data: each architecture is a row of the features its math uses.
+
+The engine (engine.model.transformer) is one decoder: RMSNorm, RoPE (plain or Llama 3 rescaled), grouped-query
+attention with optional q/k/v biases, a SiLU-gated MLP, an optional tied head. A family runs when every feature of
+its row is one the engine implements; otherwise it is refused by name, with the features it lacks, before any
+weight is read. Adding a family is adding a row (and, when it needs one, implementing a feature), never a path.
+
+Both readers consult this table: the Hugging Face config.json path (engine.api.config.ModelConfig.from_hf, by
+model_type) and the GGUF path (engine.io.gguf_file, by general.architecture, as llama.cpp names it).
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+
+@dataclass(frozen=True)
+class Feature:
+    key: str
+    phrase: str  # how a refusal names it: "<Family> needs <phrase>, which SpecLens does not implement yet"
+    implemented: bool
+
+
+_FEATURES = (
+    Feature("rms_norm", "RMSNorm", True),
+    Feature("norm_offset", "RMSNorm scaled by (1 + weight)", False),
+    Feature("qk_norm", "per-head q/k RMSNorm", False),
+    Feature("qkv_bias", "q/k/v projection biases", True),
+    Feature("o_bias", "an output-projection (o_proj) bias", False),
+    Feature("mlp_bias", "MLP biases", False),
+    Feature("silu", "a SiLU-gated MLP", True),
+    Feature("gelu", "a GELU-gated MLP", False),
+    # Exact by capping the context at the window: within it, windowed attention is full attention.
+    Feature("sliding_window", "sliding-window attention", True),
+    Feature("embedding_scale", "embeddings scaled by sqrt(hidden_size)", False),
+    Feature("tied_head", "an LM head tied to the embedding", True),
+    Feature("logit_softcap", "logit soft-capping", False),
+    Feature("partial_rotary", "RoPE on part of each head (partial_rotary_factor < 1)", False),
+    Feature("rope_llama3", "Llama 3 RoPE scaling", True),
+    Feature("rope_linear", "linear RoPE scaling", False),
+    Feature("rope_dynamic", "dynamic NTK RoPE scaling", False),
+    Feature("rope_yarn", "YaRN RoPE scaling", False),
+    Feature("rope_longrope", "LongRoPE scaling", False),
+    Feature("fused_qkv", "fused qkv_proj/gate_up_proj weights", False),
+    Feature("sandwich_norm", "sandwich norms (a second norm after each sublayer)", False),
+    Feature("local_rope", "a separate RoPE base for its sliding-window layers", False),
+    Feature("nope_layers", "layers without RoPE (NoPE)", False),
+    Feature("multipliers", "Granite's embedding/attention/residual/logit multipliers", False),
+)
+FEATURES: dict[str, Feature] = {f.key: f for f in _FEATURES}
+
+# rope_scaling kind (config.json's rope_type) -> feature; "default" is plain RoPE
+ROPE_KINDS = {"llama3": "rope_llama3", "linear": "rope_linear", "dynamic": "rope_dynamic", "yarn": "rope_yarn",
+              "longrope": "rope_longrope", "su": "rope_longrope"}
+
+Choice = Literal["never", "always", "config"]  # a bias the family never has, always has, or takes from config.json
+Window = Literal["none", "all", "layers"]  # no window; every layer when sliding_window is set; per layer (Qwen)
+
+
+@dataclass(frozen=True)
+class Family:
+    model_type: str  # config.json's model_type
+    title: str  # for messages
+    gguf_arch: str | None  # llama.cpp's general.architecture; None: llama.cpp writes it as another (Mistral: llama)
+    norm: Literal["rms"] = "rms"
+    norm_offset: float = 0.0  # Gemma stores w - 1 and scales by (1 + w)
+    qk_norm: bool = False
+    qkv_bias: Choice = "never"
+    o_bias: Choice = "never"  # Llama's attention_bias also puts a bias on o_proj
+    mlp_bias: Choice = "never"
+    activation: str = "silu"
+    window: Window = "none"
+    embedding_scale: bool = False
+    logit_softcap: bool = False
+    partial_rotary: bool = False
+    rope_scaling: tuple[str, ...] = ()  # the rope_type kinds its published checkpoints use
+    extra: tuple[str, ...] = ()  # further feature keys of its math
+
+    def __post_init__(self) -> None:
+        unknown = [k for k in (*self.extra, *(ROPE_KINDS[r] for r in self.rope_scaling)) if k not in FEATURES]
+        if unknown:
+            raise ValueError(f"family {self.model_type}: unknown feature(s) {unknown}")
+
+    @property
+    def features(self) -> tuple[str, ...]:
+        """Every feature its math needs whatever the config says (a config may add more: see check_hf_config)."""
+        out = [self.norm + "_norm"]
+        out += ["norm_offset"] * (self.norm_offset != 0.0) + ["qk_norm"] * self.qk_norm
+        out += ["qkv_bias"] * (self.qkv_bias == "always") + ["o_bias"] * (self.o_bias == "always")
+        out += ["mlp_bias"] * (self.mlp_bias == "always")
+        out += ["silu" if self.activation == "silu" else "gelu"]
+        out += ["sliding_window"] * (self.window != "none") + ["embedding_scale"] * self.embedding_scale
+        out += ["logit_softcap"] * self.logit_softcap + ["partial_rotary"] * self.partial_rotary
+        out += [ROPE_KINDS[r] for r in self.rope_scaling] + list(self.extra)
+        return tuple(dict.fromkeys(out))
+
+    @property
+    def missing(self) -> tuple[Feature, ...]:
+        return tuple(FEATURES[k] for k in self.features if not FEATURES[k].implemented)
+
+    @property
+    def runnable(self) -> bool:
+        return not self.missing
+
+    def refusal(self) -> str | None:
+        """Why SpecLens cannot run this family, in a sentence; None when it can."""
+        if self.runnable:
+            return None
+        return f"{self.title} needs {_phrases([f.phrase for f in self.missing])}, which SpecLens does not implement yet"
+
+
+FAMILIES: tuple[Family, ...] = (
+    Family("llama", "Llama", "llama", qkv_bias="config", o_bias="config", mlp_bias="config", rope_scaling=("llama3",)),
+    Family("qwen2", "Qwen2", "qwen2", qkv_bias="always", window="layers"),
+    Family("mistral", "Mistral", None, window="all"),
+    Family("qwen3", "Qwen3", "qwen3", qk_norm=True, qkv_bias="config", o_bias="config", window="layers"),
+    Family("gemma3_text", "Gemma 3", "gemma3", norm_offset=1.0, qk_norm=True, activation="gelu_pytorch_tanh",
+           window="layers", embedding_scale=True, extra=("sandwich_norm", "local_rope")),
+    Family("phi3", "Phi-3", "phi3", window="all", rope_scaling=("longrope",), extra=("fused_qkv",)),
+    Family("smollm3", "SmolLM3", "smollm3", qkv_bias="config", o_bias="config", mlp_bias="config",
+           extra=("nope_layers",)),
+    Family("granite", "Granite", "granite", o_bias="config", mlp_bias="config", extra=("multipliers",)),
+)
+BY_MODEL_TYPE: dict[str, Family] = {f.model_type: f for f in FAMILIES} | {"gemma3": FAMILIES[4]}
+BY_GGUF_ARCH: dict[str, Family] = {f.gguf_arch: f for f in FAMILIES if f.gguf_arch}
+
+
+def runnable_names(gguf: bool = False) -> list[str]:
+    return [(f.gguf_arch if gguf else f.model_type) for f in FAMILIES if f.runnable and (f.gguf_arch or not gguf)]
+
+
+def gguf_refusal(arch: str) -> str | None:
+    """Why a GGUF of this general.architecture cannot run, in a sentence; None when it can."""
+    fam = BY_GGUF_ARCH.get(arch)
+    if fam is None:
+        return f"unsupported architecture {arch!r} (SpecLens runs {', '.join(runnable_names(gguf=True))})"
+    return fam.refusal()
+
+
+def family_of(cfg: Mapping[str, Any]) -> Family:
+    """The row for a config.json; ValueError naming the family when it is unknown or not runnable."""
+    arch = cfg.get("model_type", "llama")
+    fam = BY_MODEL_TYPE.get(arch)
+    if fam is None:
+        raise ValueError(f"unsupported model_type {arch!r}: SpecLens runs {', '.join(runnable_names())}")
+    if (why := fam.refusal()) is not None:
+        raise ValueError(why)
+    return fam
+
+
+def check_hf_config(cfg: Mapping[str, Any]) -> Family:
+    """The family of a config.json, once every field that would change the math is one the engine computes.
+
+    A field a family's own code ignores (Mistral's attention_bias) is not refused: transformers ignores it too."""
+    fam = family_of(cfg)
+    act = cfg.get("hidden_act", cfg.get("hidden_activation", "silu"))
+    if act != "silu":
+        raise ValueError(f"hidden_act {act!r}: SpecLens implements the SiLU-gated MLP only")
+    if fam.o_bias == "config" and cfg.get("attention_bias"):
+        raise ValueError(f"attention_bias: {fam.title} attention bias includes {FEATURES['o_bias'].phrase}, "
+                         "which SpecLens does not implement yet")
+    if fam.mlp_bias == "config" and cfg.get("mlp_bias"):
+        raise ValueError(f"mlp_bias: {fam.title} needs {FEATURES['mlp_bias'].phrase}, which SpecLens does not "
+                         "implement yet")
+    for key in ("final_logit_softcapping", "attn_logit_softcapping"):
+        if cfg.get(key) is not None:
+            raise ValueError(f"{key} = {cfg[key]}: {FEATURES['logit_softcap'].phrase} is not implemented in SpecLens")
+    factor = cfg.get("partial_rotary_factor", (cfg.get("rope_parameters") or {}).get("partial_rotary_factor", 1.0))
+    if factor is not None and factor != 1.0:
+        raise ValueError(f"partial_rotary_factor = {factor}: SpecLens applies RoPE to whole heads only")
+    return fam
+
+
+def sliding_window(fam: Family, cfg: Mapping[str, Any]) -> int | None:
+    """The attention window of the config's windowed layers; None when every layer attends to every position.
+
+    Mistral windows every layer when sliding_window is set; Qwen only with use_sliding_window, and then the layers
+    layer_types marks (or, without it, those from max_window_layers on)."""
+    w = cfg.get("sliding_window")
+    if fam.window == "none" or w is None:
+        return None
+    if isinstance(w, bool) or not isinstance(w, int) or w < 1:
+        raise ValueError(f"sliding_window must be a positive integer, got {w!r}")
+    if fam.window == "all":
+        return w
+    if not cfg.get("use_sliding_window"):
+        return None
+    types = cfg.get("layer_types")
+    if isinstance(types, list):
+        return w if "sliding_attention" in types else None
+    layers, first = cfg.get("num_hidden_layers", 0), cfg.get("max_window_layers", 0) or 0
+    return w if layers > first else None
+
+
+def _phrases(items: list[str]) -> str:
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]

@@ -1,0 +1,186 @@
+"""engine.model.families: which families run, which are refused and why, and Mistral's sliding window made exact."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from engine.api.config import CacheConfig, ModelConfig, SamplingParams, SpecParams
+from engine.api.errors import ContextFullError
+from engine.io.weights import ModelLoadError, load_checkpoint
+from engine.model import families
+from engine.model.transformer import Transformer
+from engine.runtime.engine import Engine
+from tests.tiny import LLAMA32_TINY, QWEN2_TINY, VOCAB, hf_model, state_dict, tiny_tokenizer
+
+WINDOW = 24
+MISTRAL_TINY = dict(
+    model_type="mistral", vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+    num_attention_heads=4, num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-5, rope_theta=10000.0,
+    max_position_embeddings=512, sliding_window=WINDOW, tie_word_embeddings=False, bos_token_id=1, eos_token_id=2,
+)
+
+
+# --- the sliding window -----------------------------------------------------------------------------------------
+
+def test_mistral_context_is_capped_at_its_sliding_window():
+    c = ModelConfig.from_hf(MISTRAL_TINY)
+    assert (c.arch, c.max_position_embeddings, c.sliding_window) == ("mistral", WINDOW, WINDOW)
+    assert f"capped at {WINDOW} tokens" in c.context_note
+    wide = ModelConfig.from_hf(dict(MISTRAL_TINY, sliding_window=4096))  # a window past the context changes nothing
+    assert (wide.max_position_embeddings, wide.sliding_window, wide.context_note) == (512, None, "")
+    unset = ModelConfig.from_hf(dict(MISTRAL_TINY, sliding_window=None))  # Mistral v0.2 on: no window
+    assert unset.max_position_embeddings == 512 and unset.sliding_window is None
+
+
+def test_a_config_longer_than_its_window_cannot_be_made():
+    with pytest.raises(ValueError, match="longer than the model's 24-token sliding window"):
+        ModelConfig(vocab_size=8, hidden_size=8, intermediate_size=8, num_layers=1, num_heads=1, num_kv_heads=1,
+                    max_position_embeddings=32, sliding_window=WINDOW)
+
+
+def test_the_window_changes_transformers_output_past_it():
+    """What the cap guards against: past the window, transformers' Mistral differs from full attention."""
+    hf = hf_model(MISTRAL_TINY, seed=0)
+    ids = torch.randint(3, VOCAB, (1, 2 * WINDOW), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        windowed = hf(ids).logits[0]
+        hf.config.sliding_window = None
+        full = hf(ids).logits[0]
+    torch.testing.assert_close(windowed[:WINDOW], full[:WINDOW], atol=1e-5, rtol=1e-5)
+    assert (windowed[WINDOW:] - full[WINDOW:]).abs().max() > 1e-2
+
+
+def test_mistral_greedy_equals_transformers_within_the_window_and_never_runs_past_it():
+    hf = hf_model(MISTRAL_TINY, seed=0)
+    cfg = ModelConfig.from_hf(MISTRAL_TINY)
+    model = Transformer.from_state_dict(cfg, state_dict(hf), torch.float32, "cpu")
+    engine = Engine(model, tiny_tokenizer(), cache=CacheConfig(block_size=8, max_seq_len=cfg.max_position_embeddings),
+                    eos_ids=set())
+    assert engine.max_seq_len == WINDOW
+    prompt = torch.randint(3, VOCAB, (8,), generator=torch.Generator().manual_seed(1)).tolist()
+    *_, summary = engine.generate(prompt, SamplingParams(max_new_tokens=100), SpecParams(enabled=False))
+    assert len(prompt) + len(summary.token_ids) == WINDOW  # stopped by the context, not by max_new_tokens
+    ref = list(prompt)
+    with torch.no_grad():
+        while len(ref) < WINDOW:  # transformers' own greedy, windowed attention and all
+            ref.append(int(hf(torch.tensor([ref])).logits[0, -1].argmax()))
+    assert list(summary.token_ids) == ref[len(prompt):]
+    with pytest.raises(ContextFullError):
+        list(engine.generate(ref, SamplingParams(max_new_tokens=4), SpecParams(enabled=False)))
+    with pytest.raises(ValueError, match="exceeds the target model's max_position_embeddings"):
+        Engine(model, tiny_tokenizer(), cache=CacheConfig(max_seq_len=2 * WINDOW))
+
+
+def test_loading_a_windowed_folder_says_why_its_context_is_short(tmp_path):
+    hf_model(MISTRAL_TINY, seed=0).save_pretrained(tmp_path)
+    stages = []
+    ck = load_checkpoint(tmp_path, lambda s, f: stages.append(s))
+    assert ck.config.max_position_embeddings == WINDOW
+    assert any("sliding window" in s for s in stages)
+
+
+def test_qwen2_window_counts_only_when_its_layers_use_it():
+    base = dict(QWEN2_TINY, sliding_window=16, max_window_layers=1)
+    assert ModelConfig.from_hf(base).max_position_embeddings == 512  # use_sliding_window off: full attention
+    windowed = ModelConfig.from_hf(dict(base, use_sliding_window=True))  # layer 1 of 2 is windowed
+    assert (windowed.max_position_embeddings, windowed.sliding_window) == (16, 16)
+    none_windowed = dict(base, use_sliding_window=True, max_window_layers=2)
+    assert ModelConfig.from_hf(none_windowed).sliding_window is None
+    listed = dict(base, use_sliding_window=True, layer_types=["full_attention", "sliding_attention"])
+    assert ModelConfig.from_hf(listed).max_position_embeddings == 16
+
+
+# --- refused families and fields ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("model_type, words", [
+    ("qwen3", "Qwen3 needs per-head q/k RMSNorm, which SpecLens does not implement yet"),
+    ("gemma3_text", "Gemma 3 needs RMSNorm scaled by (1 + weight)"),
+    ("gemma3", "Gemma 3 needs"),
+    ("phi3", "fused qkv_proj/gate_up_proj weights"),
+    ("smollm3", "SmolLM3 needs layers without RoPE (NoPE)"),
+    ("granite", "Granite needs Granite's embedding/attention/residual/logit multipliers"),
+])
+def test_known_families_not_yet_runnable_are_refused_naming_what_they_lack(model_type, words):
+    with pytest.raises(ValueError) as e:
+        ModelConfig.from_hf(dict(LLAMA32_TINY, model_type=model_type))
+    assert words in str(e.value)
+
+
+def test_unknown_family_names_itself_and_what_runs():
+    with pytest.raises(ValueError, match=r"unsupported model_type 'gpt2': SpecLens runs llama, qwen2, mistral$"):
+        ModelConfig.from_hf(dict(LLAMA32_TINY, model_type="gpt2"))
+
+
+@pytest.mark.parametrize("change, words", [
+    (dict(attention_bias=True), "attention_bias: Llama attention bias includes an output-projection (o_proj) bias"),
+    (dict(mlp_bias=True), "mlp_bias: Llama needs MLP biases"),
+    (dict(hidden_act="gelu"), "hidden_act 'gelu': SpecLens implements the SiLU-gated MLP only"),
+    (dict(rope_scaling={"rope_type": "yarn", "factor": 4.0}), "unsupported rope_scaling type 'yarn'"),
+    (dict(rope_scaling={"type": "linear", "factor": 2.0}), "unsupported rope_scaling type 'linear'"),
+    (dict(rope_scaling={"rope_type": "dynamic", "factor": 2.0}), "unsupported rope_scaling type 'dynamic'"),
+    (dict(final_logit_softcapping=30.0), "final_logit_softcapping = 30.0: logit soft-capping"),
+    (dict(attn_logit_softcapping=50.0), "attn_logit_softcapping = 50.0"),
+    (dict(partial_rotary_factor=0.5), "partial_rotary_factor = 0.5: SpecLens applies RoPE to whole heads only"),
+    (dict(model_type="mistral", sliding_window=0), "sliding_window must be a positive integer, got 0"),
+])
+def test_fields_that_change_the_math_are_refused(change, words):
+    with pytest.raises(ValueError) as e:
+        ModelConfig.from_hf(dict(LLAMA32_TINY, **change))
+    assert words in str(e.value)
+
+
+def test_fields_a_family_ignores_are_ignored_as_transformers_does():
+    # Mistral's and Qwen2's attention code fix their biases whatever config.json says
+    assert not ModelConfig.from_hf(dict(MISTRAL_TINY, attention_bias=True)).attention_bias
+    assert ModelConfig.from_hf(dict(QWEN2_TINY, attention_bias=False)).attention_bias
+    assert not ModelConfig.from_hf(dict(LLAMA32_TINY, attention_bias=False, mlp_bias=False)).attention_bias
+
+
+def test_a_tied_config_with_a_different_stored_head_is_refused(tmp_path):
+    hf = hf_model(LLAMA32_TINY, seed=0)
+    sd = {k: v.contiguous() for k, v in state_dict(hf).items()}
+    (tmp_path / "config.json").write_text(json.dumps(LLAMA32_TINY))
+    save_file(sd | {"lm_head.weight": sd["model.embed_tokens.weight"].clone()}, tmp_path / "model.safetensors")
+    assert load_checkpoint(tmp_path).config.tie_word_embeddings  # the same head stored twice is fine
+    save_file(sd | {"lm_head.weight": torch.randn_like(sd["model.embed_tokens.weight"])}, tmp_path / "model.safetensors")
+    with pytest.raises(ModelLoadError, match="ties the LM head to the embedding"):
+        load_checkpoint(tmp_path)
+
+
+# --- the table ----------------------------------------------------------------------------------------------------
+
+def test_the_table_runs_exactly_the_families_whose_features_are_all_implemented():
+    runnable = {f.model_type for f in families.FAMILIES if f.runnable}
+    assert runnable == {"llama", "qwen2", "mistral"}
+    for fam in families.FAMILIES:
+        assert fam.runnable == all(families.FEATURES[k].implemented for k in fam.features)
+        if not fam.runnable:
+            assert all(f.phrase in fam.refusal() for f in fam.missing) and fam.title in fam.refusal()
+    assert families.BY_MODEL_TYPE["qwen2"].features == ("rms_norm", "qkv_bias", "silu", "sliding_window")
+
+
+def test_gguf_architectures_are_judged_by_the_same_table():
+    assert families.gguf_refusal("llama") is None and families.gguf_refusal("qwen2") is None
+    assert families.gguf_refusal("qwen3") == "Qwen3 needs per-head q/k RMSNorm, which SpecLens does not implement yet"
+    assert families.gguf_refusal("gpt2") == "unsupported architecture 'gpt2' (SpecLens runs llama, qwen2)"
+    assert "Gemma 3 needs" in families.gguf_refusal("gemma3")
+
+
+def test_a_gguf_of_a_known_family_not_yet_runnable_is_refused_naming_what_it_lacks(tmp_path):
+    import gguf
+    import numpy as np
+
+    from engine.io.gguf_file import GGUFFile
+
+    w = gguf.GGUFWriter(str(tmp_path / "q3.gguf"), "qwen3")
+    w.add_block_count(1)
+    w.add_tensor("token_embd.weight", np.zeros((8, 32), dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(ModelLoadError, match=r"q3.gguf: Qwen3 needs per-head q/k RMSNorm, which SpecLens does not"):
+        GGUFFile(tmp_path / "q3.gguf").config()
