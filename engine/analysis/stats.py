@@ -1,7 +1,7 @@
 """Session statistics: RoundEvent / Summary -> rows -> CSV, plus the speedup arithmetic the charts show.
 
 Pure Python: no Qt, no torch. The GUI records every round of every reply here and exports it on demand;
-`docs/csv_columns.md` documents the columns.
+`docs/formats.md` documents the columns.
 """
 from __future__ import annotations
 
