@@ -24,6 +24,13 @@ When the engine process dies, every request's handle ends with errored(the death
 Models and the process: loadProgress(str, float), loaded(object) (EngineInfo), loadFailed(str),
 loadCancelled(), modelsListed(list), engineDied(str) (one sentence; the chat, the charts and the stats stay),
 chatCleared(), stateChanged() (busy, ready or loading changed).
+
+Attach mode (attach(): the controller builds the server's host, app/attach.py): attachProgress(str) while it
+connects, then attachDone(object) (an app.attach.Attached; replies go to the server from now on, and loaded()
+names its model) or attachFailed(str) (one sentence; nothing changed).
+
+The controller knows its hosts only as app/host_protocol.Host: the local engine process's (given) and an
+attached server's (built here).
 """
 from __future__ import annotations
 
@@ -33,7 +40,8 @@ from functools import partial
 
 from PySide6.QtCore import QObject, Signal
 
-from app.host import EngineHost, LoadRequest
+from app.attach import AttachError, Attached, attached, remote_host
+from app.host_protocol import Host, LoadRequest
 from app.request_handle import RequestHandle
 from engine.analysis.stats import MessageRecord, SessionStats
 from engine.api.config import SamplingParams, SpecParams
@@ -76,8 +84,11 @@ class ChatController(QObject):
     engineDied = Signal(str)
     chatCleared = Signal()
     stateChanged = Signal()
+    attachProgress = Signal(str)
+    attachDone = Signal(object)
+    attachFailed = Signal(str)
 
-    def __init__(self, host: EngineHost, parent: QObject | None = None) -> None:
+    def __init__(self, host: Host, parent: QObject | None = None) -> None:
         super().__init__(parent)
         self.host = host
         host.setParent(self)
@@ -89,7 +100,9 @@ class ChatController(QObject):
         self.death: str | None = None  # why the engine process ended, until it is reloaded
         self.stepping = False  # step-through for the chat replies sent from now on
         self.paused: PhaseEvent | None = None  # the phase the active reply waits after, while stepping
-        self.remote = None  # app/remote_host.RemoteHost while attached to a server: replies go there
+        self.remote: Host | None = None  # the attached server's host: replies go there
+        self.attachment: Attached | None = None  # what the views may know of it
+        self.connecting: Host | None = None  # a server's host while it is being connected to
         host.died.connect(self._on_died)
         host.loadProgress.connect(self.loadProgress)
         host.loaded.connect(self._on_loaded)
@@ -103,7 +116,7 @@ class ChatController(QObject):
         return bool(self.requests)
 
     @property
-    def source(self):
+    def source(self) -> Host:
         """Where replies go: the attached server, else the local engine."""
         return self.remote if self.remote is not None else self.host
 
@@ -114,6 +127,11 @@ class ChatController(QObject):
     @property
     def loading(self) -> bool:
         return self.host.loading is not None
+
+    @property
+    def local_ready(self) -> bool:
+        """The local engine has a model loaded (attached or not)."""
+        return self.host.ready
 
     @property
     def info(self):
@@ -262,20 +280,53 @@ class ChatController(QObject):
         self.host.scan_models()
 
     def shutdown(self) -> bool:
+        self._drop_connecting()
         self.detach()
         return self.host.shutdown()
 
-    # ---- attach mode (app/remote_host.py) ------------------------------------------------------------------
-    def attach(self, remote) -> None:
-        """Replies go to this connected server from now on; the chat and the local engine stay as they are."""
-        self.detach()
-        self.remote = remote
+    # ---- attach mode (app/attach.py) -----------------------------------------------------------------------
+    def attach(self, url: str, plain_url: str | None = None, api_key: str | None = None) -> bool:
+        """Connect to a server in the background (key: api_key, else $SPECLENS_API_KEY); once it answers, replies
+        go there. The chat and the local engine stay as they are. False (and attachFailed) for a URL that cannot
+        be one."""
+        try:
+            remote = remote_host(url, plain_url, api_key)
+        except AttachError as e:
+            self.attachFailed.emit(str(e))
+            return False
+        self._drop_connecting()
+        self.connecting = remote
         remote.setParent(self)
+        remote.loadProgress.connect(lambda stage, _f: self.attachProgress.emit(stage))
+        remote.loaded.connect(lambda _info: self._on_attached(remote))
+        remote.loadFailed.connect(lambda message: self._on_attach_failed(remote, message))
+        remote.load()  # a server's host "loads" by connecting: loaded or loadFailed answers
+        return True
+
+    def _drop_connecting(self) -> None:
+        remote, self.connecting = self.connecting, None
+        if remote is not None:  # whatever its probe still posts reaches nobody
+            remote.shutdown(0.0)
+            remote.deleteLater()
+
+    def _on_attached(self, remote: Host) -> None:
+        if remote is not self.connecting:
+            return
+        self.connecting = None
+        self.detach()
+        self.remote, self.attachment = remote, attached(remote)
         self._on_loaded(remote.info)
+        self.attachDone.emit(self.attachment)
+
+    def _on_attach_failed(self, remote: Host, message: str) -> None:
+        if remote is not self.connecting:
+            return
+        self._drop_connecting()
+        self.attachFailed.emit(message)
 
     def detach(self) -> None:
         """Back to the local engine (a reply still streaming from the server is cancelled); the chat stays."""
-        remote, self.remote = self.remote, None
+        remote, self.remote, self.attachment = self.remote, None, None
         if remote is None:
             return
         remote.shutdown(1.0)

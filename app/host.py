@@ -26,13 +26,13 @@ import logging
 import signal
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
 from itertools import count
 from typing import Any
 
 from PySide6.QtCore import QObject, Qt, Signal
 
-from app.host_signals import HostSignals
+from app.host_protocol import LoadRequest
+from app.host_signals import REQUEST_MESSAGES, HostSignals
 from app.request_handle import RequestHandle
 from engine.api.config import SamplingParams, SpecParams
 from engine.api.protocol import (
@@ -42,9 +42,7 @@ from engine.api.protocol import (
     CommandError,
     EngineInfo,
     EngineStatus,
-    Errored,
     Fatal,
-    Finished,
     Generate,
     Load,
     LoadCancelled,
@@ -52,11 +50,8 @@ from engine.api.protocol import (
     LoadFailed,
     LoadProgress,
     ModelsListed,
-    PhaseReached,
     QueryStatus,
-    RequestSummary,
     Reset,
-    Rounds,
     Scan,
     Shutdown,
     Started,
@@ -67,14 +62,6 @@ from engine.service.loaders import DEFAULT_LISTER, DEFAULT_LOADER, Factory
 from engine.service.process import spawn
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class LoadRequest:
-    target: str | None  # None: the embedded default pair (provisioned on first use)
-    draft: str | None
-    device: str | None
-    context: int | None = None  # KV cache tokens; None: the models' limit, at most engine.api.config.DEFAULT_CONTEXT
 
 
 def death_sentence(exitcode: int | None, fatal: str | None) -> str:
@@ -112,7 +99,6 @@ class EngineHost(HostSignals):
         self._ids = count(1)
         self._message.connect(self._dispatch, Qt.ConnectionType.QueuedConnection)
         self._lost.connect(self._on_lost, Qt.ConnectionType.QueuedConnection)
-        self.pending: dict[int, RequestHandle] = {}
         self.loading: LoadRequest | None = None
         self.last_load: LoadRequest | None = None  # what reload() loads again
         self.info: EngineInfo | None = None
@@ -129,11 +115,7 @@ class EngineHost(HostSignals):
             LoadCancelled: self._on_load_cancelled,
             ModelsListed: lambda m: self.modelsListed.emit(m.models),
             EngineStatus: self.statusReady.emit,
-            Rounds: lambda m: self._for_request(m.rid, lambda h: h.rounds.emit(m.events)),
-            PhaseReached: lambda m: self._for_request(m.rid, lambda h: h.phase.emit(m.event)),
-            RequestSummary: lambda m: self._for_request(m.rid, lambda h: h.summary.emit(m.summary)),
-            Errored: lambda m: self._for_request(m.rid, lambda h: h.errored.emit(m.message)),
-            Finished: self._on_finished,
+            **{kind: self.deliver for kind in REQUEST_MESSAGES},
             Fatal: self._on_fatal,
             CommandError: lambda m: log.warning("the engine process refused a command: %s", m.problem),
         }
@@ -216,10 +198,6 @@ class EngineHost(HostSignals):
             return False
 
     @property
-    def busy(self) -> bool:
-        return bool(self.pending)
-
-    @property
     def ready(self) -> bool:
         return self.info is not None
 
@@ -293,16 +271,6 @@ class EngineHost(HostSignals):
     def _on_load_cancelled(self, _m: LoadCancelled) -> None:
         self.loading = None
         self.loadCancelled.emit()
-
-    def _for_request(self, rid: int, emit: Callable[[RequestHandle], None]) -> None:
-        handle = self.pending.get(rid)
-        if handle is not None:  # else an id this host never sent, or one whose process it already forgot
-            emit(handle)
-
-    def _on_finished(self, m: Finished) -> None:
-        handle = self.pending.pop(m.rid, None)
-        if handle is not None:
-            handle.finished.emit()
 
     def _on_fatal(self, m: Fatal) -> None:
         self._fatal = m.message  # the pipe closes next: _on_lost words the death with it

@@ -120,7 +120,7 @@ def run_window(app, args: argparse.Namespace, spawned, started: float) -> int:
     elif args.attach:  # the local engine starts only on Detach
         if args.load_test:
             report_attach(app, window, args.attach, result)
-        QTimer.singleShot(0, lambda: window.attach_mode.attach(args.attach, args.plain_server))
+        QTimer.singleShot(0, lambda: controller.attach(args.attach, args.plain_server))
     else:
         if args.load_test:
             report_load(app, window, controller, started, result)
@@ -182,7 +182,7 @@ def report_attach(app, window, url: str, result: dict[str, int]) -> None:
                 f"{spec}")
 
     window.controller.loaded.connect(ok)
-    window.attach_mode.attachFailed.connect(lambda message: done(1, f"load-test failed: {message}"))
+    window.controller.attachFailed.connect(lambda message: done(1, f"load-test failed: {message}"))
 
 
 if __name__ == "__main__":

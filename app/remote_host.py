@@ -1,10 +1,13 @@
-"""The GUI's handle on an attached server (engine/remote/), in the shape of app/host.py's EngineHost: the same
-signals, `generate()` returning the same RequestHandle, so the controller and the views do not change.
+"""The GUI's handle on an attached server (engine/remote/): a Host (app/host_protocol.py) as app/host.py's
+EngineHost is one, with the same signals and `generate()` returning the same RequestHandle, so the controller and
+the views do not change.
 
-`RemoteHost(url, api_key, plain_url)`: `connect()` probes the server on a thread (loadProgress, then loaded with an
-EngineInfo naming the server's model and kind, or loadFailed with one sentence). Each request streams on a
-thread of its own (engine.remote.client); its rounds reach the GUI thread through one queued signal, gathered to
-at most ~60 posts a second, so the window never waits on the network. Cancel sets the request's flag: the
+`RemoteHost(url, api_key, plain_url)`: `connect_server()` probes the server on a thread (loadProgress, then loaded
+with an EngineInfo naming the server's model and kind, or loadFailed with one sentence). Each request streams on a
+thread of its own (engine.remote.client); what it produces reaches the GUI thread through one queued signal as
+the engine process's own typed messages (Rounds, RequestSummary, Errored, Finished: engine.api.protocol), its
+rounds gathered by the engine's RoundBatcher to at most ~60 posts a second, so the window never waits on the
+network and the handle's signals are the same as for a local request. Cancel sets the request's flag: the
 stream's reader sees it within 50 ms and the handle gets its Summary (stop reason "cancelled") and finished().
 
 What a server cannot do per request is refused with a sentence, never imitated: a request with speculation off
@@ -19,21 +22,29 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from itertools import count
 from typing import Any
 
 from PySide6.QtCore import QObject, Qt, Signal
 
-from app.host_signals import HostSignals
+from app.host_signals import REQUEST_MESSAGES, HostSignals
 from app.request_handle import RequestHandle
 from engine.api.config import SamplingParams, SpecParams
 from engine.api.events import Summary
-from engine.api.protocol import Cancel, EngineInfo
+from engine.api.protocol import Cancel, EngineInfo, Errored, Finished, LoadFailed, RequestSummary
 from engine.remote.client import OFF_PER_REQUEST, ServerClient, ServerInfo
 from engine.remote.errors import RemoteError
+from engine.service.streaming import RoundBatcher
 
 log = logging.getLogger(__name__)
-POST_S = 1 / 60  # rounds are gathered and posted to the GUI thread at most this often
+
+
+@dataclass(frozen=True)
+class Probed:
+    """The probe's answer, posted to the GUI thread: what the server (and the plain one) said about itself."""
+
+    server: ServerInfo
 
 
 def engine_info(info: ServerInfo) -> EngineInfo:
@@ -49,7 +60,7 @@ def _file_name(model: str) -> str:
 
 
 class RemoteHost(HostSignals):
-    _post = Signal(object)  # worker thread -> GUI thread: (request id, what, value)
+    _post = Signal(object)  # worker thread -> GUI thread: one message (Probed, LoadFailed, or a request's)
 
     def __init__(self, url: str, api_key: str | None = None, plain_url: str | None = None, *,
                  connect_s: float = 5.0, read_s: float = 60.0, parent: QObject | None = None) -> None:
@@ -60,10 +71,14 @@ class RemoteHost(HostSignals):
         self.server: ServerInfo | None = None
         self.info: EngineInfo | None = None
         self.loading: object | None = None
-        self.pending: dict[int, RequestHandle] = {}
         self._cancels: dict[int, threading.Event] = {}
         self._threads: list[threading.Thread] = []
         self._ids = count(1_000_001)  # never an id the local engine's host gives: both share the controller
+        self._handlers: dict[type, Callable[[Any], None]] = {
+            Probed: self._on_probed,
+            LoadFailed: self._on_probe_failed,
+            **{kind: self._on_request_message for kind in REQUEST_MESSAGES},
+        }
         self._post.connect(self._dispatch, Qt.ConnectionType.QueuedConnection)
 
     # ---- the server ------------------------------------------------------------------------------------------
@@ -73,17 +88,16 @@ class RemoteHost(HostSignals):
         self.loadProgress.emit(f"Connecting to {self.client.public}\u2026", -1.0)
         self._start(self._probe, 0)
 
-    def _probe(self, rid: int) -> None:
+    def _probe(self, _rid: int) -> None:
         try:
             self.client.probe()
             if self.plain is not None:
                 self.plain.probe()
             else:  # speculation off needs a plain server, unless this one takes it per request: ask it
                 self.client.check_per_request_spec()
-            info = self.client.info
-            self._post.emit((rid, "probed", info))
+            self._post.emit(Probed(self.client.info))
         except RemoteError as e:
-            self._post.emit((rid, "probe-failed", str(e)))
+            self._post.emit(LoadFailed(str(e)))
 
     @property
     def running(self) -> bool:
@@ -92,10 +106,6 @@ class RemoteHost(HostSignals):
     @property
     def ready(self) -> bool:
         return self.info is not None
-
-    @property
-    def busy(self) -> bool:
-        return bool(self.pending)
 
     def start(self) -> None:
         pass  # nothing to start: the server runs on its own
@@ -131,31 +141,28 @@ class RemoteHost(HostSignals):
                           "(the same model without a draft) in File \u203a Attach to server\u2026 to compare")
 
     def _stream(self, rid: int, messages: list[dict[str, str]], sampling: SamplingParams, spec: SpecParams) -> None:
-        """Worker thread: the reply's rounds, gathered, then its Summary or an error, then the end."""
-        gathered: list = []
-        last = 0.0
+        """Worker thread: the reply's rounds, batched, then its Summary or an error, then Finished: what the engine
+        process sends for a request (engine.service.streaming.stream)."""
+        rounds = RoundBatcher(rid, self._post.emit)
         try:
             client, speculative, extra = self._client_for(spec)
             for item in client.chat(messages, sampling, speculative=speculative, cancel=self._cancels[rid],
                                     extra=extra):
                 if isinstance(item, Summary):
-                    if gathered:
-                        self._post.emit((rid, "rounds", gathered))
-                        gathered = []
-                    self._post.emit((rid, "summary", item))
+                    rounds.flush()
+                    self._post.emit(RequestSummary(rid, item))
                     continue
-                gathered.extend(item)
-                if time.monotonic() - last >= POST_S:
-                    self._post.emit((rid, "rounds", gathered))
-                    gathered, last = [], time.monotonic()
+                for event in item:
+                    rounds.add(event)
         except RemoteError as e:
-            if gathered:
-                self._post.emit((rid, "rounds", gathered))
-            self._post.emit((rid, "errored", str(e)))
+            rounds.flush()  # the rounds that did arrive still reach the window, before the error
+            self._post.emit(Errored(rid, str(e)))
         except Exception as e:  # noqa: BLE001 - a bug here must still end the request in the window
             log.exception("attached request %d failed", rid)
-            self._post.emit((rid, "errored", f"the attached request failed: {type(e).__name__}: {e}"))
-        self._post.emit((rid, "finished", None))
+            rounds.flush()
+            self._post.emit(Errored(rid, f"the attached request failed: {type(e).__name__}: {e}"))
+        rounds.flush()
+        self._post.emit(Finished(rid))
 
     def _start(self, target: Callable[[int], None], rid: int) -> None:
         self._threads = [t for t in self._threads if t.is_alive()]
@@ -196,26 +203,18 @@ class RemoteHost(HostSignals):
         pass
 
     # ---- GUI thread ------------------------------------------------------------------------------------------
-    def _dispatch(self, posted: tuple[int, str, Any]) -> None:
-        rid, what, value = posted
-        if what == "probed":
-            self.server, self.info, self.loading = value, engine_info(value), None
-            self.loaded.emit(self.info)
-            return
-        if what == "probe-failed":
-            self.loading = None
-            self.loadFailed.emit(value)
-            return
-        handle = self.pending.get(rid)
-        if handle is None:
-            return
-        if what == "rounds":
-            handle.rounds.emit(value)
-        elif what == "summary":
-            handle.summary.emit(value)
-        elif what == "errored":
-            handle.errored.emit(value)
-        elif what == "finished":
-            self.pending.pop(rid, None)
-            self._cancels.pop(rid, None)
-            handle.finished.emit()
+    def _dispatch(self, message: object) -> None:
+        self._handlers[type(message)](message)
+
+    def _on_probed(self, m: Probed) -> None:
+        self.server, self.info, self.loading = m.server, engine_info(m.server), None
+        self.loaded.emit(self.info)
+
+    def _on_probe_failed(self, m: LoadFailed) -> None:
+        self.loading = None
+        self.loadFailed.emit(m.message)
+
+    def _on_request_message(self, m: Any) -> None:
+        if isinstance(m, Finished):
+            self._cancels.pop(m.rid, None)
+        self.deliver(m)

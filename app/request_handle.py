@@ -24,7 +24,18 @@ from collections.abc import Callable
 from PySide6.QtCore import QObject, Signal
 
 from engine.api.config import SamplingParams, SpecParams
-from engine.api.protocol import Cancel, Continue, SetStepping, Step, UpdateControls
+from engine.api.protocol import (
+    Cancel,
+    Continue,
+    Errored,
+    Finished,
+    PhaseReached,
+    RequestSummary,
+    Rounds,
+    SetStepping,
+    Step,
+    UpdateControls,
+)
 
 Send = Callable[[object], bool]
 
@@ -59,6 +70,21 @@ class RequestHandle(QObject):
 
     def set_stepping(self, on: bool) -> None:
         self._send(SetStepping(self.id, on))
+
+    def receive(self, message: Rounds | PhaseReached | RequestSummary | Errored | Finished) -> None:
+        """What was sent for this request (by the engine process or, in the same typed messages, an attached
+        server's stream), as the signal it stands for."""
+        match message:
+            case Rounds(events=events):
+                self.rounds.emit(events)
+            case PhaseReached(event=event):
+                self.phase.emit(event)
+            case RequestSummary(summary=summary):
+                self.summary.emit(summary)
+            case Errored(message=text):
+                self.errored.emit(text)
+            case Finished():
+                self.finished.emit()
 
     def abandon(self, reason: str) -> None:
         """End a request that its engine process can no longer answer for: errored(reason), then finished()."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 from PySide6.QtCore import QSettings
 from PySide6.QtWidgets import QDialog, QDialogButtonBox, QFormLayout, QLabel, QLineEdit, QWidget
 
-from engine.remote.client import KEY_ENV
+from app.attach import KEY_ENV
 
 
 class AttachDialog(QDialog):

@@ -1,23 +1,20 @@
-"""The main window in attach mode (app/remote_host.py): File › Attach to server… and Detach, and what an attached
-server does not reveal or take, shown disabled with a one-line reason instead of imitated.
+"""The main window in attach mode: File › Attach to server… and Detach, and what an attached server does not
+reveal or take, shown disabled with a one-line reason instead of imitated.
 
-Attaching connects on a thread behind the status bar; the local engine stays loaded and the chat stays. Once the
-server answers, the controller sends replies there (ChatController.attach) and the window names the server's
-model and kind where the local pair's name was. Detach returns to the local engine, loading it if it never was
-(`speclens --attach URL` starts without it).
+Attaching connects on a thread behind the status bar (the controller builds the server's host and connects it:
+ChatController.attach); the local engine stays loaded and the chat stays. Once the server answers, the controller
+sends replies there and the window names the server's model and kind where the local pair's name was. Detach
+returns to the local engine, loading it if it never was (`speclens --attach URL` starts without it). What this
+knows of the server is the controller's `attachment` (app.attach.Attached): plain values.
 """
 from __future__ import annotations
-
-import os
 
 from PySide6.QtCore import QObject, Signal
 from PySide6.QtGui import QAction
 from PySide6.QtWidgets import QDialog, QWidget
 
+from app.attach import Attached
 from app.dialogs.attach_dialog import AttachDialog, plain_key
-from app.remote_host import RemoteHost
-from engine.remote.client import KEY_ENV, public_url
-from engine.remote.errors import RemoteError
 
 # What an attached server cannot show or do, and why (one line each, in the widgets' tooltips)
 NO_SPEC_CONTROLS = ("K, the drafter and adaptive K are the server's start-up flags (llama-server: -md, "
@@ -42,12 +39,11 @@ class AttachMode(QObject):
     def __init__(self, window) -> None:
         super().__init__(window)
         self.window = window
-        self.connecting: RemoteHost | None = None
         self._tips: dict[QObject, str] = {}  # each widget's own tooltip, restored on detach
 
     @property
-    def attached(self) -> RemoteHost | None:
-        return self.window.controller.remote
+    def attached(self) -> Attached | None:
+        return self.window.controller.attachment
 
     def connect_signals(self) -> None:
         """After the window's own connections: refresh() runs after its _update_actions."""
@@ -55,12 +51,15 @@ class AttachMode(QObject):
         c.stateChanged.connect(self.refresh)
         c.loaded.connect(lambda _info: self.refresh())
         c.replyDone.connect(self._check_drafting)
+        c.attachProgress.connect(lambda stage: self.window.statusBar().showMessage(stage))
+        c.attachDone.connect(self._connected)
+        c.attachFailed.connect(self._failed)
 
     def _check_drafting(self, s) -> None:
         """A server with a draft model that drafted nothing: llama-server loads a draft and never uses it unless
         started with --spec-type; say so rather than show a reply of plain steps without a word."""
-        remote = self.attached
-        if remote is not None and remote.server is not None and remote.server.speculative \
+        server = self.attached
+        if server is not None and server.speculative \
                 and s.stop_reason != "cancelled" and s.new_tokens > 2 and s.drafted == 0:
             self.window.statusBar().showMessage(NO_DRAFTING, 15000)
 
@@ -71,58 +70,41 @@ class AttachMode(QObject):
         dlg.open()
         return dlg
 
-    def attach(self, url: str, plain_url: str | None = None, api_key: str | None = None) -> RemoteHost | None:
-        """Connect in the background; the controller switches to it once the server answers."""
-        key = api_key or os.environ.get(KEY_ENV) or None
-        try:
-            remote = RemoteHost(url, key, plain_url)
-        except RemoteError as e:
-            self._failed(str(e))
-            return None
-        if self.connecting is not None:
-            self.connecting.deleteLater()
-        self.connecting = remote
-        remote.loadProgress.connect(lambda stage, _f: self.window.statusBar().showMessage(stage))
-        remote.loaded.connect(lambda _info: self._connected(remote, url, plain_url))
-        remote.loadFailed.connect(self._failed)
-        remote.connect_server()
-        return remote
+    def attach(self, url: str, plain_url: str | None = None, api_key: str | None = None) -> bool:
+        """Connect in the background; the controller switches to the server once it answers."""
+        return self.window.controller.attach(url, plain_url, api_key)
 
-    def _connected(self, remote: RemoteHost, url: str, plain_url: str | None) -> None:
-        self.connecting = None
+    def _connected(self, server: Attached) -> None:
         s = self.window.settings
-        s.setValue("attach/url", public_url(url))  # never user:password, never the key
-        s.setValue(plain_key(public_url(url)), public_url(plain_url) if plain_url else "")
-        self.window.controller.attach(remote)
-        notes = "; ".join(remote.server.notes) if remote.server else ""
-        self.window.statusBar().showMessage(f"Attached to {remote.info.device}" + (f" ({notes})" if notes else ""),
-                                            8000)
+        s.setValue("attach/url", server.url)  # never user:password, never the key
+        s.setValue(plain_key(server.url), server.plain_url or "")
+        notes = "; ".join(server.notes)
+        self.window.statusBar().showMessage(f"Attached to {server.label}" + (f" ({notes})" if notes else ""), 8000)
 
     def _failed(self, message: str) -> None:
-        self.connecting = None
         self.window.statusBar().clearMessage()
         self.attachFailed.emit(message)
-        local = "The local engine stays in use." if self.window.controller.host.ready else "Nothing was changed."
+        local = "The local engine stays in use." if self.window.controller.local_ready else "Nothing was changed."
         self.window.show_error("Could not attach to the server", f"{message}\n\n{local}")
 
     def detach(self) -> None:
         c = self.window.controller
-        if c.remote is None:
+        if c.attachment is None:
             return
         c.detach()
-        if not c.host.ready and not c.loading:
+        if not c.local_ready and not c.loading:
             self.window.load_models()
         self.window.statusBar().showMessage("Detached: replies come from the local engine again", 5000)
 
     # ---- what attach mode disables ---------------------------------------------------------------------------
     def refresh(self) -> None:
-        w, remote = self.window, self.attached
-        w.detach_action.setEnabled(remote is not None)
+        w, server = self.window, self.attached
+        w.detach_action.setEnabled(server is not None)
         ctl = w.controls
         spec_widgets = (ctl.drafter_combo, ctl.k_slider, ctl.adaptive_check, ctl.stop_check)
         actions = ((w.tune_action, NO_TUNE), (w.stepper.toggle_action, NO_STEP),
                    (w.inspector.toggleViewAction(), NO_INSPECTOR), (w.rejected_action, NO_REJECTED))
-        if remote is None:
+        if server is None:
             for obj, tip in self._tips.items():
                 obj.setToolTip(tip)
                 if isinstance(obj, QAction):
@@ -130,15 +112,15 @@ class AttachMode(QObject):
                 if obj not in (w.tune_action, w.compare_action):  # the window's _update_actions decided those
                     obj.setEnabled(True)
             self._tips.clear()
-            ctl._update_labels()  # the speculation widgets' own enabled rule
+            ctl.update_labels()  # the speculation widgets' own enabled rule
             return
-        per_request = remote.server is not None and remote.server.per_request_spec is True
+        per_request = server.per_request_spec is True
         for widget in spec_widgets:
             if not per_request:
                 self._disable(widget, NO_SPEC_CONTROLS)
             elif widget is not ctl.k_slider:  # K goes into each request where the server honours it
                 self._disable(widget, NO_DRAFTER_CONTROLS)
-        has_plain = remote.plain is not None
+        has_plain = server.has_plain
         if per_request and not has_plain:  # off: the same server with "speculative.n_max": 0
             self._keep_tip(ctl.spec_toggle)
             ctl.spec_toggle.setToolTip(SPEC_TOGGLE_PER_REQUEST)

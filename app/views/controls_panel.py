@@ -80,7 +80,7 @@ class ControlsPanel(QWidget):
         outer.addStretch(1)
         self._connect()
         self.set_local_models([])
-        self._update_labels()
+        self.update_labels()
 
     def _model_box(self) -> QGroupBox:
         box = QGroupBox("Model")
@@ -219,10 +219,10 @@ class ControlsPanel(QWidget):
         return self.system_edit.toPlainText().strip()
 
     def _on_live_change(self, *_: object) -> None:
-        self._update_labels()
+        self.update_labels()
         self.changed.emit()
 
-    def _update_labels(self) -> None:
+    def update_labels(self) -> None:
         self.k_label.setText(str(self.k_slider.value()))
         t = self.temp_slider.value() / 100.0
         self.temp_label.setText("0 (greedy)" if t == 0 else f"{t:.2f}")
@@ -357,7 +357,7 @@ class ControlsPanel(QWidget):
             pass  # a hand-edited or stale settings file: keep the defaults
         finally:
             s.endGroup()
-        self._update_labels()
+        self.update_labels()
 
     def select_pair(self, target: str | None, draft: str | None) -> None:
         """Point the picker at a pair (when it is listed)."""

@@ -48,7 +48,7 @@ def shoot(url: str, plain_url: str) -> int:
     wait_until = functools.partial(xvfb_window.wait_until, timeout=900)
     idle = functools.partial(xvfb_window.idle, controller, w)
     w.attach_mode.attach(url, plain_url)
-    wait_until(lambda: controller.remote is not None or w.attach_mode.connecting is None)
+    wait_until(lambda: controller.remote is not None or controller.connecting is None)
     if controller.remote is None:
         return 1
     print("attached", controller.info, flush=True)
