@@ -19,7 +19,9 @@ BATCH_S = 0.016  # at most ~60 round messages a second: each one wakes the GUI t
 
 
 class RoundBatcher:
-    """A request's rounds, sent together at most every BATCH_S; flush() sends what waits at once."""
+    """A request's rounds, sent together at most every BATCH_S; flush() sends what waits at once. The one batcher
+    of rounds: the engine process's stream() below, and an attached server's stream in the app (app/remote_host.py),
+    which posts the same Rounds messages to the window."""
 
     def __init__(self, rid: int, send: Send) -> None:
         self.rid, self.send = rid, send
