@@ -13,6 +13,7 @@ from engine.api.config import APP_DEFAULTS, NEEDS_DRAFT_MODEL, STOP_BELOW, Sampl
 from engine.runtime.engine import Engine
 from engine.io.loading import load_engine
 from engine.api.events import RoundEvent, Summary
+from engine.tools import results as records  # main's `results` are its modes'
 
 DRAFTER_OF = {"draft": "model", "ngram": "ngram", "hybrid": "hybrid"}  # mode -> SpecParams.drafter
 MODES = ("plain", *DRAFTER_OF, "default")  # default: the app's settings as it starts (APP_DEFAULTS)
@@ -250,6 +251,7 @@ def main(argv: list[str] | None = None) -> int:
                     "the API key from $SPECLENS_API_KEY)")
     ap.add_argument("--plain-server", metavar="URL", help="with --server: the same model served without a draft "
                     "(mode plain)")
+    records.add_arguments(ap)
     a = ap.parse_args(argv)
     if a.server or a.plain_server:
         from engine.tools.bench_server import main_server
@@ -301,10 +303,13 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {mode} K={k}: {results[-1].tokens_per_s:.2f} tok/s", file=sys.stderr)
     relate_to_plain(results)
     print(table(results))
+    out = {"device": str(engine.device), "kernels": kernels, "target": engine.target_name,
+           "draft": engine.draft_name, "results": [asdict(r) for r in results]}
     if a.json_out:
-        out = {"device": str(engine.device), "kernels": kernels, "target": engine.target_name,
-               "draft": engine.draft_name, "results": [asdict(r) for r in results]}
         Path(a.json_out).write_text(json.dumps(out, indent=1), encoding="utf-8")
+    # the record keeps the figures, not every mode's generated tokens (those stay in --json)
+    figures = {**out, "results": [{k: v for k, v in r.items() if k != "outputs"} for r in out["results"]]}
+    records.record(a, PROG, figures, argv=sys.argv[1:] if argv is None else argv, device=str(engine.device))
     return 0
 
 

@@ -2,7 +2,9 @@
 our n-gram drafter, the two together (hybrid), transformers' `generate` (which needs `pip install accelerate` to
 read a GGUF), and llama.cpp on the same GGUF files (../shared/bench/llama_cpp_peer.sh, which builds llama.cpp once per machine).
 
-    python -m scripts.bench.cpu --max-new-tokens 128 --json docs/bench_cpu.json
+    python -m scripts.bench.cpu --max-new-tokens 128
+
+(one record of the run in docs/results/, engine/tools/results.py; --json FILE writes the figures there too)
 
 Greedy throughout, so every one of our modes must produce the same tokens as our plain decode (checked and
 printed). Our rates are decode rates (the target's and the draft's prompt prefills excluded), like llama.cpp's
@@ -41,6 +43,7 @@ from engine.io.provision import default_pair
 from engine.cpu import ext
 from engine.cpu.machine import this_cpu
 from engine.runtime.engine import Engine
+from engine.tools import results
 from engine.tools.bench import read_prompts
 from scripts.bench.pair_passes import PairPasses
 
@@ -202,6 +205,7 @@ def main() -> int:
     ap.add_argument("--no-hf", action="store_true", help="skip transformers' generate (slow to load)")
     ap.add_argument("--no-peer", action="store_true", help="skip llama.cpp")
     ap.add_argument("--json", help="write all figures here")
+    results.add_arguments(ap)
     a = ap.parse_args()
     ks = [int(k) for k in a.ks.split(",")]
 
@@ -308,14 +312,16 @@ def main() -> int:
     for name, v in ratios.items():
         print(f"{name}: {v:.2f}x")
     print(f"machine: {cpu_line()}; torch {torch.__version__}; {date.today()}")
+    figures = {
+        "max_new_tokens": a.max_new_tokens, "prompts": len(prompts), "ready_s": ready_s, "huge_pages_mb": huge / 1e6,
+        "kernels": kernels, "rss_mb": rss_now, "peak_rss_mb": rss_peak,
+        "ours": summary, "pass_ms": costs, "plain_step_ms": plain_ms, "llama_cpp_plain_between_prompts": series,
+        "transformers_generate": hf and {"tokens_per_s": hf["tokens_per_s"], "tokens": hf["tokens"]},
+        "llama_cpp": peer, "ratios": ratios,
+    }
     if a.json:
-        Path(a.json).write_text(json.dumps({
-            "machine": cpu_line(), "date": str(date.today()), "max_new_tokens": a.max_new_tokens,
-            "prompts": len(prompts), "ready_s": ready_s, "huge_pages_mb": huge / 1e6, "kernels": kernels, "rss_mb": rss_now, "peak_rss_mb": rss_peak,
-            "ours": summary, "pass_ms": costs, "plain_step_ms": plain_ms, "llama_cpp_plain_between_prompts": series,
-            "transformers_generate": hf and {"tokens_per_s": hf["tokens_per_s"], "tokens": hf["tokens"]},
-            "llama_cpp": peer, "ratios": ratios,
-        }, indent=1))
+        Path(a.json).write_text(json.dumps({"machine": cpu_line(), "date": str(date.today()), **figures}, indent=1))
+    results.record(a, "scripts.bench.cpu", figures)  # the record carries the machine and the date itself
     return 0
 
 

@@ -19,6 +19,7 @@ from engine.model.cpu_linear import Int8Linear, PackedLinear, swap_linears
 from engine.model.kv_cache import BlockManager, KVPool
 from engine.model.transformer import Transformer
 from engine.cpu import machine as cpu
+from engine.tools import results
 from engine.cpu.dense import run_on_kernels
 from engine.cpu.formats import T
 
@@ -81,6 +82,7 @@ def main() -> None:
     ap.add_argument("--bf16", action="store_true", help="weights that are bf16 values, as a bf16 checkpoint's are")
     ap.add_argument("--draft", action="store_true",
                     help="a draft's ways instead: int8 weight-only through torch against Q4_0 on the kernels")
+    results.add_arguments(ap)
     args = ap.parse_args()
     cfg = ModelConfig.from_hf(dict(LLAMA32_1B, num_hidden_layers=args.layers))
     print(f"{cpu.this_cpu().line()}; torch {torch.__version__}, {torch.get_num_threads()} threads; "
@@ -96,11 +98,16 @@ def main() -> None:
         for n in PASSES:
             for name, m in models.items():
                 times.setdefault((name, n), []).append(timed(m, pools[name], n))
+    figures = {}
     for name, m in models.items():
         ms = {n: statistics.median(times[name, n][1:]) for n in PASSES}
         steps = "  ".join(f"{n}: {ms[n] / ms[1]:.2f}" for n in PASSES[1:])
-        diff = "  ".join(f"n={n}: {rows_differing(m, context, n)}" for n in (2, 5, 9))
+        differing = {n: rows_differing(m, context, n) for n in (2, 5, 9)}
+        diff = "  ".join(f"n={n}: {d}" for n, d in differing.items())
         print(f"{name}: step {ms[1]:.1f} ms; pass of n tokens, in steps: {steps}; rows differing from steps: {diff}")
+        figures[name] = {"step_ms": ms[1], "pass_steps": {n: ms[n] / ms[1] for n in PASSES},
+                         "rows_differing": differing}
+    results.record(args, "scripts.bench.dense", figures)
 
 
 if __name__ == "__main__":

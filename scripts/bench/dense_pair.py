@@ -18,6 +18,7 @@ from engine.io.weights import load_checkpoint
 from engine.cpu import machine as cpu
 from engine.cpu.formats import T
 from engine.runtime.engine import Engine
+from engine.tools import results as records  # main's `results` are its modes'
 from engine.tools.bench import read_prompts, relate_to_plain, run_mode
 
 PROMPTS = Path(__file__).resolve().parents[3] / "shared" / "bench" / "prompts.jsonl"
@@ -28,6 +29,7 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--prompt-file", default=str(PROMPTS))
+    records.add_arguments(ap)
     args = ap.parse_args()
     print(f"{cpu.this_cpu().line()}; torch {torch.__version__}, {torch.get_num_threads()} threads")
     target_path, draft_path = default_pair()
@@ -41,6 +43,7 @@ def main() -> None:
     rows = read_prompts(args.prompt_file)[: args.prompts]
     greedy = SamplingParams(temperature=0.0, max_new_tokens=args.max_new_tokens)
     plain = None
+    figures: dict = {"drafts": {}}
     for name, draft in drafts.items():
         engine = Engine(target, tok, draft, cache=cache, eos_ids=eos_ids(tgt))
         prompts = [engine.encode_chat(r["messages"]) for r in rows]
@@ -54,6 +57,10 @@ def main() -> None:
               f"{spec.tokens_per_s:.2f} tok/s "
               f"({spec.tokens_per_s / plain.tokens_per_s:.2f}x plain), alpha {spec.alpha:.3f}, c {spec.c:.3f}, "
               f"tokens equal plain's on {same}/{len(prompts)} prompts", flush=True)
+        figures["plain_tokens_per_s"] = plain.tokens_per_s
+        figures["drafts"][name] = {"tokens_per_s": spec.tokens_per_s, "alpha": spec.alpha, "c": spec.c,
+                                   "same_as_plain": same, "prompts": len(prompts)}
+    records.record(args, "scripts.bench.dense_pair", figures)
 
 
 if __name__ == "__main__":

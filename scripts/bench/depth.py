@@ -35,6 +35,7 @@ from engine.api.events import RoundEvent, Summary
 from engine.io.loading import load_engine
 from engine.io.provision import default_pair
 from engine.runtime.engine import Engine
+from engine.tools import results as records  # spec_table's `results` is its own
 from engine.tools.bench import read_prompts
 from scripts.bench.cpu import alpha_hat
 from scripts.bench.prefill import llama_bench, side_by_side
@@ -133,6 +134,7 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--spec", action="store_true", help="also speculation deep in a conversation (see above)")
     ap.add_argument("--spec-tokens", type=int, default=64)
+    records.add_arguments(ap)
     a = ap.parse_args()
     depths = [int(d) for d in a.depths.split(",")]
     target, draft = default_pair()
@@ -156,6 +158,13 @@ def main() -> int:
               f"ours plain and speculative (hybrid, K <= 4, early stop {STOP_BELOW}) taking turns; spec/llama.cpp "
               "against its plain decode above:")
         spec_table(spec, peer)
+    figures = {"tokens": a.tokens, "reps": a.reps, "ours_plain_tokens_per_s": mine,
+               "llama_cpp_plain_tokens_per_s": peer}
+    if spec is not None:
+        figures["speculation"] = {d: {"context": ctx, "plain_tokens_per_s": p.rate, "spec_tokens_per_s": s.rate,
+                                      "alpha": alpha_hat(s.rounds), "step_ms": p.verify_ms(1),
+                                      "pass5_ms": s.verify_ms(5)} for d, (p, s, ctx) in spec.items()}
+    records.record(a, "scripts.bench.depth", figures)
     return 0
 
 

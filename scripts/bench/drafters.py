@@ -14,7 +14,8 @@ import sys
 from engine.api.config import STOP_BELOW, SpecParams
 from engine.io.loading import load_engine
 from engine.io.provision import default_pair
-from scripts.bench.cpu import our_mode
+from engine.tools import results
+from scripts.bench.cpu import ModeRun
 
 CODE = '''def merge_sorted(left, right):
     result = []
@@ -48,20 +49,33 @@ MODES = (("plain", SpecParams(enabled=False)),
          ("hybrid K<=8 stop", SpecParams(k=8, drafter="hybrid", stop_below=STOP_BELOW)))
 
 
+def our_mode(engine, prompts: list[list[int]], max_new: int, spec: SpecParams) -> dict:
+    """One mode over all prompts (scripts/bench/cpu.py's ModeRun, a prompt at a time)."""
+    run = ModeRun(spec)
+    for p in prompts:
+        run.add(engine, p, max_new)
+    return run.result()
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--max-new-tokens", type=int, default=200)
+    results.add_arguments(ap)
     a = ap.parse_args()
     target, draft = default_pair()
     engine = load_engine(str(target), str(draft), device="cpu")
     prompts = [engine.encode_chat([{"role": "user", "content": f"{ask}\n\n{CODE}"}]) for ask in ASKS]
     base = None
+    figures = {}
     for name, spec in MODES:
         r = our_mode(engine, prompts, a.max_new_tokens, spec)
         base = base or r
         same = sum(o == b for o, b in zip(r["outputs"], base["outputs"]))
         print(f"{name:<22} {r['tokens_per_s']:6.2f} tok/s  {r['tokens_per_s'] / base['tokens_per_s']:.2f}x plain  "
               f"same tokens as plain: {same}/{len(prompts)}", flush=True)
+        figures[name] = {"tokens_per_s": r["tokens_per_s"], "over_plain": r["tokens_per_s"] / base["tokens_per_s"],
+                         "same_as_plain": same, "prompts": len(prompts)}
+    results.record(a, "scripts.bench.drafters", figures)
     return 0
 
 

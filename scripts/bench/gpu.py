@@ -30,6 +30,7 @@ from engine.model.row_padding import RowPadded, pad_short_passes
 from engine.model.step_graphs import StepGraphs
 from engine.model.transformer import Transformer
 from engine.runtime.engine import Engine
+from engine.tools import results
 from tests.tiny import tiny_tokenizer
 
 QWEN25 = dict(model_type="qwen2", vocab_size=151936, num_attention_heads=0, num_key_value_heads=2, rms_norm_eps=1e-6,
@@ -149,7 +150,8 @@ def graphs_vs_eager(model: Transformer, context: list[int]) -> str:
             f"replayed bitwise equal to uncaptured: {same}")
 
 
-def modes(model: Transformer, name: str, context: list[int], reps: int) -> dict[str, float]:
+def modes(model: Transformer, name: str, context: list[int], reps: int,
+          figures: dict | None = None) -> dict[str, float]:
     steps = {}
     for mode in ("eager", "graphs"):
         set_graphs(model, mode == "graphs")
@@ -163,6 +165,9 @@ def modes(model: Transformer, name: str, context: list[int], reps: int) -> dict[
         diff = "  ".join("n={}: {} rows, {} argmax".format(n, *rows_differing(model, context, n))
                          for n in (2, 5, 9, 16))
         print(f"    rows differing from one-token steps: {diff}")
+        if figures is not None:
+            figures[f"{name}, {mode}"] = {"step_ms": ms[1], "pass_steps": {n: ms[n] / ms[1] for n in PASSES},
+                                          "first_pass_ms": first}
     print(f"    graphs against eager: {graphs_vs_eager(model, context)}")
     print(f"    one-token step, eager / graphs: {steps['eager'] / steps['graphs']:.1f}x")
     return steps
@@ -184,13 +189,14 @@ def padding_study(model: Transformer, name: str, context: list[int], reps: int) 
     set_padding(model, 1)  # back to as the engine runs it
 
 
-def kernel_profile(model: Transformer, name: str, context: list[int], reps: int, top: int = 12) -> None:
+def kernel_profile(model: Transformer, name: str, context: list[int], reps: int, top: int = 12) -> dict:
     """Where a pass's device time goes, kernel by kernel: `reps` one-token steps and 5-token passes under
     torch.profiler, eagerly and replayed from graphs (the same kernels: a replay saves their launches, not their
     time). On the CPU (--smoke) the profile is of CPU ops and says nothing about a GPU."""
     from torch.profiler import ProfilerActivity, profile
 
     activity = ProfilerActivity.CUDA if DEVICE == "cuda" else ProfilerActivity.CPU
+    totals = {}  # device µs and kernels a pass, by mode and length: the record's figures
     for mode in ("eager", "graphs"):
         set_graphs(model, mode == "graphs")
         pool = fresh(model, context)
@@ -211,7 +217,10 @@ def kernel_profile(model: Transformer, name: str, context: list[int], reps: int,
                   f"{sum(c for _, c, _ in rows) / reps:.0f} {what}; the {top} largest:")
             for us, count, key in rows[:top]:
                 print(f"    {us / reps:8.1f} us {100 * us / total:5.1f}%  x{count / reps:<5.0f} {key[:90]}")
+            totals[f"{name}, {mode}, pass of {n}"] = {"device_us": total / reps,
+                                                      "kernels": sum(c for _, c, _ in rows) / reps}
     set_graphs(model, True)
+    return totals
 
 
 def _own_us(event) -> float:
@@ -221,12 +230,13 @@ def _own_us(event) -> float:
     return getattr(event, "self_device_time_total", None) or getattr(event, "self_cuda_time_total", 0.0)
 
 
-def engine_rounds(target: Transformer, draft: Transformer, tokens: int) -> None:
+def engine_rounds(target: Transformer, draft: Transformer, tokens: int) -> dict:
     """The engine's rounds, plain and speculative, with graphs: time per round against the passes it runs."""
     cache = CacheConfig(block_size=16, max_seq_len=MAX_LEN)
     engine = Engine(target, tiny_tokenizer(), draft, cache=cache, eos_ids=set())
     prompt = engine.encode_chat([{"role": "user", "content": "abc abc abc abc abc abc abc abc abc abc abc abc"}])
     greedy = SamplingParams(temperature=0.0, max_new_tokens=tokens)
+    out = {}
     for label, spec in (("plain", SpecParams(enabled=False)), ("draft model, K=4", SpecParams(k=4)),
                         ("n-gram, K=4", SpecParams(k=4, drafter="ngram"))):
         for _ in range(2):  # the first request captures the graphs it needs
@@ -238,6 +248,10 @@ def engine_rounds(target: Transformer, draft: Transformer, tokens: int) -> None:
         print(f"engine, {label}: {summary.new_tokens / decode_ms * 1e3:.0f} tok/s, {per_round:.2f} ms a round "
               f"({summary.mean_tokens_per_round:.2f} tokens; draft {summary.draft_ms / summary.rounds:.2f} ms, verify "
               f"{summary.verify_ms / summary.rounds:.2f} ms; accepted {summary.accepted} of {summary.drafted})")
+        out[label] = {"tokens_per_s": summary.new_tokens / decode_ms * 1e3, "ms_a_round": per_round,
+                      "tokens_a_round": summary.mean_tokens_per_round, "accepted": summary.accepted,
+                      "drafted": summary.drafted}
+    return out
 
 
 def main() -> None:
@@ -249,7 +263,9 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=96, help="new tokens per engine request")
     ap.add_argument("--padding", action="store_true", help="also the eager row-padding study")
     ap.add_argument("--profile", action="store_true", help="only the kernel-level profile of passes (torch.profiler)")
-    ap.add_argument("--smoke", action="store_true", help="two layers on the CPU: checks the script, measures nothing")
+    ap.add_argument("--smoke", action="store_true", help="two layers on the CPU: checks the script, measures nothing "
+                    "(and writes no record)")
+    results.add_arguments(ap)
     args = ap.parse_args()
     MAX_LEN = args.max_len
     if args.smoke:
@@ -262,27 +278,33 @@ def main() -> None:
     print(f"device: {name}, torch {torch.__version__}, bf16; cache {MAX_LEN} positions, {args.context} filled")
     context = list(range(1000, 1000 + args.context))
     step, models = {}, {}
+    figures: dict = {"passes": {}}
     for name, raw in SHAPES.items():
         model = random_model(ModelConfig.from_hf(raw), seed=len(name))
         probed = sum(isinstance(m, RowPadded) for m in model.modules())
         print(f"{name}: the load's probe padded {probed} of {6 * len(model.layers) + 2} matmuls and norms")
         if args.profile:
-            kernel_profile(model, name, context, args.reps)
+            figures["passes"] |= kernel_profile(model, name, context, args.reps)
             continue
-        step[name] = modes(model, name, context, args.reps)
+        step[name] = modes(model, name, context, args.reps, figures["passes"])
         if args.padding:
             padding_study(model, name, context, args.reps)
         set_graphs(model, True)
         models[name] = model
     if args.profile:
+        if not args.smoke:  # a smoke run measures nothing
+            results.record(args, "scripts.bench.gpu", figures, device=DEVICE)
         return
     target, draft = list(SHAPES)
     for mode in ("eager", "graphs"):
         print(f"draft step / target step, {mode} (c at one drafted token a step): "
               f"{step[draft][mode] / step[target][mode]:.2f}")
-    engine_rounds(models[target], models[draft], args.tokens)
+    figures["c_one_token"] = {mode: step[draft][mode] / step[target][mode] for mode in ("eager", "graphs")}
+    figures["engine"] = engine_rounds(models[target], models[draft], args.tokens)
     if args.padding:
         probe_linear(ModelConfig.from_hf(SHAPES[target]))
+    if not args.smoke:
+        results.record(args, "scripts.bench.gpu", figures, device=DEVICE)
 
 
 def probe_linear(cfg: ModelConfig) -> None:

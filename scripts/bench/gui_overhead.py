@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 
 from engine.api.config import DRAFTERS
+from engine.tools import results as records  # main's `results` is its rates
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -51,6 +52,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--max-overhead", type=float, default=5.0, help="percent; exit 1 above it (default 5)")
     ap.add_argument("--show", action="store_true", help="use the real display instead of offscreen")
     ap.add_argument("--json", type=Path, help="also write the results here")
+    records.add_arguments(ap)
     return ap.parse_args(argv)
 
 
@@ -173,6 +175,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{statistics.median(gui_cpu['gui']):.1%} with the window painting")
     if args.json:
         args.json.write_text(json.dumps(info, indent=2))
+    records.record(args, "scripts.bench.gui_overhead", info, argv=argv, device=host.info.device)
     controller.shutdown()
     return 0 if overhead <= args.max_overhead else 1
 

@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 from engine.cpu.machine import this_cpu
+from engine.tools import results as records  # main's `results` is its cases'
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -131,6 +132,7 @@ def main(argv: list[str] | None = None) -> int:
                     "the window is up (see the full-collection time this prints)")
     ap.add_argument("--show", action="store_true", help="the real display instead of offscreen")
     ap.add_argument("--json", type=Path, help="also write the results here")
+    records.add_arguments(ap)
     args = ap.parse_args(argv)
     if not args.show:
         os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
@@ -235,6 +237,8 @@ def main(argv: list[str] | None = None) -> int:
                                         indent=2))
     worst = max(r["max_ms"] for r in results.values())
     print(f"worst stall {worst:.1f} ms (goal: 50 ms)")
+    records.record(args, "scripts.bench.gui_stalls", {"gc_freeze": not args.no_gc_freeze, "full_gc_ms": full_gc_ms,
+                                                      "worst_stall_ms": worst, "results": results}, argv=argv)
     return 0
 
 

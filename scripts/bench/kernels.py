@@ -34,6 +34,7 @@ import torch.nn.functional as F
 from engine.model.pages import collapse
 from engine.cpu import ext, formats
 from engine.cpu.machine import this_cpu
+from engine.tools import results
 
 NOMINAL_GBS = 21.6  # what a one-row matmul reaches on the 2-vCPU EPYC development machine
 SHAPES = {"ffn_up 1536->8960": (1536, 8960), "ffn_down 8960->1536": (8960, 1536), "lm_head 1536->151936": (1536, 151936),
@@ -101,6 +102,7 @@ def main() -> None:
                     help="one copy of each layer, so its weights stay in cache: what the kernel's work alone costs")
     ap.add_argument("--clock", choices=("wall", "cpu"), default="wall",
                     help="cpu: one thread, timed by its CPU time (for a machine shared with other jobs)")
+    results.add_arguments(ap)
     args = ap.parse_args()
     if args.clock == "cpu":
         global CLOCK
@@ -120,11 +122,14 @@ def main() -> None:
     rng = np.random.default_rng(0)
     header = f"{'kernel':<26}" + "".join(f"{f'R={r}':>16}" for r in rows)
     by_word = {name.split()[0]: name for name in SHAPES}
+    # ms per call by layer, kernel and row count, as printed: {"min": ..., "median": ...}
+    figures: dict = {"read_bandwidth_gbs": bw, "threads": args.threads, "clock": args.clock, "isas": isas, "ms": {}}
     for word in args.shapes.split(","):
         name = by_word.get(word.strip().partition(" ")[0])
         if name is None:
             sys.exit(f"unknown shape {word!r}: choose from {', '.join(by_word)}")
         k, n = SHAPES[name]
+        layer = figures["ms"].setdefault(name, {})  # (the loops below reuse `name` for their rows' labels)
         xs = {r: torch.randn(r, k) for r in rows}
         print(f"\n== {name}: ms per call, min/median over {args.reps} rounds; (xR) = cost of R rows / 1 row ==")
         print(header)
@@ -150,6 +155,8 @@ def main() -> None:
                     for isa, (lo, med) in zip(isas, timed):
                         base.setdefault(isa, lo)  # the first row count's time
                         cells[isa].append(f"{lo:.3f}/{med:.3f} ({lo / base[isa]:.2f}x)")
+                        kernel = f"{tname}, {label.strip() if len(isas) == 1 else f'int8, {isa}'}"
+                        layer.setdefault(kernel, {})[r] = {"min": lo, "median": med}
                 for isa in isas:
                     name = f"  int8, {isa}" if len(isas) > 1 else label
                     print(f"{name:<26}" + "".join(f"{c:>16}" for c in cells[isa]))
@@ -170,8 +177,10 @@ def main() -> None:
                 [(lo, med)] = timeit(lambda i: fn(i, xs[r]), copies, max(3, args.reps // 3))
                 base = base or lo
                 cells.append(f"{lo:.3f}/{med:.3f} ({lo / base:.2f}x)")
+                layer.setdefault(f"fp32, {label.strip()}", {})[r] = {"min": lo, "median": med}
             print(f"{label:<26}" + "".join(f"{c:>16}" for c in cells))
         ws, packed_w = [], []
+    results.record(args, "scripts.bench.kernels", figures)
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ from engine.model.forward import forward_chunked
 from engine.model.kv_cache import BlockManager, KVPool
 from engine.model.transformer import Transformer
 from engine.cpu.machine import this_cpu
+from engine.tools import results
 
 DTYPES = (torch.float32, torch.float16)
 
@@ -59,6 +60,7 @@ def main() -> None:
     ap.add_argument("--contexts", default="300,1000,2000")
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--threads", type=int, default=2)
+    results.add_arguments(ap)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     target, draft = default_pair()
@@ -71,6 +73,7 @@ def main() -> None:
         per_pos = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim
         print(f"{role}: KV {per_pos * 4 / 1024:.1f} KB a position in fp32, {per_pos * 2 / 1024:.1f} KB in fp16")
     prompt = engine.tokenizer.encode("def quicksort(items):\n    " * 1000)
+    figures: dict = {"threads": args.threads, "stack_ms": {}}  # "<role>, <rows> rows, <ctx> positions": ms by pool
     for ctx in (int(c) for c in args.contexts.split(",")):
         ids = prompt[:ctx]
         for role, model, widths in (("target", engine.target, (1, 5)), ("draft", engine.draft, (1,))):
@@ -80,6 +83,8 @@ def main() -> None:
                 a, b = ms[torch.float32], ms[torch.float16]
                 print(f"{role} stack, {rows} row(s) after {ctx} positions: fp32 pool {a:.2f} ms, fp16 pool {b:.2f} ms "
                       f"({(b / a - 1) * 100:+.1f}%)", flush=True)
+                figures["stack_ms"][f"{role}, {rows} rows, {ctx} positions"] = {"fp32": a, "fp16": b}
+    results.record(args, "scripts.bench.kv_cache", figures)
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ from engine.api.events import Summary
 from engine.io.loading import load_engine
 from engine.io.provision import default_pair
 from engine.runtime.engine import Engine
+from engine.tools import results
 
 
 def ours(engine: Engine, n: int, reps: int) -> float:
@@ -67,6 +68,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--lengths", default="128,512")
     ap.add_argument("--reps", type=int, default=3)
+    results.add_arguments(ap)
     a = ap.parse_args()
     lengths = [int(n) for n in a.lengths.split(",")]
     target, draft = default_pair()
@@ -79,6 +81,8 @@ def main() -> int:
         print("llama.cpp: no llama-bench build found (run ../shared/bench/llama_cpp_peer.sh once); skipped")
     print(f"target prefill, {torch.get_num_threads()} threads, tokens/s (mean of {a.reps}):")
     side_by_side(mine, peer, lambda n: f"{n:>5} tokens", "7.1f")
+    results.record(a, "scripts.bench.prefill", {"threads": torch.get_num_threads(), "reps": a.reps,
+                                                "ours_tokens_per_s": mine, "llama_cpp_tokens_per_s": peer})
     return 0
 
 

@@ -22,6 +22,7 @@ from engine.io.gguf_tokenizer import tokenizer_from_gguf
 from engine.io.provision import default_pair
 from engine.model.kv_cache import BlockManager, KVPool
 from engine.runtime.engine import Engine
+from engine.tools import results
 from engine.tools.bench import read_prompts
 
 SHARED = Path(__file__).resolve().parents[3] / "shared" / "bench"
@@ -47,6 +48,7 @@ def main() -> int:
     ap.add_argument("--prompts", default=str(SHARED / "prompts.jsonl"))
     ap.add_argument("--model", choices=("target", "draft"), default="target")
     ap.add_argument("--new-tokens", type=int, default=48, help="greedy reply tokens scored after each prompt")
+    results.add_arguments(ap)
     a = ap.parse_args()
 
     path = default_pair()[0 if a.model == "target" else 1]
@@ -71,6 +73,8 @@ def main() -> int:
                   f"mean KL {kl_sum / total:.2e}", file=sys.stderr, flush=True)
     print(f"{path.name}: {total} positions over {len(read_prompts(a.prompts))} prompts; int8 vs exact activations: "
           f"top-1 agreement {agree / total:.4f}, mean KL {kl_sum / total:.2e} nats")
+    results.record(a, "scripts.bench.quant_accuracy", {"model": path.name, "positions": total,
+                                                       "top1_agreement": agree / total, "mean_kl_nats": kl_sum / total})
     return 0
 
 

@@ -10,9 +10,12 @@ pages, engine/model/pages.py; counted page by page from /proc/self/pagemap), the
 conversation holds and the high-water mark of blocks in use. If the KV pages account for the rise, "rest" stays
 flat and the KV part follows the longest conversation so far.
 """
+import argparse
 import os
 import sys
 import time
+
+from engine.tools import results
 
 MB = 1 << 20
 PROMPTS = ["Write a Python function that {} and explain it in one sentence.",
@@ -65,8 +68,12 @@ def turn(engine, messages: list, i: int) -> int:
 def main() -> int:
     from engine.service.loaders import default_loader
 
-    turns = int(sys.argv[1]) if len(sys.argv) > 1 else 300
-    per_chat = int(sys.argv[2]) if len(sys.argv) > 2 else 50
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("turns", type=int, nargs="?", default=300)
+    ap.add_argument("per_chat", type=int, nargs="?", default=50, metavar="turns_per_chat")
+    results.add_arguments(ap)
+    a = ap.parse_args()
+    turns, per_chat = a.turns, a.per_chat
     t0 = time.time()
     engine = default_loader(None, None, None, lambda stage, frac: None, lambda: False)
     kv = pools(engine)
@@ -77,6 +84,7 @@ def main() -> int:
     print("turn  RSS_MB  KV_resident_MB  rest_MB  positions(target,draft)  blocks_high_water(target,draft)  s")
     messages: list = []
     high = dict.fromkeys(kv, 0)
+    samples = []  # the printed rows, for the record
     t0 = time.time()
     for i in range(1, turns + 1):
         if i % per_chat == 1 and i > 1:
@@ -91,6 +99,11 @@ def main() -> int:
             lengths = ",".join(str(p.manager.length(0)) for p in kv.values())
             print(f"{i:4d}  {r / MB:7.1f}  {k / MB:13.1f}  {(r - k) / MB:7.1f}  {lengths:>22}  "
                   f"{','.join(str(v) for v in high.values()):>30}  {time.time() - t0:5.0f}", flush=True)
+            samples.append({"turn": i, "rss_mb": r / MB, "kv_resident_mb": k / MB, "rest_mb": (r - k) / MB,
+                            "positions": [p.manager.length(0) for p in kv.values()],
+                            "blocks_high_water": list(high.values()), "s": time.time() - t0})
+    results.record(a, "scripts.bench.soak_rss", {"turns": turns, "turns_per_chat": per_chat,
+                                                 "kv_kib_per_token": per_token / 1024, "samples": samples})
     return 0
 
 

@@ -30,6 +30,7 @@ import torch
 
 from engine.cpu import build, ext
 from engine.cpu.stack import QuantStack
+from engine.tools import results
 from engine.tools.bench import load
 from scripts.bench.kernels import ReadBandwidth, cpu_line
 from scripts.bench.pair_passes import PairPasses
@@ -96,6 +97,7 @@ def main() -> None:
                     help="the base build's weights asked ahead over 1-6 rows (default: as the engine's, tune.py)")
     ap.add_argument("--base-pair-from", type=int, default=None,
                     help="the base build's rows from which groups run in pairs (default: as the engine's)")
+    results.add_arguments(ap)
     a = ap.parse_args()
     cases = [(c[0], int(c[1:])) for c in a.cases.split(",")]
 
@@ -127,10 +129,12 @@ def main() -> None:
         use[kind]("new")
 
     split = moods(bws)
+    figures: dict = {"base": a.base, "base_flags": a.base_flags, "kernels": new.isa(), "moods": {}}
     for mood in dict.fromkeys(split):
         rounds = [i for i, m in enumerate(split) if m == mood]
         span = [bws[i] for i in rounds]
         print(f"{mood}: {len(rounds)} rounds, read bandwidth {min(span):.0f}-{max(span):.0f} GB/s")
+        at = figures["moods"][mood] = {"rounds": len(rounds), "read_gbs": [min(span), max(span)], "passes": {}}
         for kind, width in cases:
             b = [ms[(kind, width, "base")][i] for i in rounds]
             n = [ms[(kind, width, "new")][i] for i in rounds]
@@ -140,6 +144,10 @@ def main() -> None:
             print(f"  {name} pass of {width:2d}: base {statistics.median(b):7.2f} ms  "
                   f"new {statistics.median(n):7.2f} ms  new/base {statistics.median(ratios):.3f} "
                   f"(quartiles {ratios[q]:.3f}-{ratios[-q - 1]:.3f})")
+            at["passes"][f"{name} pass of {width}"] = {
+                "base_ms": statistics.median(b), "new_ms": statistics.median(n),
+                "new_over_base": statistics.median(ratios), "quartiles": [ratios[q], ratios[-q - 1]]}
+    results.record(a, "scripts.profile.ab_builds", figures)
 
 
 if __name__ == "__main__":

@@ -36,6 +36,7 @@ import torch
 from engine.io.gguf_file import GGUFFile
 from engine.io.provision import default_pair
 from engine.cpu import ext, formats
+from engine.tools import results
 from scripts.bench.kernels import cpu_line, read_bandwidth
 
 ROUNDS = 9  # turns of the sequence and the real tile
@@ -148,6 +149,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--gguf", help="the target GGUF (default: the embedded pair's)")
+    results.add_arguments(ap)
     a = ap.parse_args()
     path = Path(a.gguf) if a.gguf else default_pair()[0]
     blocks, nbytes = step_matrices(path)
@@ -174,13 +176,19 @@ def main() -> int:
         print(f"  its last turn, least ms of {TILE_REPS} per row count: {times}")
     print(f"{path.name}: {blocks / 1e6:.2f} M row-blocks a row; a step reads {nbytes / 1e6:.0f} MB, at {gbs:.1f} GB/s "
           f"a floor of {floor_ms:.1f} ms")
+    figures: dict = {"model": path.name, "threads": a.threads, "dot_ns_per_row_block": ns, "tile_ns_per_row_block":
+                     tile_ns, "row_blocks_a_row": blocks, "step_mb": nbytes / 1e6, "read_gbs": gbs,
+                     "floor_ms": floor_ms, "passes": {}}
     for rows, goal in ((5, 1.25), (9, 1.6)):
         ms = rows * blocks * ns / a.threads / 1e6
+        figures["passes"][rows] = {"goal_steps": goal, "dots_ms": ms, "floor_steps": ms / floor_ms}
         print(f"pass of {rows} tokens on {a.threads} threads: >= {ms:.1f} ms of integer dots = {ms / floor_ms:.2f} floor "
               f"steps, {ms / (1.1 * floor_ms):.2f} steps of 1.1x the floor (goal <= {goal})")
         if tile_ns is not None:
             ms = rows * blocks * tile_ns / a.threads / 1e6
             print(f"  at the real tile's cost per row: >= {ms:.1f} ms = {ms / floor_ms:.2f} floor steps")
+            figures["passes"][rows] |= {"tile_ms": ms, "tile_floor_steps": ms / floor_ms}
+    results.record(a, "scripts.profile.int8_bound", figures)
     return 0
 
 

@@ -23,6 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from engine.tools import results
 from engine.tools.bench import load
 from scripts.bench.kernels import cpu_line
 from scripts.bench.pair_passes import PairPasses
@@ -61,6 +62,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=40)
     ap.add_argument("--period", type=float, default=50.0, help="ms between the stand-in's wake-ups")
     ap.add_argument("--busy", type=float, default=2.5, help="ms it spins at each")
+    results.add_arguments(ap)
     a = ap.parse_args()
     if not 0 < a.busy < a.period:
         raise SystemExit("--busy must be above 0 and below --period")
@@ -83,6 +85,7 @@ def main() -> None:
         finally:
             burner.kill()
             burner.wait()
+    figures: dict = {"period_ms": a.period, "busy_ms": a.busy, "rounds": a.rounds, "passes": {}}
     for kind, width in CASES:
         paused, running = ms[(kind, width, "paused")], ms[(kind, width, "running")]
         ratios = sorted(b / x for x, b in zip(paused, running))
@@ -90,6 +93,10 @@ def main() -> None:
         print(f"  {kind} pass of {width}: paused {statistics.median(paused):7.2f} ms  running "
               f"{statistics.median(running):7.2f} ms  running/paused {statistics.median(ratios):.3f} "
               f"(quartiles {ratios[q]:.3f}-{ratios[-q - 1]:.3f})")
+        figures["passes"][f"{kind} pass of {width}"] = {
+            "paused_ms": statistics.median(paused), "running_ms": statistics.median(running),
+            "running_over_paused": statistics.median(ratios), "quartiles": [ratios[q], ratios[-q - 1]]}
+    results.record(a, "scripts.profile.neighbour", figures)
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 
 from engine.cpu.linear import QuantLinear
+from engine.tools import results
 from engine.tools.bench import load
 from scripts.bench.cpu import pass_times
 from scripts.bench.kernels import ReadBandwidth, cpu_line
@@ -101,18 +102,25 @@ def products_per_row(model) -> tuple[float, float]:
 
 
 def report(mood: str, idx: list[int], times: dict[int, list[float]], bws: list[float], per_row: float,
-           peak: Peak) -> None:
+           peak: Peak) -> dict:
+    """Prints the mood's table; returns its figures, for the run's record."""
     med = {w: statistics.median(ts[i] for i in idx) for w, ts in times.items()}
     step = med[min(med)]
     bw = statistics.median(bws[i] for i in idx)
     print(f"\n== {mood}: {len(idx)} rounds, read bandwidth {bw:.1f} GB/s, one-token step {step:.2f} ms ==")
     print(f"  {'tokens':>6} {'ms':>8} {'steps':>6} {'products at':>12} {'bound':>6} {'goal':>5} {'goal needs':>11}")
+    figures: dict = {"rounds": len(idx), "read_gbs": bw, "step_ms": step, "passes": {}}
     for w, ms in med.items():
         at = w * per_row / (ms * 1e-3) / (peak.gps * 1e9)
+        figures["passes"][w] = {"ms": ms, "steps": ms / step, "products_share_of_peak": at,
+                                "bound_steps": steps_bound(w, per_row, peak.gps, step)}
         line = (f"  {w:>6} {ms:8.2f} {ms / step:6.2f} {at:11.0%} {steps_bound(w, per_row, peak.gps, step):6.2f}")
         if w in GOALS:
             line += f" {GOALS[w]:5.2f} {share_needed(w, per_row, peak.gps, step, GOALS[w]):10.0%}"
+            figures["passes"][w] |= {"goal_steps": GOALS[w],
+                                     "goal_needs_share": share_needed(w, per_row, peak.gps, step, GOALS[w])}
         print(line)
+    return figures
 
 
 def main() -> None:
@@ -121,6 +129,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--widths", default="1,2,3,5,9")
     ap.add_argument("--context", type=int, default=200, help="prompt tokens in the cache before the timed passes")
+    results.add_arguments(ap)
     args = ap.parse_args()
     widths = sorted({1, *(int(w) for w in args.widths.split(","))})
     torch.set_num_threads(args.threads)
@@ -143,8 +152,13 @@ def main() -> None:
           f"({peak.per_cycle():.1f} a cycle a core at {peak.ghz:.2f} GHz; before the passes {before.gps:.0f}, "
           f"after {after.gps:.0f})")
     labels = moods(bws)
+    figures = {"products_a_token": per_row, "layers_products": layers, "head_products": head,
+               "peak": {"name": peak.name, "gps": peak.gps, "ghz": peak.ghz, "threads": peak.threads,
+                        "gps_before": before.gps, "gps_after": after.gps}, "moods": {}}
     for mood in sorted(set(labels)):
-        report(mood, [i for i, m in enumerate(labels) if m == mood], times, bws, per_row, peak)
+        figures["moods"][mood] = report(mood, [i for i, m in enumerate(labels) if m == mood], times, bws, per_row,
+                                        peak)
+    results.record(args, "scripts.profile.pass_bound", figures)
 
 
 if __name__ == "__main__":

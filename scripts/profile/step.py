@@ -35,6 +35,7 @@ from engine.model.transformer import Transformer
 from engine.cpu.formats import T
 from engine.cpu.linear import QuantLinear
 from engine.runtime.verify import decide, inspector_rows, score
+from engine.tools import results
 from scripts.bench.cpu import pass_costs
 from scripts.bench.kernels import ReadBandwidth, cpu_line
 
@@ -70,7 +71,8 @@ class Parts:
 
 
 def profile(role: str, engine, model: Transformer, pool, seq: int, ids: list[int], reps: int, reader: ReadBandwidth,
-            rows: int = 1) -> None:
+            rows: int = 1) -> dict:
+    """Prints the pass's parts; returns them, for the run's record."""
     params = SamplingParams(temperature=0.0)
     parts = Parts()
     m = pool.manager
@@ -125,9 +127,11 @@ def profile(role: str, engine, model: Transformer, pool, seq: int, ids: list[int
     ratios = [t * b * 1e6 / step_bytes(model) for t, b in zip(parts.times["step"], bws)]
     print(f"  {'pass / floor':<34} {statistics.median(ratios):8.2f}   (median of the rounds' own, "
           f"{min(ratios):.2f}-{max(ratios):.2f})")
+    return {"rows": rows, "context": base, "ms": {name.strip(): parts.median(name) for name in parts.times},
+            "read_gbs": bw, "floor_ms": floor, "pass_over_floor": statistics.median(ratios)}
 
 
-def profile_propose(drafter, ids: list[int], reps: int, k: int = 4) -> None:
+def profile_propose(drafter, ids: list[int], reps: int, k: int = 4) -> dict:
     """ms per drafted token of propose(k) and of its k forward passes alone, alternating, from the same cache."""
     from engine.api.config import SpecParams
     from engine.model.forward import forward_chunked
@@ -153,6 +157,7 @@ def profile_propose(drafter, ids: list[int], reps: int, k: int = 4) -> None:
         print(f"  {name:<34} {statistics.median(t):8.2f}")
     rest = statistics.median(times["propose"]) - statistics.median(times["forward passes alone"])
     print(f"  {'the drafting loop beyond them':<34} {rest:8.2f}   (argmax, q rows, the inspector's logits, Python)")
+    return {"k": k, "ms_per_drafted_token": {name: statistics.median(t) for name, t in times.items()}}
 
 
 def params_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
@@ -167,6 +172,7 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=200, help="prompt tokens in the caches before the timed steps")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rows", default="1", help="pass widths to profile, e.g. 1,5,9 (a verify pass of K = rows - 1)")
+    results.add_arguments(ap)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     target, draft = default_pair()
@@ -179,18 +185,24 @@ def main() -> None:
     text = "def quicksort(items):\n    " * (args.context // 8)
     ids = engine.tokenizer.encode(text)[: args.context]
     engine._prefill(ids)
+    figures: dict = {"threads": args.threads, "target": {}}
     for rows in (int(r) for r in args.rows.split(",")):
-        profile("target (1.5B)", engine, engine.target, engine.target_pool, 0, ids, args.reps, reader, rows)
+        figures["target"][rows] = profile("target (1.5B)", engine, engine.target, engine.target_pool, 0, ids,
+                                          args.reps, reader, rows)
     drafter = engine.model_drafter
     if drafter is not None:
         drafter._sync(ids)
         drafter._prefill(ids)
-        profile("draft (0.5B)", engine, engine.draft, drafter.pool, drafter.seq, ids, args.reps, reader)
-        profile_propose(drafter, ids, args.reps)
+        figures["draft"] = profile("draft (0.5B)", engine, engine.draft, drafter.pool, drafter.seq, ids, args.reps,
+                                   reader)
+        figures["propose"] = profile_propose(drafter, ids, args.reps)
     # Each width above ran in its own minutes; in steps, a pass compares only with a step timed beside it.
     costs = pass_costs(engine, ids, repeats=args.reps)
     print("\n== target passes in one-token passes, the widths taking turns (median of " + f"{args.reps} rounds) ==")
     print("  " + ", ".join(f"{w}: {ms:.1f} ms = {ms / costs[1]:.2f}" for w, ms in costs.items()))
+    figures["target_pass_ms"] = costs
+    figures["target_pass_steps"] = {w: ms / costs[1] for w, ms in costs.items()}
+    results.record(args, "scripts.profile.step", figures)
 
 
 if __name__ == "__main__":

@@ -135,3 +135,24 @@ def test_check_tells_a_stale_page_from_a_fresh_one(tmp_path):
     results.save(folder, cpu_record("AMD Zen 4", "2026-11-28T10:00:00Z", 36.0, 48.0, 30.0))  # a new run
     assert render_results.main([*args, "--check"]) == 1
     assert render_results.main(args) == 0 and "36.00" in page.read_text()
+
+
+def test_speclens_bench_writes_one_record_of_its_figures(tmp_path, monkeypatch):
+    """The main CLI's run ends in one record: the modes' figures, without their generated tokens."""
+    import engine.io.provision
+    import engine.tools.bench as bench_mod
+    from tests.tiny import tiny_engine
+
+    eng = tiny_engine()
+    monkeypatch.setattr(engine.io.provision, "default_pair", lambda **kw: (tmp_path / "t", tmp_path / "d"))
+    monkeypatch.setattr(bench_mod, "load_engine", lambda target, draft, device=None: eng)
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"id": "a", "messages": [{"role": "user", "content": "hi"}]}))
+    folder = tmp_path / "records"
+    argv = ["--prompts", str(prompts), "--max-new-tokens", "4", "--modes", "plain,draft", "--results", str(folder)]
+    assert bench_mod.main(argv) == 0
+    assert bench_mod.main([*argv, "--no-record"]) == 0  # a trial run adds nothing
+    [rec] = load_records(folder, warn=pytest.fail)
+    assert rec.tool == "speclens-bench" and rec.args == argv and rec.figures["device"] == "cpu"
+    assert [(r["mode"], r["k"]) for r in rec.figures["results"]] == [("plain", 0), ("draft", 4)]
+    assert all("outputs" not in r and r["tokens_per_s"] > 0 for r in rec.figures["results"])
