@@ -10,6 +10,8 @@ pytest_plugins = ["tests.app_fixtures"]
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 # A benchmark main() run by a test is no result: it must not add a record to docs/results (engine/tools/results.py).
 os.environ["SPECLENS_RESULTS"] = "off"
+# Model listings look in no other app's folders (engine.io.model_dirs): a developer's own models never enter a test.
+os.environ["SPECLENS_OTHER_APPS"] = "off"
 # Tiny test models are dominated by per-op overhead, which extra threads only add to; tests on the
 # real embedded pair raise this again for their own duration.
 torch.set_num_threads(1)

@@ -1,6 +1,8 @@
 """Find models on this machine: resolve a spec to a local path, and list what can be loaded.
 
-Nothing here downloads: a repo id must already be in the local Hugging Face cache.
+Nothing here downloads: a repo id must already be in the local Hugging Face cache. Besides the embedded pair and
+that cache, the GGUFs LM Studio, Ollama and llama.cpp keep (engine.io.model_dirs) are listed, each with whether
+SpecLens runs its family (engine.model.families) or why not.
 """
 from __future__ import annotations
 
@@ -13,12 +15,12 @@ from typing import TYPE_CHECKING
 
 from engine.api.config import DENSE_KV_BYTES, GGUF_KV_BYTES
 from engine.api.errors import ModelLoadError
+from engine.io import model_dirs
 from engine.io.safetensors_file import safetensors_files, safetensors_params
 
 if TYPE_CHECKING:
     from huggingface_hub import CachedRepoInfo
 
-COMPATIBLE = ("llama", "qwen2", "mistral")
 # What a malformed entry can raise while being described (a nested GGUF array where a number belongs
 # surfaces as TypeError; absurd nesting as RecursionError). Listing skips such an entry, never fails: any other
 # Exception is skipped too (an unforeseen one once emptied the whole picker), with its type in the log line.
@@ -30,7 +32,7 @@ log = logging.getLogger(__name__)
 class LocalModel:
     name: str
     path: Path
-    source: str  # "embedded", "hf-cache", "folder", "gguf"
+    source: str  # "embedded", "hf-cache", "folder", "gguf", "lm-studio", "ollama", "llama.cpp"
     arch: str
     vocab_size: int
     num_layers: int
@@ -39,6 +41,13 @@ class LocalModel:
     context_limit: int = 0  # max_position_embeddings: the longest context its cache may hold
     kv_values_per_token: int = 0  # K and V over every layer: what one token of context costs, in values
     kv_bytes_per_value: int = DENSE_KV_BYTES  # on the CPU (a GPU's bfloat16 is half); GGUF_KV_BYTES for a GGUF
+    quant: str = ""  # a GGUF's mix as llama.cpp names it (Q4_K_M, ...); a folder's dtype (BF16, ...)
+    why_not: str = ""  # why SpecLens cannot run it, in a sentence; "" when it can
+    note: str = ""  # what the user should know about how it runs (a context capped at a sliding window)
+
+    @property
+    def runnable(self) -> bool:
+        return not self.why_not
 
 
 def hf_cache_dir() -> Path:
@@ -118,7 +127,7 @@ def resolve(spec: str | Path) -> Path:
         else:
             raise ModelLoadError(f"{path}: no such file or folder")
     if path.is_file():
-        if path.suffix != ".gguf":
+        if not is_gguf(path):
             raise ModelLoadError(f"{path}: not a .gguf file or a model folder")
         return path
     if not (path / "config.json").is_file():
@@ -128,6 +137,17 @@ def resolve(spec: str | Path) -> Path:
         if len(ggufs) > 1:
             raise ModelLoadError(f"{path}: holds several .gguf files ({', '.join(g.name for g in ggufs)}); pass one of them")
     return path
+
+
+def is_gguf(path: Path) -> bool:
+    """A .gguf file, or a file that starts as one (Ollama keeps its models as blobs named by their hash)."""
+    if path.suffix == ".gguf":
+        return True
+    try:
+        with open(path, "rb") as f:
+            return f.read(4) == b"GGUF"
+    except OSError:
+        return False
 
 
 def label(spec: str | Path, path: Path) -> str:
@@ -141,36 +161,89 @@ def label(spec: str | Path, path: Path) -> str:
 
 
 def describe(path: Path, source: str, name: str | None = None) -> LocalModel:
-    """Cheap facts about a model (config and weight headers only; no tensor data is read)."""
-    is_gguf = path.is_file()
-    if is_gguf:  # a .gguf, or the first part of a split one
-        from engine.io.gguf_file import GGUFFile
+    """Cheap facts about a model (config and weight headers only; no tensor data is read). A model of a family
+    SpecLens does not run is described with why_not; a damaged one raises."""
+    if path.is_file():  # a .gguf, or the first part of a split one
+        return _describe_gguf(path, source, name or label(path, path), check_data=False)
+    try:
+        cfg = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError) as e:
+        raise ModelLoadError(f"{path}: unreadable config.json: {e}") from e
+    if not isinstance(cfg, dict):
+        raise ModelLoadError(f"{path}: config.json holds a JSON {type(cfg).__name__}, not an object")
+    from engine.api.config import ModelConfig
 
-        gf = GGUFFile(path, check_data=False)
-        c = gf.config()
-        n = gf.num_params
-    else:
-        try:
-            cfg = json.loads((path / "config.json").read_text())
-        except (OSError, ValueError) as e:
-            raise ModelLoadError(f"{path}: unreadable config.json: {e}") from e
-        if not isinstance(cfg, dict):
-            raise ModelLoadError(f"{path}: config.json holds a JSON {type(cfg).__name__}, not an object")
-        from engine.api.config import ModelConfig
-
-        try:
-            c = ModelConfig.from_hf(cfg)
-        except (KeyError, ValueError) as e:
-            raise ModelLoadError(f"{path}: {e}") from e
-        n = sum(safetensors_params(f) for f in safetensors_files(path))
+    n = sum(safetensors_params(f) for f in safetensors_files(path))
+    dtype = _FOLDER_DTYPES.get(str(cfg.get("torch_dtype") or cfg.get("dtype")), "")
+    try:
+        c = ModelConfig.from_hf(cfg)
+    except KeyError as e:
+        raise ModelLoadError(f"{path}: config.json lacks {e}") from e
+    except ValueError as e:  # a family or field the engine does not compute: listed with the reason
+        facts = [_count(cfg.get(k)) for k in ("vocab_size", "num_hidden_layers", "hidden_size", "max_position_embeddings")]
+        return LocalModel(name or label(path, path), path, source, str(cfg.get("model_type", "?")), *facts[:3],
+                          float(f"{n / 1e9:.3g}"), facts[3], quant=dtype, why_not=str(e))
     return LocalModel(name or label(path, path), path, source, c.arch, c.vocab_size, c.num_layers, c.hidden_size,
                       float(f"{n / 1e9:.3g}"), c.max_position_embeddings,
-                      2 * c.num_layers * c.num_kv_heads * c.head_dim, GGUF_KV_BYTES if is_gguf else DENSE_KV_BYTES)
+                      2 * c.num_layers * c.num_kv_heads * c.head_dim, DENSE_KV_BYTES, quant=dtype, note=c.context_note)
 
 
-def list_local_models() -> list[LocalModel]:
-    """The embedded pair (when provisioned or provisionable), then compatible models in the HF cache.
-    A broken or unsupported entry is skipped, never fatal."""
+_FOLDER_DTYPES = {"float32": "F32", "float16": "F16", "bfloat16": "BF16", "float64": "F64"}
+
+
+def _count(v: object) -> int:
+    """A header's count as an int, 0 where it is missing or not a count (a malformed entry still lists)."""
+    return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else 0
+
+
+def _describe_gguf(path: Path, source: str, name: str, check_data: bool, parts: int = 1) -> LocalModel:
+    """check_data: refuse a file shorter than its tensors (a truncated download); off for the first part of an
+    embedded model not assembled yet, whose header is all that is read."""
+    from engine.io.gguf_file import GGUFFile
+    from engine.model.families import gguf_refusal
+
+    gf = GGUFFile(path, check_data=check_data and parts == 1)
+    why = gguf_refusal(gf.arch)
+    if gf.arch == "clip":
+        why = "a vision projector (mmproj) for another model, not a language model"
+    elif parts > 1:
+        why = (f"split into {parts} files; SpecLens loads one-file GGUFs (llama.cpp's llama-gguf-split --merge "
+               "joins them)")
+    n = float(f"{gf.num_params / 1e9:.3g}")
+    if why is None:  # a runnable family: its header must make a config, else the entry is damaged
+        c = gf.config()
+        return LocalModel(name, path, source, c.arch, c.vocab_size, c.num_layers, c.hidden_size, n,
+                          c.max_position_embeddings, 2 * c.num_layers * c.num_kv_heads * c.head_dim, GGUF_KV_BYTES,
+                          quant=_quant(gf))
+    meta = gf.metadata
+    embd = gf.tensors.get("token_embd.weight")
+    vocab = embd.shape[0] if embd is not None and embd.shape else len(meta.get("tokenizer.ggml.tokens") or ())
+    layers, hidden, context = (_count(meta.get(f"{gf.arch}.{k}"))
+                               for k in ("block_count", "embedding_length", "context_length"))
+    return LocalModel(name, path, source, gf.arch or "?", _count(vocab), layers, hidden, n, context,
+                      kv_bytes_per_value=GGUF_KV_BYTES, quant=_quant(gf), why_not=why)
+
+
+def _quant(gf) -> str:
+    """The file's quantization as llama.cpp names it; unstated, the block type holding most of its matrices' weights."""
+    if gf.file_type != "GGUF":
+        return gf.file_type
+    weights: dict[str, int] = {}
+    for t in gf.tensors.values():
+        if len(t.shape) == 2:
+            weights[t.qtype.name] = weights.get(t.qtype.name, 0) + t.numel
+    return max(weights, key=weights.get) if weights else ""
+
+
+def describe_found(found: model_dirs.Found) -> LocalModel:
+    """A model another app keeps: its GGUF checked whole (a truncated download raises, and is skipped)."""
+    return _describe_gguf(found.path, found.source, found.name, check_data=True, parts=found.parts)
+
+
+def list_local_models(include_unrunnable: bool = False) -> list[LocalModel]:
+    """The embedded pair (when provisioned or provisionable), then the models in the HF cache, then those LM Studio,
+    Ollama and llama.cpp keep. A broken entry is skipped with a log line, never fatal; one of a family SpecLens
+    does not run only with include_unrunnable (its why_not says why)."""
     from engine.io import provision
 
     out: list[LocalModel] = []
@@ -198,8 +271,16 @@ def list_local_models() -> list[LocalModel]:
             except Exception as e:  # noqa: BLE001 - one bad entry never hides the others
                 log.warning("skipping %s: %s", path, _why(e))
                 continue
-            if m.arch in COMPATIBLE:
+            if m.runnable or include_unrunnable:
                 out.append(m)
+    for found in model_dirs.other_apps_models():
+        try:
+            m = describe_found(found)
+        except Exception as e:  # noqa: BLE001 - one bad entry never hides the others
+            log.warning("skipping %s model %s (%s): %s", found.source, found.name, found.path, _why(e))
+            continue
+        if m.runnable or include_unrunnable:
+            out.append(m)
     return out
 
 

@@ -14,7 +14,7 @@ import torch
 
 from engine.api.config import ModelConfig
 from engine.api.errors import ModelLoadError
-from engine.io.hub import label, resolve
+from engine.io.hub import is_gguf, label, resolve
 from engine.io.safetensors_file import read_safetensors, safetensors_files
 
 if TYPE_CHECKING:
@@ -51,7 +51,7 @@ def load_checkpoint(spec: str | Path, progress: Progress | None = None, *, dequa
     path = resolve(spec)
     name = label(spec, path)
     report = progress or (lambda stage, frac: None)
-    if path.suffix == ".gguf":
+    if is_gguf(path):
         return _load_gguf(path, name, report, dequantize)
     config = _read_config(path)
     if config.context_note:  # a windowed model runs exactly only within its window: the user learns why
@@ -74,7 +74,7 @@ def load_tokenizer(spec: str | Path) -> PreTrainedTokenizerBase:
 
     path = resolve(spec)
     try:
-        if path.suffix == ".gguf":
+        if is_gguf(path):
             from engine.io.gguf_file import GGUFFile
             from engine.io.gguf_tokenizer import tokenizer_from_gguf
 

@@ -176,13 +176,18 @@ def test_list_finds_compatible_cache_models_and_skips_the_rest(cache, no_embedde
     expect = sum(p.numel() for p in make_hf_model("llama", len(tok)).parameters())
     assert llama == LocalModel("tiny/llama", cache / "models--tiny--llama" / "snapshots" / "abc123", "hf-cache",
                                "llama", len(tok), 2, 32, float(f"{expect / 1e9:.3g}"),
-                               128, 2 * 2 * 2 * 8)  # context; K and V x 2 layers x 2 KV heads x head dim 8
+                               128, 2 * 2 * 2 * 8, quant="F32")  # context; K and V x 2 layers x 2 KV heads x head dim 8
     assert (models["tiny/qwen"].arch, models["tiny/qwen"].source) == ("qwen2", "hf-cache")
     g = models["tiny/qwen-gguf/q8.gguf"]
     assert (g.source, g.arch, g.vocab_size, g.num_layers, g.hidden_size) == ("gguf", "qwen2", len(tok), 2, 32)
     assert (g.context_limit, g.kv_values_per_token) == (128, 64)  # what a context costs
     assert (g.kv_bytes_per_value, llama.kv_bytes_per_value) == (2, 4)  # a GGUF model's cache is float16
-    assert g.path == gsnap / "q8.gguf"
+    assert g.path == gsnap / "q8.gguf" and g.quant == "Q8_0"
+    # asked for, the unsupported one is listed too, saying why; the broken ones never
+    every = {m.name: m for m in list_local_models(include_unrunnable=True)}
+    assert set(every) == set(models) | {"tiny/gpt2"}
+    assert every["tiny/gpt2"].why_not == "unsupported model_type 'gpt2': SpecLens runs llama, qwen2, mistral"
+    assert not every["tiny/gpt2"].runnable and all(m.runnable for m in models.values())
 
 
 def test_empty_or_missing_cache_lists_nothing(tmp_path, monkeypatch, no_embedded):
