@@ -3,31 +3,48 @@
 `ServerClient(url, api_key)`: `probe()` says what the server is (`ServerInfo`), `counters()` reads its speculation
 counters from /metrics, `chat()` streams one reply as RoundEvents and ends with a Summary.
 
-Every request has connect and read timeouts. `chat()` reads the stream on a thread of its own and hands lines
-over through a queue that it polls every 50 ms, so a cancel ends the reply within that, whatever the socket does;
+Every request has connect and read timeouts and an overall deadline (a server that trickles a byte at a time
+never trips a read timeout): `probe()` as a whole within probe_s, another GET within request_s, a reply within
+reply_s. Everything a server sends is bounded: a GET's body, a stream's line, a reply's tokens (no more than
+asked) and its counters. `chat()` reads the stream on a thread of its own and hands lines over through a queue
+that it polls every 50 ms, so a cancel or the deadline ends the reply within that, whatever the socket does;
 the reader then closes the connection at its next line (the server stops generating when it sees it closed) or
-at its read timeout. The API key goes only into the Authorization header: it is never part of a message, a
-repr or the URL shown (`public_url` drops any credentials in the URL too).
+at its read timeout. A reply counts as complete only when the server says so ([DONE] or a finish_reason);
+else it ends "cut off", keeping what arrived.
+
+The API key goes only into the Authorization header: it is never part of a message, a repr or the URL shown.
+A user:password in the URL becomes Basic auth and is dropped from the URL httpx sees (its request log prints
+URLs); with an API key as well the client refuses, since one Authorization header cannot carry both.
 """
 from __future__ import annotations
 
+import base64
+import json
 import queue
+import re
+import reprlib
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 import httpx
 
-from engine.api.config import SamplingParams
+from engine.api.config import K_LIMIT, SamplingParams
 from engine.api.events import RoundEvent, Summary
 from engine.remote import metrics, sse
 from engine.remote.errors import RemoteError
-from engine.remote.rounds import RoundBuilder
+from engine.remote.rounds import ReplyCut, RoundBuilder
 
 KEY_ENV = "SPECLENS_API_KEY"  # where the CLI (and the app, when the dialog leaves the key empty) reads a key
-POLL_S = 0.05  # how often a streaming reply looks at its cancel flag
+POLL_S = 0.05  # how often a streaming reply looks at its cancel flag and its deadline
+MAX_BODY = 8 << 20  # a GET's answer (/v1/models, /props, /slots, /metrics): a few KB from a real server
+MAX_LINE = 1 << 20  # one line of a stream: a chunk is a few hundred bytes
+MAX_QUEUED = 4096  # lines read and not yet handled: the reader waits beyond this
+# What a bad reply's parts raise where a check was missed: turned into a RemoteError, never a dead thread
+_UNREADABLE = (AttributeError, TypeError, ValueError, KeyError, IndexError, OverflowError, RecursionError)
 OFF_PER_REQUEST = {"speculative.n_max": 0, "speculative.n_min": 0}  # llama-server's per-request fields, where honoured
 
 
@@ -67,100 +84,223 @@ def public_url(url: str) -> str:
     return urlunsplit((parts.scheme, netloc, parts.path.rstrip("/"), "", ""))
 
 
+_USERINFO = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*:)?//[^/?#]*@")
+
+
+def redact(url: str) -> str:
+    """A URL as typed, for a message about it: without whatever precedes an @ in its host part (a password),
+    and cut short. Works on text that does not parse as a URL, which public_url needs."""
+    text = str(url).strip()
+    m = _USERINFO.match(text)
+    if m:
+        text = (m.group(1) or "") + "//" + text[m.end():]
+    elif "@" in text.split("/", 1)[0]:  # "user:pw@host" with no scheme
+        text = text.split("@", 1)[1]
+    return repr(text if len(text) <= 100 else text[:99] + "\u2026")
+
+
 def check_url(url: str) -> str:
     """http(s) with a host, else RemoteError; returns it without a trailing slash."""
     try:
         parts = urlsplit(url.strip())
         parts.port  # noqa: B018 - raises ValueError on a port that is not a number
     except ValueError as e:
-        raise RemoteError(f"{url!r} is not a URL ({e})") from None
+        raise RemoteError(f"{redact(url)} is not a URL ({_without(str(e), url)})") from None
     if parts.scheme not in ("http", "https"):
-        raise RemoteError(f"{public_url(url) or url!r}: only http:// and https:// servers can be attached")
+        raise RemoteError(f"{redact(url)}: only http:// and https:// servers can be attached")
     if not parts.hostname:
-        raise RemoteError(f"{url!r} names no host")
+        raise RemoteError(f"{redact(url)} names no host")
     return url.strip().rstrip("/")
+
+
+def _without(text: str, url: str) -> str:
+    """An error's text with the URL's password taken out (urllib quotes the netloc in some messages)."""
+    password = urlsplit_password(url)
+    return text.replace(password, "***") if password else text
+
+
+def urlsplit_password(url: str) -> str | None:
+    head = str(url).strip().split("//", 1)[-1].split("/", 1)[0]
+    if "@" not in head:
+        return None
+    userinfo = head.rsplit("@", 1)[0]
+    return userinfo.split(":", 1)[1] if ":" in userinfo else None
+
+
+def _credentials(url: str) -> tuple[str, tuple[str, str] | None]:
+    """The URL without user:password, and the pair (None: none given)."""
+    parts = urlsplit(url)
+    if parts.username is None and parts.password is None:
+        return url, None
+    netloc = parts.netloc.rsplit("@", 1)[1]
+    return (urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment)),
+            (unquote(parts.username or ""), unquote(parts.password or "")))
+
+
+class _Stopped(RemoteError):
+    """A request ended by its deadline or a cancel, not by the server's answer."""
 
 
 class ServerClient:
     def __init__(self, url: str, api_key: str | None = None, *, connect_s: float = 5.0, read_s: float = 60.0,
+                 probe_s: float = 30.0, request_s: float = 30.0, reply_s: float = 1800.0,
                  transport: httpx.BaseTransport | None = None) -> None:
         """read_s: the longest the server may stay silent, mid-stream or before its first byte (a long prompt's
-        prefill on a slow server needs a generous one)."""
-        self.url = check_url(url)
+        prefill on a slow server needs a generous one). probe_s: all of probe() (connecting); request_s: any
+        other GET; reply_s: one streamed reply, end to end."""
+        url, creds = _credentials(check_url(url))
+        if creds is not None and api_key:
+            raise RemoteError(f"{public_url(url)}: the URL carries a user name and password and an API key is set "
+                              f"too ({KEY_ENV} or the key field); a server reads one Authorization header, so give "
+                              "one of them")
+        self.url = url  # never with user:password: httpx logs the URLs it requests
         self.public = public_url(self.url)
-        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        if creds is not None:
+            token = base64.b64encode(f"{creds[0]}:{creds[1]}".encode()).decode()
+            self._headers = {"Authorization": f"Basic {token}"}
+        else:
+            self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.timeout = httpx.Timeout(connect=connect_s, read=read_s, write=connect_s, pool=connect_s)
+        self.probe_s, self.request_s, self.reply_s = probe_s, request_s, reply_s
         self._transport = transport
+        self._abort = threading.Event()  # set by abort(): a probe or GET under way ends at once
         self.info: ServerInfo | None = None
 
     def __repr__(self) -> str:  # never the key
         return f"ServerClient({self.public!r})"
 
-    def _client(self) -> httpx.Client:
+    def abort(self) -> None:
+        """End a probe() or GET under way on another thread within POLL_S (it raises RemoteError); a later call
+        runs again."""
+        self._abort.set()
+
+    def _client(self, read_s: float | None = None) -> httpx.Client:
         # verify=True: https is checked against the system's CA bundle (httpx's default, kept explicit)
-        return httpx.Client(base_url=self.url, headers=self._headers, timeout=self.timeout, verify=True,
+        timeout = self.timeout if read_s is None else httpx.Timeout(
+            connect=min(self.timeout.connect or read_s, read_s), read=min(self.timeout.read or read_s, read_s),
+            write=self.timeout.write, pool=self.timeout.pool)
+        return httpx.Client(base_url=self.url, headers=self._headers, timeout=timeout, verify=True,
                             transport=self._transport, follow_redirects=False)
 
     # ---- plain requests ----------------------------------------------------------------------------------------
-    def get(self, path: str, required: bool = True) -> httpx.Response | None:
-        """GET path; an optional one that fails (404, refused) gives None, a required one raises RemoteError."""
-        try:
-            with self._client() as c:
-                r = c.get(path)
-        except httpx.HTTPError as e:
-            raise RemoteError(describe(e, self.public, path, self.timeout)) from None
+    def get(self, path: str, required: bool = True, deadline: float | None = None,
+            within: float | None = None) -> httpx.Response | None:
+        """GET path; an optional one that fails (404, refused) gives None, a required one raises RemoteError.
+        The answer is read on a thread of its own, whole within the deadline (time.monotonic(); default
+        request_s from now) and at most MAX_BODY bytes."""
+        within = within if within is not None else self.request_s
+        deadline = deadline if deadline is not None else time.monotonic() + within
+        out: queue.Queue[tuple[str, Any]] = queue.Queue()
+        threading.Thread(target=self._fetch, args=(path, deadline, within, out), daemon=True,
+                         name="speclens-remote-get").start()
+        while True:
+            if self._abort.is_set():
+                self._abort.clear()
+                raise _Stopped(f"connecting to {self.public} was cancelled")
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise _Stopped(f"{self.public}{path} did not finish answering within {within:g} s: is the server "
+                               "overloaded, or not the server meant?")
+            try:
+                what, value = out.get(timeout=min(POLL_S, left))
+            except queue.Empty:
+                continue
+            if what == "error":
+                raise RemoteError(value)
+            r = value
+            break
         if r.status_code >= 400:
             if not required and r.status_code in (401, 403, 404, 405, 501):
                 return None
             raise RemoteError(status_sentence(r, self.public, path))
         return r
 
+    def _fetch(self, path: str, deadline: float, within: float, out: queue.Queue) -> None:
+        """GET thread: ("ok", a Response read whole) or ("error", a sentence). Its reads wait no longer than the
+        deadline leaves, so it ends soon after its caller gave up."""
+        try:
+            with self._client(max(deadline - time.monotonic(), 0.01)) as c, c.stream("GET", path) as r:
+                body = bytearray()
+                for piece in r.iter_bytes():
+                    body += piece
+                    if len(body) > MAX_BODY:
+                        out.put(("error", f"{self.public}{path} answered more than {MAX_BODY >> 20} MB: not the "
+                                          "server meant?"))
+                        return
+                    if time.monotonic() > deadline:
+                        out.put(("error", f"{self.public}{path} did not finish answering within {within:g} s"))
+                        return
+                headers = {"content-type": r.headers.get("content-type", "")}
+                out.put(("ok", httpx.Response(r.status_code, content=bytes(body), headers=headers,
+                                              request=r.request)))
+        except httpx.HTTPError as e:
+            out.put(("error", describe(e, self.public, path, self.timeout)))
+        except Exception as e:  # noqa: BLE001 - the caller must hear of it, whatever broke
+            out.put(("error", f"{self.public}{path} failed: {type(e).__name__}: {_reason(e)}"))
+
     def probe(self) -> ServerInfo:
-        """What the server is: /v1/models (required), /props (llama.cpp), /version (vLLM), /metrics."""
-        models_json = _json(self.get("/v1/models"), "/v1/models")
+        """What the server is: /v1/models (required), /props (llama.cpp), /version (vLLM), /metrics. All of it
+        within probe_s; whatever the server answers, the only error is a RemoteError."""
+        deadline = time.monotonic() + self.probe_s
+        self._abort.clear()
+        try:
+            info = self._probe(deadline)
+        except _UNREADABLE as e:  # a shape no check below foresaw
+            raise RemoteError(f"{self.public} answered in a way SpecLens cannot read ({type(e).__name__}: "
+                              f"{_reason(e)}): is it an OpenAI-compatible server?") from None
+        self.info = info
+        return info
+
+    def _probe(self, deadline: float) -> ServerInfo:
+        def get(path: str, required: bool = False) -> httpx.Response | None:
+            return self.get(path, required, deadline, self.probe_s)
+
+        models_json = _json(get("/v1/models", True), "/v1/models")
         data = models_json.get("data") if isinstance(models_json, dict) else None
         if not isinstance(data, list):
             raise RemoteError(f"{self.public}/v1/models did not list models (no 'data' array): is this an "
                               "OpenAI-compatible server?")
-        models = tuple(str(m.get("id")) for m in data if isinstance(m, dict) and m.get("id"))
-        owners = {str(m.get("owned_by", "")) for m in data if isinstance(m, dict)}
-        props = self.get("/props", required=False)
+        entries = [m for m in data[:1000] if isinstance(m, dict)]
+        models = tuple(_text(m.get("id")) for m in entries if isinstance(m.get("id"), str) and m.get("id"))[:100]
+        owners = {_text(m.get("owned_by")) for m in entries if isinstance(m.get("owned_by"), str)}
+        props = get("/props")
         props_json = _json(props, "/props") if props is not None else None
         kind, version, k, draft, speculative = "openai", "", None, None, None
         if isinstance(props_json, dict) and ("default_generation_settings" in props_json or "llamacpp" in owners):
             kind = "llama.cpp"
-            version = str(props_json.get("build_info", ""))
-            params = (props_json.get("default_generation_settings") or {}).get("params") or {}
-            n_max = params.get("speculative.n_max")
-            k = int(n_max) if isinstance(n_max, int) and not isinstance(n_max, bool) else None
-            draft = props_json.get("model_path_draft") or None
-            speculative = self._slots_draft()
+            version = _text(props_json.get("build_info"))
+            settings = props_json.get("default_generation_settings")
+            params = settings.get("params") if isinstance(settings, dict) else None
+            n_max = params.get("speculative.n_max") if isinstance(params, dict) else None
+            k = n_max if isinstance(n_max, int) and not isinstance(n_max, bool) and 1 <= n_max <= K_LIMIT else None
+            draft = _text(props_json.get("model_path_draft")) or None
+            speculative = self._slots_draft(get)
         elif "vllm" in owners:
             kind = "vllm"
-            ver = self.get("/version", required=False)
-            version = str((_json(ver, "/version") or {}).get("version", "")) if ver is not None else ""
-        counters, metrics_ok = self._metrics(kind)
+            ver = _json(get("/version"), "/version")
+            version = _text(ver.get("version")) if isinstance(ver, dict) else ""
+        counters, metrics_ok = self._metrics(kind, get)
         if kind == "vllm":
             k = vllm_k(counters)
-        info = ServerInfo(self.public, kind, version, models, draft, k, speculative, counters, metrics_ok,
+        return ServerInfo(self.public, kind, version, models, draft, k, speculative, counters, metrics_ok,
                           notes=tuple(_notes(kind, speculative, metrics_ok)))
-        self.info = info
-        return info
 
-    def _slots_draft(self) -> bool | None:
+    def _slots_draft(self, get: Any) -> bool | None:
         """llama-server's /slots says per slot whether it has a draft model ("speculative"); it drafts only when
         also started with --spec-type, which nothing but its counters reveals."""
         try:
-            r = self.get("/slots", required=False)
+            r = get("/slots")
             slots = _json(r, "/slots") if r is not None else None
+        except _Stopped:  # the deadline or a cancel ends the whole probe
+            raise
         except RemoteError:  # /slots is a convenience: a server that refuses it is still attached
             return None
         if isinstance(slots, list) and slots and isinstance(slots[0], dict) and "speculative" in slots[0]:
-            return bool(slots[0]["speculative"])
+            return slots[0]["speculative"] is True
         return None
 
-    def _metrics(self, kind: str) -> tuple[metrics.SpecCounters | None, bool]:
-        r = self.get("/metrics", required=False)
+    def _metrics(self, kind: str, get: Any = None) -> tuple[metrics.SpecCounters | None, bool]:
+        r = (get or (lambda path: self.get(path, required=False)))("/metrics")
         if r is None:
             return None, False
         return metrics.parse(r.text, kind), True
@@ -168,7 +308,11 @@ class ServerClient:
     def counters(self) -> metrics.SpecCounters | None:
         """The server's speculation counters now (None: no /metrics, or no speculation counters in it)."""
         kind = self.info.kind if self.info else "llama.cpp"
-        return self._metrics(kind)[0]
+        try:
+            return self._metrics(kind)[0]
+        except _UNREADABLE as e:
+            raise RemoteError(f"{self.public}/metrics answered in a way SpecLens cannot read "
+                              f"({type(e).__name__}: {_reason(e)})") from None
 
     def check_per_request_spec(self) -> bool | None:
         """Whether this llama-server honours the per-request speculative fields, found out by asking and watching
@@ -205,24 +349,37 @@ class ServerClient:
             self.info = info = replace(info, k=k) if k else info
         body = request_body(messages, sampling, kind, self.info.model if info else None, extra)
         builder = RoundBuilder(sampling.temperature, info.k if info else None, speculative,
-                               stop_strings=bool(sampling.stop))
+                               stop_strings=bool(sampling.stop), max_tokens=sampling.max_new_tokens)
         feed = builder.feed_step if kind == "vllm" else builder.feed
         cancel = cancel or threading.Event()
-        lines: queue.Queue[tuple[str, Any]] = queue.Queue()
+        lines: queue.Queue[tuple[str, Any]] = queue.Queue(MAX_QUEUED)
         stop_reading = threading.Event()
         reader = threading.Thread(target=self._read_stream, args=(body, lines, stop_reading),
                                   name="speclens-remote-stream", daemon=True)
         reader.start()
+        deadline = time.monotonic() + self.reply_s
+        complete, cut = False, None
         try:
-            for line in _lines(lines, cancel):
-                payload = sse.parse_line(line)
-                if payload is sse.DONE:
-                    break
-                if payload is not None:
-                    events = feed(payload)
-                    if events:
-                        yield events
-            tail, summary = builder.finish(cancelled=cancel.is_set())
+            try:
+                for line in _lines(lines, cancel, deadline, self.reply_s):
+                    payload = sse.parse_line(line)
+                    if payload is sse.DONE:
+                        complete = True
+                        break
+                    if payload is not None:
+                        try:
+                            events = feed(payload)
+                        except _UNREADABLE as e:  # a shape no check in the builder foresaw
+                            raise RemoteError(f"the server at {self.public} sent a chunk SpecLens cannot read "
+                                              f"({type(e).__name__}: {_reason(e)})") from None
+                        if events:
+                            yield events
+            except ReplyCut as e:
+                cut = str(e)
+            # a finish_reason says the reply is complete, even from a server that sends no [DONE] after it
+            if not (complete or cut or cancel.is_set() or builder.finish_reason):
+                cut = "cut off: the stream ended before the server said the reply was complete"
+            tail, summary = builder.finish(cancelled=cancel.is_set(), cut=cut)
             if tail:
                 yield tail
             yield summary
@@ -230,28 +387,74 @@ class ServerClient:
             stop_reading.set()  # the reader closes the connection at its next line: the server stops
 
     def _read_stream(self, body: dict[str, Any], out: queue.Queue, stop: threading.Event) -> None:
-        """Reader thread: the response's lines into `out`, then ("end", None) or ("error", sentence)."""
+        """Reader thread: the response's lines into `out`, then ("end", None), ("cut", reason) or ("error",
+        sentence). A line longer than MAX_LINE ends the stream; so does `stop`, checked while `out` is full."""
         path = "/v1/chat/completions"
+
+        def put(item: tuple[str, Any]) -> bool:
+            while not stop.is_set():
+                try:
+                    out.put(item, timeout=POLL_S)
+                    return True
+                except queue.Full:
+                    continue
+            return False
+
         try:
             with self._client() as c, c.stream("POST", path, json=body) as r:
                 if r.status_code >= 400:
-                    r.read()
-                    out.put(("error", status_sentence(r, self.public, path)))
+                    put(("error", status_sentence(_head(r), self.public, path)))
                     return
-                for line in r.iter_lines():
-                    if stop.is_set():
+                for line in bounded_lines(r.iter_bytes(), MAX_LINE):
+                    if line is None:
+                        put(("cut", f"cut off: the server sent a line longer than {MAX_LINE >> 10} KB"))
                         return
-                    out.put(("line", line))
-            out.put(("end", None))
+                    if stop.is_set() or not put(("line", line)):
+                        return
+            put(("end", None))
         except httpx.HTTPError as e:
-            out.put(("error", describe(e, self.public, path, self.timeout, streaming=True)))
+            put(("error", describe(e, self.public, path, self.timeout, streaming=True)))
         except Exception as e:  # noqa: BLE001 - whatever else breaks the reader must still end the reply
-            out.put(("error", f"reading the reply from {self.public} failed: {type(e).__name__}: {e}"))
+            put(("error", f"reading the reply from {self.public} failed: {type(e).__name__}: {_reason(e)}"))
 
 
-def _lines(lines: queue.Queue, cancel: threading.Event) -> Iterator[str]:
-    """The reader's lines until the stream ends or `cancel` is set (checked every POLL_S)."""
+def bounded_lines(pieces: Iterator[bytes], limit: int) -> Iterator[str | None]:
+    """Lines (ends stripped) from a byte stream, each at most `limit` bytes; None once one is longer, after which
+    the caller stops. httpx's iter_lines keeps a line whole in memory however long it grows."""
+    buf = b""
+    for piece in pieces:
+        buf += piece
+        parts = buf.splitlines(keepends=True)
+        buf = parts.pop() if parts and not parts[-1].endswith((b"\n", b"\r")) else b""
+        for part in parts:
+            if len(part) > limit + 2:
+                yield None
+                return
+            yield part.rstrip(b"\r\n").decode("utf-8", errors="replace")
+        if len(buf) > limit:
+            yield None
+            return
+    if buf:
+        yield buf.decode("utf-8", errors="replace")
+
+
+def _head(r: httpx.Response, limit: int = 64 << 10) -> httpx.Response:
+    """An error response with at most `limit` bytes of its body read: enough for the server's message."""
+    body = bytearray()
+    for piece in r.iter_bytes():
+        body += piece
+        if len(body) >= limit:
+            break
+    return httpx.Response(r.status_code, content=bytes(body[:limit]),
+                          headers={"content-type": r.headers.get("content-type", "")}, request=r.request)
+
+
+def _lines(lines: queue.Queue, cancel: threading.Event, deadline: float, within: float) -> Iterator[str]:
+    """The reader's lines until the stream ends, `cancel` is set or the deadline passes (checked every POLL_S;
+    past the deadline: ReplyCut)."""
     while not cancel.is_set():
+        if time.monotonic() > deadline:
+            raise ReplyCut(f"cut off: the reply took longer than {within:g} s")
         try:
             what, value = lines.get(timeout=POLL_S)
         except queue.Empty:
@@ -260,6 +463,8 @@ def _lines(lines: queue.Queue, cancel: threading.Event) -> Iterator[str]:
             yield value
         elif what == "error":
             raise RemoteError(value)
+        elif what == "cut":
+            raise ReplyCut(value)
         else:
             return
 
@@ -311,9 +516,9 @@ def status_sentence(r: httpx.Response, where: str, path: str) -> str:
     try:
         j = r.json()
         err = j.get("error", j) if isinstance(j, dict) else j
-        detail = str(err.get("message", err) if isinstance(err, dict) else err)
-    except ValueError:
-        detail = r.text.strip()
+        detail = _text(err.get("message", err) if isinstance(err, dict) else err, 400)
+    except (ValueError, RecursionError):
+        detail = r.text[:400].strip()
     hint = {401: " (check the API key)", 403: " (check the API key)", 404: " (is this the server's base URL?)"}
     detail = detail[:200] + ("\u2026" if len(detail) > 200 else "")
     return (f"{where}{path} answered {r.status_code} {r.reason_phrase}{hint.get(r.status_code, '')}"
@@ -325,7 +530,8 @@ def vllm_k(counters: metrics.SpecCounters | None) -> int | None:
     in its counters, once it has drafted at all. None before that: a step's rejected drafts are then unknown."""
     if counters is None or counters.drafts <= 0:
         return None
-    return round(counters.draft_tokens / counters.drafts)
+    k = round(counters.draft_tokens / counters.drafts)
+    return k if 1 <= k <= K_LIMIT else None  # past any real K the counters are not to be believed
 
 
 def _notes(kind: str, speculative: bool | None, metrics_ok: bool) -> list[str]:
@@ -345,9 +551,19 @@ def _json(r: httpx.Response | None, path: str) -> Any:
     if r is None:
         return None
     try:
-        return r.json()
-    except ValueError:
+        return json.loads(r.content)
+    except (ValueError, RecursionError):  # not JSON, or nested past the decoder's stack
         raise RemoteError(f"{path} did not answer JSON: {r.text[:120]!r}") from None
+
+
+def _text(v: Any, limit: int = 200) -> str:
+    """A name or version the server gave, as text of bounded length ("" for none)."""
+    if v is None:
+        return ""
+    text = v if isinstance(v, str) else reprlib.repr(v)
+    text = text if len(text) <= limit else text[: limit - 1] + "\u2026"
+    # control characters (a terminal's escape sequences among them) never reach a terminal or a label
+    return text if text.isprintable() else "".join(c if c.isprintable() else "\ufffd" for c in text)
 
 
 def _reason(e: Exception) -> str:

@@ -27,11 +27,21 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from engine.api.config import K_LIMIT
 from engine.api.events import CommittedToken, DraftToken, Origin, RoundEvent, Summary
 from engine.remote.errors import RemoteError
 
 UNKNOWN = math.nan  # p and q: a server does not send them
 NO_ID = -1  # token ids: not in a chat stream
+MAX_COUNT = 2**53  # a counter past this is no count (a float stops holding every whole number)
+# Text a reply may carry per token asked for: far more than any vocabulary's longest token, small enough that a
+# server streaming without end cannot fill memory before the token count or the deadline stops it.
+CHARS_PER_TOKEN = 1024
+
+
+class ReplyCut(Exception):
+    """The stream must stop here: the server sent more than was asked. str(e) is the stop reason, for the user;
+    what arrived before it stays."""
 
 
 @dataclass
@@ -52,10 +62,17 @@ class RoundBuilder:
     """Feed it the stream's parsed chunks in order; it returns each round as soon as its last token arrived."""
 
     def __init__(self, temperature: float, k: int | None, speculative: bool, *, stop_strings: bool = False,
-                 clock: Callable[[], float] = time.perf_counter) -> None:
+                 clock: Callable[[], float] = time.perf_counter, max_tokens: int | None = None) -> None:
         """k: the server's draft limit when known (each round's K), else the most any round of this reply drafted.
-        speculative: the server drafts (mode "speculative"); False for a plain server (mode "plain")."""
+        speculative: the server drafts (mode "speculative"); False for a plain server (mode "plain").
+        max_tokens: what the request asked for; a server that claims more is cut off there (ReplyCut), and its
+        counters are held to it: a round drafts at most K (K_LIMIT when unknown) per token it yields."""
+        if k is not None and not 1 <= k <= K_LIMIT:  # a server's claim past any real K is no K
+            k = None
         self.temperature, self.k, self.speculative = temperature, k, speculative
+        self.max_tokens = max_tokens
+        self.max_chars = None if max_tokens is None else 4096 + CHARS_PER_TOKEN * max_tokens
+        self.sent_chars = 0  # text the rounds so far carried
         self.stop_strings = stop_strings
         self.clock = clock
         self.started = clock()
@@ -78,13 +95,18 @@ class RoundBuilder:
         self.finish_reason = reason or self.finish_reason
         t = chunk.get("timings")
         if not isinstance(t, dict) or "predicted_n" not in t:
-            self.pending_text += text  # a role chunk, or a server that sends no timings with this one
+            self._hold(text)  # a role chunk, or a server that sends no timings with this one
             return []
         n, ms = _int(t, "predicted_n"), _num(t, "predicted_ms")
         d, a = _int(t, "draft_n", 0), _int(t, "draft_n_accepted", 0)
         if n < self.n or d < self.draft_n or a < self.accepted_n or (a - self.accepted_n) > (d - self.draft_n):
             raise RemoteError(f"the server's counters went wrong mid-reply (tokens {self.n} -> {n}, drafted "
                               f"{self.draft_n} -> {d}, accepted {self.accepted_n} -> {a})")
+        self._check_count(n)
+        # every round yields a token, and one may be open whose tokens are still to come
+        if d - self.draft_n > (self.k or K_LIMIT) * (n - self.n + 1):
+            raise RemoteError(f"the server's counters went wrong mid-reply: {d - self.draft_n} drafts for "
+                              f"{n - self.n} tokens, more than K = {self.k or K_LIMIT} per round")
         self.timings, self.ms = t, ms
         out: list[RoundEvent] = []
         if d != self.draft_n:
@@ -95,7 +117,7 @@ class RoundBuilder:
         new = n - self.n
         self.n = n
         if new == 0:
-            self.pending_text += text
+            self._hold(text)
             return out
         texts = [""] * (new - 1) + [self.pending_text + text]
         self.pending_text = ""
@@ -141,6 +163,7 @@ class RoundBuilder:
                         "".join(c.text for c in committed), 0.0, max(ms, 0.0), self.clock() - self.started,
                         new_tokens, stop_reason)
         self.rounds.append(ev)
+        self.sent_chars += len(ev.text_delta)
         return ev
 
     # ---- vLLM --------------------------------------------------------------------------------------------------
@@ -150,16 +173,17 @@ class RoundBuilder:
         self.finish_reason = reason or self.finish_reason
         usage = chunk.get("usage")
         if not isinstance(usage, dict) or "completion_tokens" not in usage:
-            self.pending_text += text
+            self._hold(text)
             return []
         n = _int(usage, "completion_tokens")
         if n < self.n:
             raise RemoteError(f"the server's token count went backwards mid-reply ({self.n} -> {n})")
-        self.timings = {"prompt_n": usage.get("prompt_tokens", 0)}
+        self._check_count(n)
+        self.timings = {"prompt_n": _int(usage, "prompt_tokens", 0)}
         new, self.n = n - self.n, n
         self.ms = (self.clock() - self.started) * 1000.0  # vLLM sends no per-token timings: the client's clock
         if new == 0:
-            self.pending_text += text
+            self._hold(text)
             return []
         if self.first_token_s is None:
             self.first_token_s = self.clock() - self.started
@@ -176,10 +200,25 @@ class RoundBuilder:
         self.draft_n, self.accepted_n = self.draft_n + drafted, self.accepted_n + accepted
         return [self._close(None)]
 
+    # ---- bounds ------------------------------------------------------------------------------------------------
+    def _check_count(self, n: int) -> None:
+        """A reply holds no more tokens than asked: a server that claims more ignores max_tokens (or lies)."""
+        if self.max_tokens is not None and n > self.max_tokens:
+            raise ReplyCut(f"cut off: the server sent more than the {self.max_tokens} tokens asked for")
+
+    def _hold(self, text: str) -> None:
+        """Text whose token is still to come, bounded: a server that streams text without counting it (or
+        without end) is cut off once it sent more than the asked tokens could hold."""
+        self.pending_text += text
+        if self.max_chars is not None and self.sent_chars + len(self.pending_text) > self.max_chars:
+            self.pending_text = self.pending_text[: max(0, self.max_chars - self.sent_chars)]
+            raise ReplyCut(f"cut off: the server sent more text than {self.max_tokens} tokens can hold")
+
     # ---- the end -----------------------------------------------------------------------------------------------
-    def finish(self, cancelled: bool = False) -> tuple[list[RoundEvent], Summary]:
-        """The stream ended (or was cancelled): the round it cut short, if any, and the request's Summary."""
-        stop = "cancelled" if cancelled else _stop_reason(self.finish_reason, self.stop_strings)
+    def finish(self, cancelled: bool = False, cut: str | None = None) -> tuple[list[RoundEvent], Summary]:
+        """The stream ended (or was cancelled): the round it cut short, if any, and the request's Summary.
+        cut: why the stream ended before the server said the reply was complete (its stop reason)."""
+        stop = "cancelled" if cancelled else cut or _stop_reason(self.finish_reason, self.stop_strings)
         out: list[RoundEvent] = []
         if self.open is not None and self.open.texts:  # a reply that ended mid-round (EOS among the accepted)
             out.append(self._close(stop))
@@ -227,9 +266,11 @@ def _delta(chunk: dict[str, Any]) -> tuple[str, str | None]:
 
 
 def _int(d: dict[str, Any], key: str, default: int | None = None) -> int:
+    """A count the server sent: a whole number in [0, 2**53]. NaN and Inf are checked before int() sees them."""
     v = d.get(key, default)
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or v != int(v):
-        raise RemoteError(f"the server sent {key} = {v!r}, not a whole number")
+    if (isinstance(v, bool) or not isinstance(v, (int, float)) or (isinstance(v, float) and not math.isfinite(v))
+            or v != int(v) or not 0 <= v <= MAX_COUNT):
+        raise RemoteError(f"the server sent {key} = {v!r:.40}, not a whole number in [0, 2**53]")
     return int(v)
 
 

@@ -21,8 +21,10 @@ def parse_line(line: str) -> Any:
         return DONE
     try:
         payload = json.loads(body)
-    except ValueError as e:
+    except json.JSONDecodeError as e:
         raise RemoteError(f"the server sent a malformed chunk ({e.msg} at character {e.pos}): {_short(body)}") from None
+    except (ValueError, RecursionError):  # nested past the decoder's stack, or a number it cannot hold
+        raise RemoteError(f"the server sent a chunk too deeply nested to read: {_short(body)}") from None
     if not isinstance(payload, dict):
         raise RemoteError(f"the server sent a chunk that is not a JSON object: {_short(body)}")
     if "error" in payload and "choices" not in payload:
