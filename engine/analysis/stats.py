@@ -6,7 +6,10 @@ Pure Python: no Qt, no torch. The GUI records every round of every reply here an
 from __future__ import annotations
 
 import csv
+import errno
 import os
+import secrets
+import shutil
 import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -278,23 +281,67 @@ class SessionStats:
     def write_csv(self, path: str | Path) -> tuple[Path, Path]:
         """Rounds to `path`, per-message summaries to `<name>_summary.csv`, and the K tuner's sweeps (when there
         are any) to `<name>_tuner.csv`. All or nothing: every file is written to a temporary beside it and renamed
-        into place only once all are written, so a failure (a full disk) leaves an earlier export whole. Raises
-        OSError."""
+        into place only once all are written, and a rename that fails puts back those made before it, so a
+        failure (a full disk, a folder with one of the names) leaves an earlier export whole. Raises OSError."""
         main, side = Path(path), summary_path(path)
         files = [(main, ROUND_COLUMNS, self.round_rows()), (side, SUMMARY_COLUMNS, self.summary_rows())]
         if self.sweeps:
             rows = [row for i, sweep in enumerate(self.sweeps, 1) for row in sweep.rows(i)]
             files.append((tuner_path(path), SWEEP_COLUMNS, rows))
+        for dest, _, _ in files:  # what no rename can replace, found before anything is renamed
+            if dest.is_dir():
+                raise IsADirectoryError(errno.EISDIR, "a folder has the name the export needs", str(dest))
         written: list[tuple[Path, Path]] = []
         try:
             for dest, columns, rows in files:
                 written.append((_write_temporary(dest, columns, rows), dest))
-            for tmp, dest in written:
-                os.replace(tmp, dest)
+            _replace_together(written)
         finally:
             for tmp, _ in written:
                 tmp.unlink(missing_ok=True)
         return main, side
+
+
+def _replace_together(pairs: list[tuple[Path, Path]]) -> None:
+    """Rename each temporary onto its destination, all or none: every file replaced so far is put back (from a
+    hard link kept beside it, or a copy where links are not supported) when a later rename fails."""
+    done: list[tuple[Path, Path | None]] = []  # (destination, its earlier content; None: there was none)
+    try:
+        for tmp, dest in pairs:
+            backup = _keep(dest)
+            try:
+                os.replace(tmp, dest)
+            except BaseException:
+                if backup is not None:
+                    backup.unlink(missing_ok=True)
+                raise
+            done.append((dest, backup))
+    except BaseException:
+        for dest, backup in reversed(done):
+            try:
+                if backup is None:
+                    dest.unlink(missing_ok=True)
+                else:
+                    os.replace(backup, dest)
+            except OSError:  # put back what can be; the first error is the one to report
+                pass
+        raise
+    finally:
+        for _, backup in done:
+            if backup is not None:
+                backup.unlink(missing_ok=True)
+
+
+def _keep(dest: Path) -> Path | None:
+    """A second name for dest's current content, beside it (None when dest does not exist)."""
+    if not dest.exists():
+        return None
+    backup = dest.with_name(f".{dest.name}.{secrets.token_hex(6)}.bak")
+    try:
+        os.link(dest, backup)
+    except OSError:  # a file system without hard links (FAT, some network shares): a copy then
+        shutil.copy2(dest, backup)
+    return backup
 
 
 def _write_temporary(dest: Path, columns: tuple[str, ...], rows: list[dict[str, object]]) -> Path:

@@ -218,3 +218,55 @@ def test_speed_totals_empty():
     t = SpeedTotals()
     assert t.measured_speedup() is None and t.theoretical_speedup() is None and t.drafting.alpha == 0.0
     assert not math.isnan(t.cost_ratio())
+
+
+def test_a_folder_named_like_the_summary_fails_the_export_and_changes_nothing(tmp_path):
+    """Formerly NAME.csv was replaced before the rename onto the summary's folder failed: half an export."""
+    path = tmp_path / "session.csv"
+    path.write_text("old rounds", encoding="utf-8")
+    summary_path(path).mkdir()
+    with pytest.raises(IsADirectoryError):
+        _session("new").write_csv(path)
+    assert path.read_text(encoding="utf-8") == "old rounds"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["session.csv", "session_summary.csv"]
+
+
+def test_a_rename_that_fails_puts_back_the_files_renamed_before_it(tmp_path, monkeypatch):
+    import os
+
+    path = tmp_path / "session.csv"
+    _session("first").write_csv(path)
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    real, calls = os.replace, []
+
+    def replace(src, dst):
+        calls.append(dst)
+        if len(calls) == 2:  # the summary's rename, after the rounds' went through
+            raise PermissionError(13, "Permission denied", str(dst))
+        return real(src, dst)
+
+    monkeypatch.setattr(os, "replace", replace)
+    later = _session("second")
+    with pytest.raises(PermissionError):
+        later.write_csv(path)
+    monkeypatch.undo()
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before  # no temporaries or backups left
+
+
+def test_a_failed_first_export_leaves_no_file(tmp_path, monkeypatch):
+    import os
+
+    path = tmp_path / "fresh.csv"
+    real, calls = os.replace, []
+
+    def replace(src, dst):
+        calls.append(dst)
+        if len(calls) == 2:
+            raise PermissionError(13, "Permission denied", str(dst))
+        return real(src, dst)
+
+    monkeypatch.setattr(os, "replace", replace)
+    with pytest.raises(PermissionError):
+        _session("x").write_csv(path)
+    monkeypatch.undo()
+    assert list(tmp_path.iterdir()) == []
