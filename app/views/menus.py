@@ -39,11 +39,11 @@ class Commands:
 
 
 class MainMenus:
-    """Inherited by the main window, as a Qt Designer form is: `setup_menus` makes the actions attributes of the
-    window (`<name>_action`, the theme ones in `theme_actions`) and builds its menu bar and toolbar. Every action is
-    also added to the window, so its key works wherever the focus is."""
+    """A part the main window holds: it makes the window's actions (`<name>_action`, the theme ones in
+    `theme_actions`) and builds its menu bar and toolbar from them. Every action is also added to the window, so its
+    key works wherever the focus is."""
 
-    def setup_menus(self, window: QMainWindow, c: Commands) -> None:
+    def __init__(self, window: QMainWindow, c: Commands) -> None:
         self._create_actions(window, c)
         bar = window.menuBar()
         self._file_menu(bar.addMenu("&File"))

@@ -1,22 +1,48 @@
 """The main window's model loading: the load behind a progress dialog that can cancel it, the engine's start-up
-notice, and a crashed engine's banner with a reload. A mixin of `MainWindow`, which holds the widgets it updates
-(`controls`, `banner`, the status bar's labels) and the controller whose load signals reach these slots."""
+notice, and a crashed engine's banner with a reload. A part the window holds: it is given the widgets it updates
+(the controls, the crash banner, the status bar and its labels) and the controller it asks, and the window
+connects the controller's load signals to its slots. `changed` says that what the window's actions allow may
+have changed (a load ended, the engine died)."""
 from __future__ import annotations
 
-from PySide6.QtWidgets import QFileDialog
+from collections.abc import Callable
+from dataclasses import dataclass
 
+from PySide6.QtCore import QObject, Signal
+from PySide6.QtWidgets import QFileDialog, QLabel, QStatusBar, QWidget
+
+from app.controller import ChatController
 from app.dialogs.load_dialog import LoadDialog, describe_target
+from app.views.controls_panel import ControlsPanel
+from app.views.crash_banner import CrashBanner
 from engine.api.protocol import EngineInfo
 
 
-class ModelLoading:
-    load_dialog: LoadDialog | None  # while a load runs
+@dataclass(frozen=True)
+class StatusLine:
+    """The status bar and the two labels in it that name the engine in use."""
+
+    bar: QStatusBar
+    model: QLabel  # the pair, device and context
+    notice: QLabel  # the engine's sentence about a slow load, kept while that engine runs
+
+
+class ModelLoading(QObject):
+    changed = Signal()
+
+    def __init__(self, parent: QWidget, controller: ChatController, controls: ControlsPanel, banner: CrashBanner,
+                 status: StatusLine, show_error: Callable[[str, str], None]) -> None:
+        super().__init__(parent)
+        self._parent = parent  # the dialogs' parent
+        self.controller, self.controls, self.banner, self.status = controller, controls, banner, status
+        self._show_error = show_error
+        self.dialog: LoadDialog | None = None  # while a load runs
 
     def load_models(self, target: str | None = None, draft: str | None = None, device: str | None = None) -> None:
         """Load in the background behind a progress dialog (None: the embedded pair)."""
         if self.controller.load(target, draft, device, self.controls.context_tokens()):
             self.controls.show_requested(target, draft)  # a refused path stays in view, to retry or change
-            self._open_load_dialog(target)
+            self._open_dialog(target)
 
     def reload_models(self) -> None:
         """After a crash: a new engine process with the same models."""
@@ -24,70 +50,71 @@ class ModelLoading:
             return
         self.banner.hide()
         req = self.controller.reload()
-        self._open_load_dialog(req.target)
+        self._open_dialog(req.target)
 
-    def _open_load_dialog(self, target: str | None) -> None:
+    def open_model_folder(self) -> None:
+        path = QFileDialog.getExistingDirectory(self._parent, "Open a model folder")
+        if path:
+            self.load_models(path, None)
+
+    def _open_dialog(self, target: str | None) -> None:
         self.controls.set_loading(True)
-        dlg = LoadDialog(target, self)
+        dlg = LoadDialog(target, self._parent)
         dlg.canceled.connect(self._cancel_load)
         dlg.show()
-        self.load_dialog = dlg
-        self.statusBar().showMessage(f"Loading {describe_target(target)}\u2026")
+        self.dialog = dlg
+        self.status.bar.showMessage(f"Loading {describe_target(target)}\u2026")
 
     def _cancel_load(self) -> None:
         self.controller.cancel_load()
-        self.statusBar().showMessage("Cancelling the load\u2026")
+        self.status.bar.showMessage("Cancelling the load\u2026")
 
-    def _close_load_dialog(self) -> None:
+    def _close_dialog(self) -> None:
         self.controls.set_loading(False)
-        if self.load_dialog is not None:
-            self.load_dialog.canceled.disconnect(self._cancel_load)
-            self.load_dialog.close()
-            self.load_dialog.deleteLater()
-            self.load_dialog = None
+        if self.dialog is not None:
+            self.dialog.canceled.disconnect(self._cancel_load)
+            self.dialog.close()
+            self.dialog.deleteLater()
+            self.dialog = None
 
-    def _on_load_progress(self, stage: str, fraction: float) -> None:
-        if self.load_dialog is not None:
-            self.load_dialog.show_progress(stage, fraction)
+    # ---- the controller's load signals ---------------------------------------------------------------------
+    def on_load_progress(self, stage: str, fraction: float) -> None:
+        if self.dialog is not None:
+            self.dialog.show_progress(stage, fraction)
 
-    def _on_loaded(self, info: EngineInfo) -> None:
-        self._close_load_dialog()
+    def on_loaded(self, info: EngineInfo) -> None:
+        self._close_dialog()
         self.banner.hide()
         self.controls.set_loaded(info.target_name, info.draft_name, info.device, info.dtype_name)
         pair = info.target_name + (f" + {info.draft_name}" if info.draft_name else "")
         context = f" \u00b7 context {info.context:,} tokens" if info.context else ""
-        self.model_label.setText(f"{pair} \u00b7 {info.device} \u00b7 {info.dtype_name}{context}")
-        self.notice_label.setText(info.notice)
-        self.notice_label.setToolTip(info.notice)
-        self.notice_label.setVisible(bool(info.notice))
-        self.statusBar().clearMessage()
+        self.status.model.setText(f"{pair} \u00b7 {info.device} \u00b7 {info.dtype_name}{context}")
+        self.status.notice.setText(info.notice)
+        self.status.notice.setToolTip(info.notice)
+        self.status.notice.setVisible(bool(info.notice))
+        self.status.bar.clearMessage()
         if not info.notice:  # a passing message would cover the notice for its first seconds
-            self.statusBar().showMessage(f"Loaded {pair}", 5000)
-        self._update_actions()
+            self.status.bar.showMessage(f"Loaded {pair}", 5000)
+        self.changed.emit()
 
-    def _on_load_failed(self, message: str) -> None:
-        self._close_load_dialog()
-        self.statusBar().clearMessage()
-        self.show_error("Could not load the model", message)
+    def on_load_failed(self, message: str) -> None:
+        self._close_dialog()
+        self.status.bar.clearMessage()
+        self._show_error("Could not load the model", message)
 
-    def _on_load_cancelled(self) -> None:
-        self._close_load_dialog()
-        self.statusBar().showMessage("Loading cancelled" + ("; the current model stays loaded."
-                                                            if self.controller.ready else "."), 5000)
+    def on_load_cancelled(self) -> None:
+        self._close_dialog()
+        self.status.bar.showMessage("Loading cancelled" + ("; the current model stays loaded."
+                                                           if self.controller.ready else "."), 5000)
 
-    def _on_engine_died(self, sentence: str) -> None:
+    def on_engine_died(self, sentence: str) -> None:
         """The window stays: one sentence in the banner and the status bar, and a way to reload."""
-        self._close_load_dialog()
+        self._close_dialog()
         self.banner.show_message(sentence)
-        self.model_label.setText("Engine stopped")
-        self.statusBar().showMessage(sentence, 10000)
-        self._update_actions()
+        self.status.model.setText("Engine stopped")
+        self.status.bar.showMessage(sentence, 10000)
+        self.changed.emit()
 
-    def _on_models(self, models: list) -> None:
+    def on_models(self, models: list) -> None:
         self.controls.set_local_models(models)
         self.controls.select_pair(*self.controls.saved_pair)
-
-    def open_model_folder(self) -> None:
-        path = QFileDialog.getExistingDirectory(self, "Open a model folder")
-        if path:
-            self.load_models(path, None)

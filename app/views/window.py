@@ -4,8 +4,9 @@ The controller's signals arrive in the GUI thread; the slots only append to buff
 20 Hz QTimer repaints from those buffers (the chat at up to 20 Hz, 10 Hz while rounds stream in continuously;
 one chart per frame, as the charts' GUI-time budget allows: see app/views/charts.py), so the engine's rate never
 sets the paint rate. If the engine process dies, a banner says why in one sentence and offers to reload the
-models; the chat, the charts and the session stats stay. Loading and the crash banner: app/views/model_loading.py;
-the stats and trace files: app/views/session_files.py; the menus: app/views/menus.py.
+models; the chat, the charts and the session stats stay. The window is composed of parts it holds and wires in
+__init__: the menus and toolbar (app/views/menus.py), loading and the crash banner (app/views/model_loading.py),
+the stats and trace files (app/views/session_files.py) and attach mode (app/views/attach_mode.py).
 """
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ from app import __version__
 from app.controller import ChatController
 from app.dialogs.compare import CompareDialog
 from app.dialogs.load_dialog import LoadDialog
+from app.dialogs.trace_window import TraceWindow
 from app.dialogs.tuner_dialog import TunerDialog
 from app.session.names import drafter_name
 from app.views.attach_mode import AttachMode
@@ -40,7 +42,7 @@ from app.views.crash_banner import CrashBanner
 from app.views.inspector_dock import InspectorDock
 from app.views.legend import OriginLegend
 from app.views.menus import Commands, MainMenus
-from app.views.model_loading import ModelLoading
+from app.views.model_loading import ModelLoading, StatusLine
 from app.views.prompt_edit import PromptEdit
 from app.views.reply_footer import reply_footer
 from app.views.resources import app_icon
@@ -55,7 +57,7 @@ TEXT_FRAME_S = 0.09  # ... and the chat at most every other frame (about 10 Hz) 
 TEXT_ROUNDS_PER_FRAME = 24  # ... and at most this many rounds of text per frame: one frame's layout stays short
 
 
-class MainWindow(QMainWindow, MainMenus, ModelLoading, SessionFiles):
+class MainWindow(QMainWindow):
     def __init__(self, controller: ChatController, settings: QSettings | None = None, *,
                  unattended: bool = False) -> None:
         """unattended: errors go to stderr instead of a dialog (a scripted check of the app, e.g. --load-test)."""
@@ -67,7 +69,6 @@ class MainWindow(QMainWindow, MainMenus, ModelLoading, SessionFiles):
         self.summary: Summary | None = None  # of the last chat reply, once it arrives
         self.compare_dialog: CompareDialog | None = None
         self.tuner_dialog: TunerDialog | None = None
-        self.load_dialog: LoadDialog | None = None
         self.theme = "system"
         self._status_dirty = False
         self._drafted = self._accepted = 0  # this reply's running totals, for the status line
@@ -80,8 +81,19 @@ class MainWindow(QMainWindow, MainMenus, ModelLoading, SessionFiles):
         self.setWindowIcon(app_icon())
         self.resize(1480, 900)
         self._build_ui()
+        # The parts, each given what it uses
+        self.model_loading = ModelLoading(self, controller, self.controls, self.banner,
+                                          StatusLine(self.statusBar(), self.model_label, self.notice_label),
+                                          self.show_error)
+        self.files = SessionFiles(self, controller, self.controls, self.settings, self.statusBar(), self.show_error)
         self.attach_mode = AttachMode(self)  # File > Attach to server...
-        self.setup_menus(self, self._commands())
+        self.menus = MainMenus(self, self._commands())
+        m = self.menus  # the actions the window (and attach mode) enable, check or name
+        self.new_action, self.send_action, self.stop_action, self.quit_action = (
+            m.new_action, m.send_action, m.stop_action, m.quit_action)
+        self.compare_action, self.tune_action, self.export_action = m.compare_action, m.tune_action, m.export_action
+        self.rejected_action, self.detach_action, self.theme_actions = (
+            m.rejected_action, m.detach_action, m.theme_actions)
         self._connect()
         self.attach_mode.connect_signals()
         self._restore()
@@ -158,9 +170,9 @@ class MainWindow(QMainWindow, MainMenus, ModelLoading, SessionFiles):
     def _commands(self) -> Commands:
         # The lambdas drop the `checked` argument of triggered(), which these slots would take for a path
         return Commands(
-            new_chat=self.new_chat, open_model_folder=self.open_model_folder,
-            export_stats=lambda: self.export_stats(), save_trace=lambda: self.save_trace(),
-            open_trace=lambda: self.open_trace(), quit=self.close, send=self.send, stop=self.stop,
+            new_chat=self.new_chat, open_model_folder=self.model_loading.open_model_folder,
+            export_stats=lambda: self.files.export_stats(), save_trace=lambda: self.files.save_trace(),
+            open_trace=lambda: self.files.open_trace(), quit=self.close, send=self.send, stop=self.stop,
             compare=self.compare, tune_k=self.tune_k, show_rejected=self.chat.set_show_rejected,
             focus_input=lambda: self.input.setFocus(), about=self.about, set_theme=self.set_theme,
             step_actions=(self.stepper.toggle_action, self.stepper.next_action, self.stepper.continue_action),
@@ -174,6 +186,7 @@ class MainWindow(QMainWindow, MainMenus, ModelLoading, SessionFiles):
         self.stop_button.clicked.connect(self.stop)
         self.chat.tokenClicked.connect(self.inspector.show_token)
         self.banner.reload_button.clicked.connect(self.reload_models)
+        self.model_loading.changed.connect(self._update_actions)
         self.controls.changed.connect(self.push_controls)
         self.controls.loadRequested.connect(lambda t, d: self.load_models(t, d))
         self.controls.rescanRequested.connect(self.controller.scan_models)
@@ -187,15 +200,37 @@ class MainWindow(QMainWindow, MainMenus, ModelLoading, SessionFiles):
         c.chatCleared.connect(self._on_cleared)
         c.stateChanged.connect(self._update_actions)
         c.stateChanged.connect(self._update_status)  # a pause or a step changes it with no round arriving
-        c.loadProgress.connect(self._on_load_progress)
-        c.loaded.connect(self._on_loaded)
-        c.loadFailed.connect(self._on_load_failed)
-        c.loadCancelled.connect(self._on_load_cancelled)
-        c.modelsListed.connect(self._on_models)
-        c.engineDied.connect(self._on_engine_died)
+        loading = self.model_loading
+        c.loadProgress.connect(loading.on_load_progress)
+        c.loaded.connect(loading.on_loaded)
+        c.loadFailed.connect(loading.on_load_failed)
+        c.loadCancelled.connect(loading.on_load_cancelled)
+        c.modelsListed.connect(loading.on_models)
+        c.engineDied.connect(loading.on_engine_died)
         QGuiApplication.styleHints().colorSchemeChanged.connect(self._on_color_scheme)
         if c.info is not None:
-            self._on_loaded(c.info)
+            loading.on_loaded(c.info)
+
+    # ---- the parts' commands, which others (attach mode, the entry point, scripts) ask the window for ----------
+    def load_models(self, target: str | None = None, draft: str | None = None, device: str | None = None) -> None:
+        self.model_loading.load_models(target, draft, device)
+
+    def reload_models(self) -> None:
+        self.model_loading.reload_models()
+
+    @property
+    def load_dialog(self) -> LoadDialog | None:
+        """The load's progress dialog while a load runs, else None."""
+        return self.model_loading.dialog
+
+    def export_stats(self, path: str | None = None) -> bool:
+        return self.files.export_stats(path)
+
+    def save_trace(self, path: str | None = None) -> bool:
+        return self.files.save_trace(path)
+
+    def open_trace(self, path: str | None = None) -> TraceWindow | None:
+        return self.files.open_trace(path)
 
     # ---- chat ----------------------------------------------------------------------------------------------
     def send(self) -> None:

@@ -50,10 +50,10 @@ def test_the_kernels_sentence_stays_under_every_step(qtbot):
 def test_the_status_line_keeps_the_kernels_sentence(qtbot, make_window):
     w = make_window(fake(), load=False)
     info = EngineInfo("t.gguf", "d.gguf", "cpu", "Q4_K_M, int8 activations, pure-torch fallback", NOTICE)
-    w._on_loaded(info)
+    w.model_loading.on_loaded(info)
     label = w.findChild(QLabel, "kernelsNotice")
     assert label is w.notice_label and label.isVisible() and label.text() == NOTICE
     w.statusBar().showMessage("Loaded t.gguf + d.gguf", 100)  # a passing message covers it, then it is back
     qtbot.waitUntil(lambda: w.notice_label.isVisible(), timeout=2000)
-    w._on_loaded(EngineInfo("t.gguf", "d.gguf", "cpu", "Q4_K_M, int8 activations, AVX2 kernels"))
+    w.model_loading.on_loaded(EngineInfo("t.gguf", "d.gguf", "cpu", "Q4_K_M, int8 activations, AVX2 kernels"))
     assert not w.notice_label.isVisible()
