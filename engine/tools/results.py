@@ -234,7 +234,8 @@ def load_records(folder: str | Path, warn: Callable[[str], None] | None = None) 
             out.append(Record.from_dict(json.loads(path.read_text(encoding="utf-8")), path))
         except (OSError, UnicodeDecodeError, ValueError) as e:  # json.JSONDecodeError is a ValueError
             warn(f"results: skipped {path.name}: {e}")
-    return sorted(out, key=lambda r: (r.date, r.path.name))
+    # an imported record may carry only its day: its source file's name (run a, b, ...) orders it within the day
+    return sorted(out, key=lambda r: (r.date, r.source or "", r.path.name))
 
 
 # --- the benchmarks' side: two options and one call -------------------------------------------------------------

@@ -90,7 +90,34 @@ def scalars(f: dict, limit: int = 4) -> str:
     return text or "–"
 
 
+def pass_bound_headline(f: dict) -> str:
+    """scripts.profile.pass_bound's figures: the dot peak, and per memory mood the step and the 5- and 9-token
+    passes in steps, with the share of the peak the pass goals would need."""
+    peak = f.get("peak") or {}
+    parts = [f"peak {num(peak.get('gps'))} G products/s"]
+    for mood, m in (f.get("moods") or {}).items():
+        passes = m.get("passes") or {}
+        cells = [f"{w} tokens {num((passes.get(w) or {}).get('steps'))} steps"
+                 + (f" (goal needs {passes[w]['goal_needs_share']:.0%})" if "goal_needs_share" in (passes.get(w) or {})
+                    else "") for w in ("5", "9")]
+        parts.append(f"{mood}: step {num(m.get('step_ms'))} ms, " + ", ".join(cells))
+    return "; ".join(parts)
+
+
+def gpu_headline(f: dict) -> str:
+    """scripts.bench.gpu's figures: the target's step as a CUDA graph, c, and the engine's rates."""
+    step = next((v.get("step_ms") for k, v in (f.get("passes") or {}).items() if k.startswith("target")
+                 and k.endswith("graphs")), None)
+    c = (f.get("c_one_token") or {}).get("graphs")
+    rates = ", ".join(f"{k} {num(v.get('tokens_per_s'))} tok/s" for k, v in (f.get("engine") or {}).items())
+    return f"target step {num(step)} ms as a graph, c {num(c)}" + (f"; engine {rates}" if rates else "")
+
+
 def headline(r: Record) -> str:
+    if r.tool == "scripts.profile.pass_bound":
+        return pass_bound_headline(r.figures)
+    if r.tool == "scripts.bench.gpu":
+        return gpu_headline(r.figures)
     if r.tool == CPU_TOOL:
         h = cpu_headline(r.figures)
         return (f"plain {num(h['plain'])}, best {num(h['best'])} ({h['best_name'] or '–'}), llama.cpp plain "

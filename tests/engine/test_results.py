@@ -156,3 +156,25 @@ def test_speclens_bench_writes_one_record_of_its_figures(tmp_path, monkeypatch):
     assert rec.tool == "speclens-bench" and rec.args == argv and rec.figures["device"] == "cpu"
     assert [(r["mode"], r["k"]) for r in rec.figures["results"]] == [("plain", 0), ("draft", 4)]
     assert all("outputs" not in r and r["tokens_per_s"] > 0 for r in rec.figures["results"])
+
+
+def test_imported_runs_of_one_day_keep_their_order_and_the_profiles_get_a_headline(tmp_path):
+    """Imported records carry only their day: run b of a day comes after its unlettered run a, whatever the record
+    files are called; a pass_bound record's line says the steps and the share of the peak the goals need."""
+    later = cpu_record("AMD Zen 4", "2026-11-25", 30.0, 40.0, 25.0)
+    later.source, later.imported, later.commit = "docs/bench_cpu_zen4_2026-11-25b.json", True, None
+    first = cpu_record("AMD Zen 4", "2026-11-25", 20.0, 24.0, 16.0)
+    first.source, first.imported, first.commit = "docs/bench_cpu_zen4_2026-11-25.json", True, None
+    results.save(tmp_path, later)
+    results.save(tmp_path, first)
+    bound = Record(tool="scripts.profile.pass_bound", args=None, date="2026-11-28", commit=None, dirty=None,
+                   machine={"kind": "AMD Zen 4"}, figures={"peak": {"gps": 449.0}, "moods": {"all": {
+                       "step_ms": 24.84, "passes": {"5": {"steps": 1.99, "goal_needs_share": 0.55},
+                                                    "9": {"steps": 3.46, "goal_needs_share": 0.78}}}}})
+    results.save(tmp_path, bound)
+    recs = load_records(tmp_path, warn=pytest.fail)
+    assert [r.figures.get("ours", {}).get("plain", {}).get("tokens_per_s") for r in recs[:2]] == [20.0, 30.0]
+    page = render_results.render(recs)
+    assert "| AMD Zen 4 | 2026-11-25 | not recorded | 30.00 |" in page  # run b is the current one
+    assert ("peak 449.00 G products/s; all: step 24.84 ms, 5 tokens 1.99 steps (goal needs 55%), 9 tokens 3.46 "
+            "steps (goal needs 78%)") in page
