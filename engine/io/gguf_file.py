@@ -290,7 +290,7 @@ class GGUFFile:
         """The model's config, every value it is built from checked first (type, range, agreement with the
         tensors' shapes): a hostile or damaged header is a ModelLoadError naming the key, never an allocation
         sized by it."""
-        if (why := gguf_refusal(self.arch)) is not None:  # engine.model.families: unknown, or a feature missing
+        if (why := gguf_refusal(self.arch, self.metadata, self.tensors)) is not None:  # engine.model.families
             raise ModelLoadError(f"{self.path}: {why}")
         embd = self.tensors.get("token_embd.weight")
         if embd is None:

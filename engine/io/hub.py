@@ -203,7 +203,7 @@ def _describe_gguf(path: Path, source: str, name: str, check_data: bool, parts: 
     from engine.model.families import gguf_refusal
 
     gf = GGUFFile(path, check_data=check_data and parts == 1)
-    why = gguf_refusal(gf.arch)
+    why = gguf_refusal(gf.arch, gf.metadata, gf.tensors)
     if gf.arch == "clip":
         why = "a vision projector (mmproj) for another model, not a language model"
     elif parts > 1:

@@ -101,7 +101,7 @@ def test_qwen2_window_counts_only_when_its_layers_use_it():
     ("gemma3", "Gemma 3 needs"),
     ("phi3", "fused qkv_proj/gate_up_proj weights"),
     ("smollm3", "SmolLM3 needs layers without RoPE (NoPE)"),
-    ("granite", "Granite needs Granite's embedding/attention/residual/logit multipliers"),
+    ("granite", "Granite needs scaling multipliers (embedding/attention/residual/logit)"),
 ])
 def test_known_families_not_yet_runnable_are_refused_naming_what_they_lack(model_type, words):
     with pytest.raises(ValueError) as e:
@@ -184,3 +184,52 @@ def test_a_gguf_of_a_known_family_not_yet_runnable_is_refused_naming_what_it_lac
     w.close()
     with pytest.raises(ModelLoadError, match=r"q3.gguf: Qwen3 needs per-head q/k RMSNorm, which SpecLens does not"):
         GGUFFile(tmp_path / "q3.gguf").config()
+
+
+def small_gguf(path, arch: str, keys: dict, tensors: tuple[str, ...] = ()):
+    """A GGUF header of `arch` (4 heads of 16) with extra metadata keys and extra (tiny) tensors."""
+    import gguf
+    import numpy as np
+
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_block_count(1)
+    w.add_embedding_length(64)
+    w.add_head_count(4)
+    for key, value in keys.items():
+        (w.add_float32 if isinstance(value, float) else w.add_uint32)(f"{arch}.{key}", value)
+    for name in ("token_embd.weight", *tensors):
+        w.add_tensor(name, np.zeros((4, 32), dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+@pytest.mark.parametrize("arch, keys, tensors, words", [
+    ("llama", {"expert_count": 8}, ("blk.0.ffn_gate_exps.weight",), "Llama GGUF needs mixture-of-experts layers,"),
+    ("qwen2", {}, ("blk.0.attn_q_norm.weight", "blk.0.attn_k_norm.weight"), "Qwen2 GGUF needs per-head q/k RMSNorm,"),
+    ("llama", {}, ("blk.0.attn_output.bias",), "needs an output-projection (o_proj) bias,"),
+    ("llama", {}, ("blk.0.ffn_up.bias",), "needs MLP biases,"),
+    ("llama", {"final_logit_softcapping": 30.0}, (), "needs logit soft-capping,"),
+    ("llama", {"rope.dimension_count": 8}, (), "needs RoPE on part of each head"),
+    ("llama", {"embedding_scale": 12.0}, (), "needs scaling multipliers"),
+    ("llama", {"attention.scale": 0.5}, (), "needs scaling multipliers"),
+    ("llama", {}, ("blk.0.mystery.weight",), "holds tensors SpecLens has no place for (blk.0.mystery.weight)"),
+    ("qwen2", {"attention.sliding_window": 32}, (), "has a 32-token sliding window"),
+])
+def test_gguf_metadata_and_tensors_that_change_the_math_are_refused(tmp_path, arch, keys, tensors, words):
+    from engine.io.gguf_file import GGUFFile
+
+    gf = GGUFFile(small_gguf(tmp_path / "m.gguf", arch, keys, tensors))
+    with pytest.raises(ModelLoadError) as e:
+        gf.config()
+    assert words in str(e.value)
+
+
+def test_gguf_values_that_keep_the_math_are_not_refused(tmp_path):
+    from engine.io.gguf_file import GGUFFile
+
+    neutral = {"expert_count": 0, "rope.dimension_count": 16, "attention.scale": 0.25, "embedding_scale": 1.0}
+    gf = GGUFFile(small_gguf(tmp_path / "m.gguf", "llama", neutral, ("rope_freqs.weight", "blk.0.attn_q.bias")))
+    assert families.gguf_refusal(gf.arch, gf.metadata, gf.tensors) is None
