@@ -7,6 +7,7 @@ the host through one queued signal, so every signal is emitted in the GUI thread
 from another thread. Each message goes through one table, `_handlers`: one of another type, or with fields that
 do not match the protocol, is logged and dropped.
 
+It is one of the two Hosts (app/host_protocol.py) the controller knows; an attached server's is the other.
 `generate()` returns a RequestHandle (app/request_handle.py): that request's own signals. The host's signals
 (GUI thread) are the process's:
 
