@@ -116,3 +116,19 @@ def test_views_and_dialogs_reach_no_backend_and_no_private_member():
     private = re.compile(r"\b(controller|controls|ctl|window|w)\._[a-z]\w*")
     reached = [f"{p.relative_to(ROOT)}: {m.group(0)}" for p, text in sources.items() for m in private.finditer(text)]
     assert not reached, reached
+
+
+def test_the_controller_builds_the_servers_host_and_refuses_a_url_that_cannot_be_one(qapp, qtbot):
+    from app.controller import ChatController
+
+    controller = ChatController(EngineHost())  # no engine process: attach mode needs none
+    with qtbot.waitSignal(controller.attachFailed, timeout=1000) as failed:
+        assert controller.attach("ftp://127.0.0.1:9") is False
+    assert "http" in failed.args[0] and controller.remote is None and controller.connecting is None
+    assert controller.attach("http://127.0.0.1:9")  # built and connecting: nothing listens there
+    assert isinstance(controller.connecting, Host) and controller.remote is None
+    with qtbot.waitSignal(controller.attachFailed, timeout=10000):
+        pass
+    assert controller.connecting is None and controller.remote is None and controller.attachment is None
+    controller.shutdown()
+    controller.deleteLater()
