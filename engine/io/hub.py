@@ -157,6 +157,8 @@ def label(spec: str | Path, path: Path) -> str:
         if p.startswith("models--") and i + 2 < len(parts) and parts[i + 1] == "snapshots":
             repo = p.removeprefix("models--").replace("--", "/")
             return repo if path.suffix != ".gguf" else f"{repo}/{path.name}"
+    if path.suffix != ".gguf" and (ollama := model_dirs.ollama_name(path)):
+        return ollama
     return path.stem if path.suffix == ".gguf" else path.name
 
 

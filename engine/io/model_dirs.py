@@ -132,9 +132,9 @@ def llamacpp_models() -> Iterator[Found]:
     yield from _from_files(llamacpp_dir(), "llama.cpp")
 
 
-def ollama_models(max_entries: int = MAX_ENTRIES) -> Iterator[Found]:
+def ollama_models(max_entries: int = MAX_ENTRIES, root: Path | None = None) -> Iterator[Found]:
     """One entry per manifests/<registry>/<namespace>/<name>/<tag> whose model layer's blob is there."""
-    root = ollama_dir()
+    root = root or ollama_dir()
     manifests = root / "manifests"
     if not manifests.is_dir():
         return
@@ -176,6 +176,13 @@ def _ollama_blob(root: Path, manifest: Path) -> Path | None:
         log.warning("skipping Ollama manifest %s: its model blob %s is missing", manifest, blob.name)
         return None
     return blob
+
+
+def ollama_name(blob: Path) -> str | None:
+    """The name:tag whose model an Ollama blob is (blobs are named by hash), or None when it is not one."""
+    if blob.parent.name != "blobs" or not _DIGEST.fullmatch(blob.name):
+        return None
+    return next((f.name for f in ollama_models(root=blob.parent.parent) if f.path == blob), None)
 
 
 def other_apps_models() -> Iterator[Found]:

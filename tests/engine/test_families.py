@@ -80,6 +80,10 @@ def test_loading_a_windowed_folder_says_why_its_context_is_short(tmp_path):
     ck = load_checkpoint(tmp_path, lambda s, f: stages.append(s))
     assert ck.config.max_position_embeddings == WINDOW
     assert any("sliding window" in s for s in stages)
+    from engine.io.hub import describe
+
+    listed = describe(tmp_path, "folder")  # the picker and speclens-models show the capped context, and why
+    assert listed.context_limit == WINDOW and "sliding window" in listed.note and listed.runnable
 
 
 def test_qwen2_window_counts_only_when_its_layers_use_it():

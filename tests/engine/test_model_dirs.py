@@ -120,6 +120,7 @@ def test_an_ollama_blob_loads_as_the_gguf_it_is(home, qwen_gguf):
     assert m.path.suffix == ""  # a blob is named by its hash
     ck = load_checkpoint(m.path, dequantize=False)
     assert ck.config == load_checkpoint(qwen_gguf, dequantize=False).config
+    assert ck.name == "qwen2.5:latest"  # the name the user knows it by, not the blob's hash
 
 
 def test_broken_entries_are_skipped_with_a_log_line_and_never_hide_the_others(home, qwen_gguf, caplog):
