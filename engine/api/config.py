@@ -44,8 +44,9 @@ class ModelConfig:
             raise ValueError(f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})")
         if self.rope_scaling is not None:
             kind = self.rope_scaling.get("rope_type", self.rope_scaling.get("type"))
-            if kind not in ("llama3", "default", None):
-                raise ValueError(f"unsupported rope_scaling type {kind!r} (supported: llama3)")
+            if kind not in ("default", None) and kind not in families.ROPE_SCALINGS:
+                raise ValueError(f"unsupported rope_scaling type {kind!r} (supported: "
+                                 f"{', '.join(families.ROPE_SCALINGS)})")
         if self.sliding_window is not None and self.max_position_embeddings > self.sliding_window:
             raise ValueError(f"a context of {self.max_position_embeddings} tokens is longer than the model's "
                              f"{self.sliding_window}-token sliding window, and SpecLens has no windowed attention")

@@ -55,6 +55,7 @@ FEATURES: dict[str, Feature] = {f.key: f for f in _FEATURES}
 # rope_scaling kind (config.json's rope_type) -> feature; "default" is plain RoPE
 ROPE_KINDS = {"llama3": "rope_llama3", "linear": "rope_linear", "dynamic": "rope_dynamic", "yarn": "rope_yarn",
               "longrope": "rope_longrope", "su": "rope_longrope"}
+ROPE_SCALINGS = tuple(kind for kind, key in ROPE_KINDS.items() if FEATURES[key].implemented)  # what the engine runs
 
 Choice = Literal["never", "always", "config"]  # a bias the family never has, always has, or takes from config.json
 Window = Literal["none", "all", "layers"]  # no window; every layer when sliding_window is set; per layer (Qwen)

@@ -122,7 +122,7 @@ def test_unknown_family_names_itself_and_what_runs():
     (dict(attention_bias=True), "attention_bias: Llama attention bias includes an output-projection (o_proj) bias"),
     (dict(mlp_bias=True), "mlp_bias: Llama needs MLP biases"),
     (dict(hidden_act="gelu"), "hidden_act 'gelu': SpecLens implements the SiLU-gated MLP only"),
-    (dict(rope_scaling={"rope_type": "yarn", "factor": 4.0}), "unsupported rope_scaling type 'yarn'"),
+    (dict(rope_scaling={"rope_type": "yarn", "factor": 4.0}), "unsupported rope_scaling type 'yarn' (supported: llama3)"),
     (dict(rope_scaling={"type": "linear", "factor": 2.0}), "unsupported rope_scaling type 'linear'"),
     (dict(rope_scaling={"rope_type": "dynamic", "factor": 2.0}), "unsupported rope_scaling type 'dynamic'"),
     (dict(final_logit_softcapping=30.0), "final_logit_softcapping = 30.0: logit soft-capping"),
