@@ -182,7 +182,8 @@ def describe(path: Path, source: str, name: str | None = None) -> LocalModel:
     except KeyError as e:
         raise ModelLoadError(f"{path}: config.json lacks {e}") from e
     except ValueError as e:  # a family or field the engine does not compute: listed with the reason
-        facts = [_count(cfg.get(k)) for k in ("vocab_size", "num_hidden_layers", "hidden_size", "max_position_embeddings")]
+        keys = ("vocab_size", "num_hidden_layers", "hidden_size", "max_position_embeddings")
+        facts = [_count(cfg.get(k)) for k in keys]
         return LocalModel(name or label(path, path), path, source, str(cfg.get("model_type", "?")), *facts[:3],
                           float(f"{n / 1e9:.3g}"), facts[3], quant=dtype, why_not=str(e))
     return LocalModel(name or label(path, path), path, source, c.arch, c.vocab_size, c.num_layers, c.hidden_size,

@@ -122,7 +122,8 @@ def test_unknown_family_names_itself_and_what_runs():
     (dict(attention_bias=True), "attention_bias: Llama attention bias includes an output-projection (o_proj) bias"),
     (dict(mlp_bias=True), "mlp_bias: Llama needs MLP biases"),
     (dict(hidden_act="gelu"), "hidden_act 'gelu': SpecLens implements the SiLU-gated MLP only"),
-    (dict(rope_scaling={"rope_type": "yarn", "factor": 4.0}), "unsupported rope_scaling type 'yarn' (supported: llama3)"),
+    (dict(rope_scaling={"rope_type": "yarn", "factor": 4.0}),
+     "unsupported rope_scaling type 'yarn' (supported: llama3)"),
     (dict(rope_scaling={"type": "linear", "factor": 2.0}), "unsupported rope_scaling type 'linear'"),
     (dict(rope_scaling={"rope_type": "dynamic", "factor": 2.0}), "unsupported rope_scaling type 'dynamic'"),
     (dict(final_logit_softcapping=30.0), "final_logit_softcapping = 30.0: logit soft-capping"),
@@ -149,7 +150,8 @@ def test_a_tied_config_with_a_different_stored_head_is_refused(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(LLAMA32_TINY))
     save_file(sd | {"lm_head.weight": sd["model.embed_tokens.weight"].clone()}, tmp_path / "model.safetensors")
     assert load_checkpoint(tmp_path).config.tie_word_embeddings  # the same head stored twice is fine
-    save_file(sd | {"lm_head.weight": torch.randn_like(sd["model.embed_tokens.weight"])}, tmp_path / "model.safetensors")
+    other = torch.randn_like(sd["model.embed_tokens.weight"])
+    save_file(sd | {"lm_head.weight": other}, tmp_path / "model.safetensors")
     with pytest.raises(ModelLoadError, match="ties the LM head to the embedding"):
         load_checkpoint(tmp_path)
 

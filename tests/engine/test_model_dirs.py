@@ -104,7 +104,8 @@ def test_lists_every_apps_models_with_family_size_quant_context_and_whether_they
     assert len(models) == 6
     lm = models["Qwen/Qwen2-GGUF/qwen2-q8_0.gguf"]
     assert (lm.source, lm.arch, lm.quant, lm.context_limit, lm.runnable) == ("lm-studio", "qwen2", "Q8_0", 128, True)
-    assert lm.params_b == float(f"{sum(p.numel() for p in make_hf_model('qwen2', lm.vocab_size).parameters()) / 1e9:.3g}")
+    params = sum(p.numel() for p in make_hf_model("qwen2", lm.vocab_size).parameters())
+    assert lm.params_b == float(f"{params / 1e9:.3g}")
     q3 = models["Qwen/Qwen3-GGUF/qwen3-q8_0.gguf"]
     assert (q3.source, q3.arch, q3.num_layers, q3.context_limit, q3.quant) == ("lm-studio", "qwen3", 3, 40960, "Q8_0")
     assert q3.why_not == "Qwen3 needs per-head q/k RMSNorm, which SpecLens does not implement yet"
