@@ -173,7 +173,7 @@ def modes(model: Transformer, name: str, context: list[int], reps: int,
     return steps
 
 
-def padding_study(model: Transformer, name: str, context: list[int], reps: int) -> None:
+def padding_study(model: Transformer, name: str, context: list[int], reps: int, figures: dict | None = None) -> None:
     set_graphs(model, False)
     pad_all(model)
     for rows in (16, 2, 1):
@@ -183,6 +183,8 @@ def padding_study(model: Transformer, name: str, context: list[int], reps: int) 
         label = {16: "all padded to 16 rows", 2: "one row padded to 2", 1: "unpadded"}[rows]
         costs = "  ".join(f"{n}: {ms[n] / ms[1]:.2f}" for n in PASSES[1:])
         print(f"{name}, eager, {label}: step {ms[1]:.2f} ms; pass of n tokens, in steps: {costs}")
+        if figures is not None:
+            figures[f"{name}, eager, {label}"] = {"step_ms": ms[1], "pass_steps": {n: ms[n] / ms[1] for n in PASSES}}
         diff = "  ".join("n={}: {} rows, {} argmax".format(n, *rows_differing(model, context, n))
                          for n in (2, 5, 9, 16))
         print(f"    rows differing from one-token steps: {diff}")
@@ -288,7 +290,7 @@ def main() -> None:
             continue
         step[name] = modes(model, name, context, args.reps, figures["passes"])
         if args.padding:
-            padding_study(model, name, context, args.reps)
+            padding_study(model, name, context, args.reps, figures["passes"])
         set_graphs(model, True)
         models[name] = model
     if args.profile:
