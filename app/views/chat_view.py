@@ -7,6 +7,8 @@ drives the paint rate. Hiding rejected drafts or a palette change re-renders the
 """
 from __future__ import annotations
 
+import functools
+import re
 from dataclasses import dataclass, field
 
 from PySide6.QtCore import QEvent, QMimeData, QObject, QPoint, Qt, Signal
@@ -29,6 +31,36 @@ from engine.api.events import Origin, RoundEvent
 
 TOKEN_PROP = int(QTextFormat.Property.UserProperty) + 1  # int: index into ChatView.infos
 REJECTED_PROP = int(QTextFormat.Property.UserProperty) + 2  # bool: left out of copies
+SOFT_BREAK_PROP = int(QTextFormat.Property.UserProperty) + 3  # bool: a break opportunity added here, not text
+
+# Qt's line breaking costs the square of a paragraph's longest run without a break opportunity (a 256 KB token
+# froze the window for 12 s, a pasted 1 MB line for minutes). Every RUN_LIMIT characters without whitespace get
+# a zero-width space, which lets a line break there and is left out of copies; at this length a run still wraps
+# at the window's edge as before (a line holds ~100 characters), so ordinary text looks the same.
+RUN_LIMIT = 200
+SOFT_BREAK = "\u200b"
+_SPACE = re.compile(r"\s")
+_LAST_SPACE = re.compile(r"\s\S*\Z")
+
+
+@functools.cache
+def _long_run(limit: int) -> re.Pattern[str]:
+    return re.compile(r"\S{%d,}" % (limit + 1))
+
+
+def break_points(text: str, run: int, limit: int = RUN_LIMIT) -> tuple[list[int], int]:
+    """Where in `text` a soft break goes so that no run without whitespace exceeds `limit`, given that the text
+    before it ended with a run of `run` characters; and the run `text` ends with once they are in."""
+    points: list[int] = []
+    first = _SPACE.search(text)
+    head = first.start() if first else len(text)
+    points.extend(range(max(limit - run, 0), head, limit))  # the run the text continues
+    if first is None:
+        return points, (len(text) - points[-1] if points else run + len(text))
+    for m in _long_run(limit).finditer(text, head):
+        points.extend(range(m.start() + limit, m.end(), limit))
+    tail = _LAST_SPACE.search(text).start() + 1  # just past the last whitespace
+    return points, len(text) - max([tail, *points[-1:]])
 
 
 @dataclass
@@ -42,6 +74,7 @@ class _Turn:
     tail: str = ""  # text the reply ended with that no round carried (stop-string text released at a cancel)
     footer_rendered: bool = False
     fence: FenceTracker = field(default_factory=FenceTracker)
+    run: int = 0  # characters since the last break opportunity at the reply's end (see RUN_LIMIT)
 
 
 class ChatView(QTextEdit):
@@ -265,7 +298,8 @@ class ChatView(QTextEdit):
             while not it.atEnd():
                 frag = it.fragment()
                 lo, hi = max(frag.position(), start), min(frag.position() + frag.length(), end)
-                if lo < hi and not frag.charFormat().boolProperty(REJECTED_PROP):
+                fmt = frag.charFormat()
+                if lo < hi and not fmt.boolProperty(REJECTED_PROP) and not fmt.boolProperty(SOFT_BREAK_PROP):
                     parts.append(frag.text()[lo - frag.position():hi - frag.position()])
                 it += 1
             block = block.next()
@@ -345,7 +379,7 @@ class ChatView(QTextEdit):
         cursor = self._end_cursor()
         cursor.beginEditBlock()
         for turn in self.turns:
-            turn.rendered, turn.footer_rendered, turn.fence = 0, False, FenceTracker()
+            turn.rendered, turn.footer_rendered, turn.fence, turn.run = 0, False, FenceTracker(), 0
             self._render_turn(turn, cursor)
             self._render_rounds(cursor, turn)
             self._render_footer(cursor, turn)
@@ -363,7 +397,14 @@ class ChatView(QTextEdit):
             cursor.insertBlock(block, char)
 
     def _render_turn(self, turn: _Turn, cursor: QTextCursor | None = None) -> None:
-        cursor = cursor or self._end_cursor()
+        if cursor is None:  # one edit: the document is laid out once, not after each piece of a long message
+            cursor = self._end_cursor()
+            cursor.beginEditBlock()
+            try:
+                self._render_turn(turn, cursor)
+            finally:
+                cursor.endEditBlock()
+            return
         if turn.title is not None:
             self._new_block(cursor, self._header_block, self._header_char)
             cursor.insertText(turn.title, self._header_char)
@@ -374,7 +415,7 @@ class ChatView(QTextEdit):
             for i, line in enumerate(turn.text.split("\n")):
                 if i:
                     inner.insertBlock(self._body_block)
-                inner.insertText(line, self._formats[("text", False)])
+                self._put(inner, line, self._formats[("text", False)], 0)
             cursor.movePosition(QTextCursor.MoveOperation.End)
         else:
             self._new_block(cursor, self._body_block, self._formats[("text", False)])
@@ -384,9 +425,9 @@ class ChatView(QTextEdit):
             return
         turn.footer_rendered = True
         if turn.tail:
-            cursor.insertText(turn.tail, self._formats[("text", False)])
+            turn.run = self._put(cursor, turn.tail, self._formats[("text", False)], turn.run)
         cursor.insertBlock(self._footer_block, self._footer_char)
-        cursor.insertText(turn.footer, self._footer_char)
+        self._put(cursor, turn.footer, self._footer_char, 0)
 
     def _render_rounds(self, cursor: QTextCursor, turn: _Turn, limit: int | None = None) -> None:
         end = len(turn.rounds) if limit is None else turn.rendered + limit
@@ -409,6 +450,29 @@ class ChatView(QTextEdit):
             self._insert(cursor, turn, tok.text, TokenInfo(tok.origin.value, ev.round, tok.index, tok.token_id,
                                                            tok.text, tok.p, tok.q, ev))
 
+    def _put(self, cursor: QTextCursor, text: str, fmt: QTextCharFormat, run: int) -> int:
+        """Insert text, with a soft break (left out of copies) wherever a run without whitespace would pass
+        RUN_LIMIT; `run`: the run the text continues. Returns the run it ends with."""
+        if run + len(text) <= RUN_LIMIT:  # nearly always: a token, a line of a message
+            cursor.insertText(text, fmt)
+            last = _LAST_SPACE.search(text)
+            return run + len(text) if last is None else len(text) - last.start() - 1
+        points, end_run = break_points(text, run)
+        if not points:
+            cursor.insertText(text, fmt)
+            return end_run
+        soft = QTextCharFormat(fmt)
+        soft.setProperty(SOFT_BREAK_PROP, True)
+        at = 0
+        for p in points:
+            if p > at:
+                cursor.insertText(text[at:p], fmt)
+            cursor.insertText(SOFT_BREAK, soft)
+            at = p
+        if at < len(text):
+            cursor.insertText(text[at:], fmt)
+        return end_run
+
     def _token_format(self, kind: str, mono: bool, key: int) -> QTextCharFormat:
         fmt = QTextCharFormat(self._formats[(kind, mono)])
         fmt.setProperty(TOKEN_PROP, key)
@@ -420,13 +484,14 @@ class ChatView(QTextEdit):
         key = len(self.infos)
         self.infos.append(info)
         if info.kind in (REJECTED, DISCARDED):  # drafts never change the fence state or break lines
-            cursor.insertText(visible(text) if text.strip() == "" else text.replace("\n", "\u21b5"),
-                              self._token_format(info.kind, turn.fence.in_code, key))
+            turn.run = self._put(cursor, visible(text) if text.strip() == "" else text.replace("\n", "\u21b5"),
+                                 self._token_format(info.kind, turn.fence.in_code, key), turn.run)
             return
         for step in turn.fence.feed(text):
             if step[0] == "text":
-                cursor.insertText(step[1], self._token_format(info.kind, step[2], key))
+                turn.run = self._put(cursor, step[1], self._token_format(info.kind, step[2], key), turn.run)
             elif step[0] == "newline":
                 cursor.insertBlock(self._code_block if turn.fence.in_code else self._body_block)
+                turn.run = 0
             elif step[0] == "open":
                 cursor.setBlockFormat(self._code_block)

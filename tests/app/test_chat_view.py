@@ -218,3 +218,89 @@ def test_text_released_at_a_cancel_is_shown_before_the_footer(qtbot):
     view.flush()
     text = view.toPlainText()
     assert "Hello world\n" in text and text.index("Hello world") < text.index("stopped")
+
+
+# ---- long unbroken text ------------------------------------------------------------------------------------------
+def _laid_out_and_painted(view: ChatView) -> None:
+    view.document().documentLayout().documentSize()
+    view.viewport().repaint()
+    QApplication.processEvents()
+
+
+def _copied(view: ChatView) -> str:
+    view.selectAll()
+    return view.createMimeDataFromSelection().text()
+
+
+def test_a_pasted_megabyte_without_a_space_renders_in_bounded_time_and_copies_exactly(qtbot):
+    """Qt's line breaking costs the square of a run with no break opportunity: formerly > 250 s for this paste
+    (the window frozen). With soft breaks it takes ~2.5 s on a 2-core CI machine; 20 s leaves room for a busy one."""
+    import time
+
+    view = ChatView()
+    qtbot.addWidget(view)
+    view.resize(700, 500)
+    view.show()
+    paste = "x" * 1_000_000
+    t = time.perf_counter()
+    view.add_user(paste)
+    _laid_out_and_painted(view)
+    assert time.perf_counter() - t < 20
+    assert _copied(view).rstrip("\n") == "You\n" + paste
+
+
+def test_a_quarter_megabyte_token_renders_in_bounded_time_and_stays_one_token(qtbot):
+    """Formerly 12 s for one such token; what the break opportunities add is no part of the reply or its copy."""
+    import time
+
+    view = ChatView()
+    qtbot.addWidget(view)
+    view.resize(700, 500)
+    view.show()
+    token = "".join(chr(0x61 + i % 26) for i in range(256_000))
+    t = time.perf_counter()
+    reply(view, make_round(1, ("ok ",), (), token, Origin.CORRECTED))
+    _laid_out_and_painted(view)
+    assert time.perf_counter() - t < 10
+    assert _copied(view) == "ok " + token
+    assert view.reply_text() == "ok " + token
+    start = find(view, "ok ") + 3
+    for pos in (start, start + 150_000, view.document().characterCount() - 3):  # every part hovers as that token
+        info = view.token_info_at_position(pos)
+        assert info is not None and info.text == token
+
+
+def test_ordinary_text_gets_no_soft_breaks(qtbot):
+    view = ChatView()
+    qtbot.addWidget(view)
+    words = " ".join(["word"] * 5000)
+    view.add_user(words)
+    reply(view, *[make_round(i, (), (), "abcdefghij" * 3, Origin.PLAIN, mode="plain") for i in range(1, 6)],
+          make_round(6, (), (), " and a space", Origin.PLAIN, mode="plain"))
+    assert "\u200b" not in view.toPlainText()
+    # a run built of many short tokens is broken too: 150 ten-letter tokens are one run of 1500
+    reply(view, *[make_round(i, (), (), "abcdefghij", Origin.PLAIN, mode="plain") for i in range(1, 151)])
+    assert view.toPlainText().count("\u200b") == 1500 // 200
+    assert _copied(view).endswith("abcdefghij" * 150)
+
+
+def test_break_points_bound_every_run():
+    import random
+    import re
+
+    from app.views.chat_view import break_points
+
+    assert break_points("x" * 10, 0, 4) == ([4, 8], 2)
+    assert break_points("x" * 10, 3, 4) == ([1, 5, 9], 1)
+    assert break_points("ab cdefghijk l", 0, 4) == ([7, 11], 1)
+    rng = random.Random(0)
+    for limit in (1, 3, 7):
+        for _ in range(500):
+            text = "".join(rng.choice("a \n") if rng.random() < 0.1 else "x" for _ in range(rng.randint(0, 40)))
+            run = rng.randint(0, limit)
+            points, end = break_points(text, run, limit)
+            marked, at = "y" * run, 0
+            for p in points:
+                marked, at = marked + text[at:p] + "|", p
+            runs = [len(r) for r in re.split(r"[\s|]", marked + text[at:])]
+            assert max(runs) <= limit and runs[-1] == end
