@@ -324,9 +324,14 @@ class ServerClient:
             return None
         probe = [{"role": "user", "content": "Count from 1 to 20: 1, 2, 3,"}]
         sampling = SamplingParams(temperature=0.0, max_new_tokens=12, seed=0)
+        self._abort.clear()
 
         def drafted(extra: dict[str, Any] | None) -> int:
-            *_, summary = self.chat(probe, sampling, extra=extra)
+            # part of connecting: bounded as probe() is, and ended as it is by abort()
+            *_, summary = self.chat(probe, sampling, extra=extra, cancel=self._abort, within=self.probe_s)
+            if self._abort.is_set():
+                self._abort.clear()
+                raise _Stopped(f"connecting to {self.public} was cancelled")
             return summary.drafted
 
         if drafted(OFF_PER_REQUEST) > 0:
@@ -339,9 +344,10 @@ class ServerClient:
     # ---- a streamed reply --------------------------------------------------------------------------------------
     def chat(self, messages: list[dict[str, str]], sampling: SamplingParams, *, speculative: bool = True,
              cancel: threading.Event | None = None, extra: dict[str, Any] | None = None,
-             ) -> Iterator[list[RoundEvent] | Summary]:
+             within: float | None = None) -> Iterator[list[RoundEvent] | Summary]:
         """Stream one reply: lists of RoundEvents as rounds complete, then its Summary (also after a cancel).
-        speculative: whether this server drafts (the rounds' mode). Raises RemoteError on any failure."""
+        speculative: whether this server drafts (the rounds' mode). within: the reply's deadline in seconds
+        (default reply_s). Raises RemoteError on any failure."""
         info = self.info
         kind = info.kind if info else "openai"
         if kind == "vllm" and speculative and info.k is None:  # K shows in its counters once it has drafted
@@ -357,11 +363,12 @@ class ServerClient:
         reader = threading.Thread(target=self._read_stream, args=(body, lines, stop_reading),
                                   name="speclens-remote-stream", daemon=True)
         reader.start()
-        deadline = time.monotonic() + self.reply_s
+        within = within if within is not None else self.reply_s
+        deadline = time.monotonic() + within
         complete, cut = False, None
         try:
             try:
-                for line in _lines(lines, cancel, deadline, self.reply_s):
+                for line in _lines(lines, cancel, deadline, within):
                     payload = sse.parse_line(line)
                     if payload is sse.DONE:
                         complete = True

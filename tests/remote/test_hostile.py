@@ -347,3 +347,19 @@ def test_bench_on_a_hostile_server_says_one_sentence(tmp_path, capsys):
             main(["--server", srv.url, "--prompts", str(prompts), "--modes", "draft", "--max-new-tokens", "8"])
     assert str(e.value).startswith("speclens-bench: the server sent draft_n = inf")
     assert "Traceback" not in capsys.readouterr().err
+
+
+def test_asking_about_per_request_speculation_is_bounded_as_connecting_is():
+    routes = llama_server(stream([], forever=": keep-alive"), **{"/slots": answer([{"id": 0, "speculative": True}])})
+    with Hostile(routes) as srv:
+        c = ServerClient(srv.url, probe_s=1.0)
+        assert c.probe().speculative is True
+        t = time.monotonic()
+        assert c.check_per_request_spec() is None  # two replies, each cut off at the connect deadline
+        assert time.monotonic() - t < 4
+        threading.Timer(0.3, c.abort).start()
+        c.probe_s = 30.0
+        t = time.monotonic()
+        with pytest.raises(RemoteError, match="was cancelled"):
+            c.check_per_request_spec()
+        assert time.monotonic() - t < 2
