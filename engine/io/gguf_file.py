@@ -195,7 +195,11 @@ class GGUFFile:
         self.metadata: dict[str, Any] = {}
         self.tensors: dict[str, TensorInfo] = {}
         self._parse(check_data)
-        self.arch: str = self.metadata.get("general.architecture", "")
+        arch = self.metadata.get("general.architecture", "")
+        if not isinstance(arch, str) or len(arch) > 64:  # it prefixes every key the config reads
+            raise ModelLoadError(f"{self.path}: GGUF metadata general.architecture must be a short name, got "
+                                 f"{_short(arch)}")
+        self.arch: str = arch
 
     def _parse(self, check_data: bool) -> None:
         c = _Cursor(self._mm, self.path)

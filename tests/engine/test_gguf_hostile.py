@@ -175,3 +175,14 @@ def test_a_path_that_does_not_exist_is_told_before_the_kernels_build(tmp_path, m
         default_loader(str(missing), None, None, lambda s, f: None, lambda: False)
     with pytest.raises(ModelLoadError, match="no such file"):
         default_loader(str(write(tmp_path / "ok.gguf")), str(missing), None, lambda s, f: None, lambda: False)
+
+
+def test_an_architecture_that_is_not_a_name_is_refused(tmp_path):
+    path = tmp_path / "arch.gguf"
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.kv_data[0].pop("general.architecture", None)
+    w.add_array("general.architecture", list(range(50_000)))
+    w.add_tensor("token_embd.weight", np.zeros((4, 8), np.float32))
+    w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
+    msg = refuses(path, "general.architecture must be a short name")
+    assert len(msg) < 300
