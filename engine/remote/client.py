@@ -76,11 +76,15 @@ class ServerInfo:
 
 def public_url(url: str) -> str:
     """The URL without user:password and without a trailing slash: what may be shown, logged or written."""
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError:  # a port that is no number, or a malformed address: shown without it
+        parts, port = urlsplit(url.split("//", 1)[0] + "//" + (parts_host(url) or "")), None
     host = parts.hostname or ""
     if ":" in host:
         host = f"[{host}]"
-    netloc = host + (f":{parts.port}" if parts.port else "")
+    netloc = host + (f":{port}" if port else "")
     return urlunsplit((parts.scheme, netloc, parts.path.rstrip("/"), "", ""))
 
 
@@ -97,6 +101,13 @@ def redact(url: str) -> str:
     elif "@" in text.split("/", 1)[0]:  # "user:pw@host" with no scheme
         text = text.split("@", 1)[1]
     return repr(text if len(text) <= 100 else text[:99] + "\u2026")
+
+
+def parts_host(url: str) -> str | None:
+    """The host of a URL that urlsplit cannot take whole, without user:password and port (None: none)."""
+    head = str(url).split("//", 1)[-1].split("/", 1)[0].rsplit("@", 1)[-1]
+    host = head.rsplit(":", 1)[0] if head.count(":") == 1 else head
+    return host or None
 
 
 def check_url(url: str) -> str:

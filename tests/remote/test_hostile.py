@@ -16,7 +16,7 @@ import pytest
 from engine.api.config import SamplingParams
 from engine.api.events import Summary
 from engine.remote import metrics
-from engine.remote.client import ServerClient, bounded_lines, check_url
+from engine.remote.client import ServerClient, bounded_lines, check_url, public_url
 from engine.remote.errors import RemoteError
 
 MESSAGES = [{"role": "user", "content": "hi"}]
@@ -325,6 +325,7 @@ def test_a_malformed_url_is_never_echoed_with_its_password(bad):
     with pytest.raises(RemoteError) as e:
         check_url(bad)
     assert "S3CRET-PW" not in str(e.value)
+    assert "S3CRET-PW" not in public_url(bad)  # never raises, whatever it is given
 
 
 def test_a_password_and_an_api_key_together_are_refused_with_a_sentence():
