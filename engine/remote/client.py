@@ -81,6 +81,8 @@ def public_url(url: str) -> str:
         port = parts.port
     except ValueError:  # a port that is no number, or a malformed address: shown without it
         parts, port = urlsplit(url.split("//", 1)[0] + "//" + (parts_host(url) or "")), None
+    if not parts.netloc:  # no "//": "user:password@host" would otherwise come back whole as a path
+        return parts_host(url) or ""
     host = parts.hostname or ""
     if ":" in host:
         host = f"[{host}]"
