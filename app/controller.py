@@ -27,7 +27,8 @@ chatCleared(), stateChanged() (busy, ready or loading changed).
 
 Attach mode (attach(): the controller builds the server's host, app/attach.py): attachProgress(str) while it
 connects, then attachDone(object) (an app.attach.Attached; replies go to the server from now on, and loaded()
-names its model) or attachFailed(str) (one sentence; nothing changed).
+names its model) or attachFailed(str) (one sentence; nothing changed); cancel_attach() stops connecting
+(attachCancelled()).
 
 The controller knows its hosts only as app/host_protocol.Host: the local engine process's (given) and an
 attached server's (built here).
@@ -87,6 +88,7 @@ class ChatController(QObject):
     attachProgress = Signal(str)
     attachDone = Signal(object)
     attachFailed = Signal(str)
+    attachCancelled = Signal()
 
     def __init__(self, host: Host, parent: QObject | None = None) -> None:
         super().__init__(parent)
@@ -302,6 +304,15 @@ class ChatController(QObject):
         remote.loadFailed.connect(lambda message: self._on_attach_failed(remote, message))
         remote.load()  # a server's host "loads" by connecting: loaded or loadFailed answers
         return True
+
+    def cancel_attach(self) -> None:
+        """Stop connecting to a server (attachCancelled); what was in use stays in use."""
+        remote = self.connecting
+        if remote is None:
+            return
+        remote.cancel_load()
+        self._drop_connecting()
+        self.attachCancelled.emit()
 
     def _drop_connecting(self) -> None:
         remote, self.connecting = self.connecting, None

@@ -95,9 +95,15 @@ class RemoteHost(HostSignals):
                 self.plain.probe()
             else:  # speculation off needs a plain server, unless this one takes it per request: ask it
                 self.client.check_per_request_spec()
-            self._post.emit(Probed(self.client.info))
+            self._post_from_thread(Probed(self.client.info))
         except RemoteError as e:
-            self._post.emit(LoadFailed(str(e)))
+            self._post_from_thread(LoadFailed(str(e)))
+
+    def _post_from_thread(self, message: object) -> None:
+        try:
+            self._post.emit(message)
+        except RuntimeError:  # the host was deleted (a cancelled connect) before its probe ended: nobody waits
+            pass
 
     @property
     def running(self) -> bool:
@@ -194,7 +200,15 @@ class RemoteHost(HostSignals):
         self.connect_server()
 
     def cancel_load(self) -> None:
-        pass
+        """Stop connecting: a probe under way on its thread ends within the client's poll (ServerClient.abort)
+        and posts a failure that says it was cancelled; loadCancelled answers at once."""
+        if self.loading is None:
+            return
+        self.client.abort()
+        if self.plain is not None:
+            self.plain.abort()
+        self.loading = None
+        self.loadCancelled.emit()
 
     def scan_models(self) -> None:
         pass
@@ -207,10 +221,14 @@ class RemoteHost(HostSignals):
         self._handlers[type(message)](message)
 
     def _on_probed(self, m: Probed) -> None:
+        if self.loading is None:  # answered after a cancel: the user no longer wants it
+            return
         self.server, self.info, self.loading = m.server, engine_info(m.server), None
         self.loaded.emit(self.info)
 
     def _on_probe_failed(self, m: LoadFailed) -> None:
+        if self.loading is None:  # cancelled: loadCancelled has answered already
+            return
         self.loading = None
         self.loadFailed.emit(m.message)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from PySide6.QtCore import QObject, Signal
 from PySide6.QtGui import QAction
-from PySide6.QtWidgets import QDialog, QWidget
+from PySide6.QtWidgets import QDialog, QPushButton, QWidget
 
 from app.attach import Attached
 from app.dialogs.attach_dialog import AttachDialog, plain_key
@@ -40,6 +40,7 @@ class AttachMode(QObject):
         super().__init__(window)
         self.window = window
         self._tips: dict[QObject, str] = {}  # each widget's own tooltip, restored on detach
+        self._cancel: QPushButton | None = None
 
     @property
     def attached(self) -> Attached | None:
@@ -51,9 +52,31 @@ class AttachMode(QObject):
         c.stateChanged.connect(self.refresh)
         c.loaded.connect(lambda _info: self.refresh())
         c.replyDone.connect(self._check_drafting)
-        c.attachProgress.connect(lambda stage: self.window.statusBar().showMessage(stage))
+        c.attachProgress.connect(self._connecting)
         c.attachDone.connect(self._connected)
         c.attachFailed.connect(self._failed)
+        c.attachCancelled.connect(self._cancelled)
+
+    def _cancel_button(self) -> QPushButton:
+        """The status bar's Cancel while a server is being connected to (made on first use)."""
+        if self._cancel is None:
+            self._cancel = QPushButton("Cancel")
+            self._cancel.setToolTip("Stop connecting to the server; what is in use stays in use")
+            self._cancel.clicked.connect(self.window.controller.cancel_attach)
+            self.window.statusBar().addPermanentWidget(self._cancel)
+        return self._cancel
+
+    def _connecting(self, stage: str) -> None:
+        self.window.statusBar().showMessage(stage)
+        self._cancel_button().show()
+
+    def _done_connecting(self) -> None:
+        if self._cancel is not None:
+            self._cancel.hide()
+
+    def _cancelled(self) -> None:
+        self._done_connecting()
+        self.window.statusBar().showMessage("Stopped connecting to the server", 5000)
 
     def _check_drafting(self, s) -> None:
         """A server with a draft model that drafted nothing: llama-server loads a draft and never uses it unless
@@ -75,6 +98,7 @@ class AttachMode(QObject):
         return self.window.controller.attach(url, plain_url, api_key)
 
     def _connected(self, server: Attached) -> None:
+        self._done_connecting()
         s = self.window.settings
         s.setValue("attach/url", server.url)  # never user:password, never the key
         s.setValue(plain_key(server.url), server.plain_url or "")
@@ -82,6 +106,7 @@ class AttachMode(QObject):
         self.window.statusBar().showMessage(f"Attached to {server.label}" + (f" ({notes})" if notes else ""), 8000)
 
     def _failed(self, message: str) -> None:
+        self._done_connecting()
         self.window.statusBar().clearMessage()
         self.attachFailed.emit(message)
         local = "The local engine stays in use." if self.window.controller.local_ready else "Nothing was changed."

@@ -145,6 +145,31 @@ def test_a_server_that_cannot_be_reached_leaves_the_local_engine(qtbot, window, 
     assert "could not connect" in dialogs[-1][2] and "local engine stays in use" in dialogs[-1][2]
 
 
+def test_connecting_to_a_silent_server_can_be_cancelled(qtbot, window, dialogs):
+    """A server that accepts the connection and never answers: the status bar offers Cancel, which ends the
+    connecting at once, leaves the local engine in use, and shows no error."""
+    import socket
+
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(4)  # the kernel accepts connections for it; nothing ever reads or answers
+    try:
+        window.attach_mode.attach(f"http://127.0.0.1:{silent.getsockname()[1]}")
+        cancel = window.attach_mode._cancel
+        qtbot.waitUntil(lambda: cancel is not None and cancel.isVisible(), timeout=5000)
+        remote = window.controller.connecting
+        t0 = time.monotonic()
+        with qtbot.waitSignal(window.controller.attachCancelled, timeout=1000):
+            cancel.click()
+        assert time.monotonic() - t0 < 1.0
+        assert window.controller.connecting is None and window.controller.remote is None
+        assert window.controller.ready and not cancel.isVisible() and dialogs == []
+        assert "Stopped connecting" in window.statusBar().currentMessage()
+        qtbot.waitUntil(lambda: not any(th.is_alive() for th in remote._threads), timeout=3000)  # the probe ended
+    finally:
+        silent.close()
+
+
 def test_the_key_is_never_written(qtbot, window, tmp_path, caplog, qt_settings, dialogs):
     caplog.set_level(logging.DEBUG)
     with ReplayServer(recording("spec_code")) as srv:
