@@ -36,7 +36,7 @@ from pathlib import Path
 import torch
 
 from engine.analysis.theory import theoretical_speedup
-from engine.api.config import STOP_BELOW, SamplingParams, SpecParams
+from engine.api.config import APP_DEFAULTS, STOP_BELOW, SamplingParams, SpecParams
 from engine.api.events import RoundEvent, Summary
 from engine.io.loading import load_engine
 from engine.io.provision import default_pair
@@ -48,7 +48,7 @@ from engine.tools.bench import read_prompts
 from scripts.bench.pair_passes import PairPasses
 
 SHARED = Path(__file__).resolve().parents[3] / "shared" / "bench"
-DEFAULT_MODE = "hybrid K=4 stop"  # the app's default settings (app/views/controls_panel.py)
+DEFAULT_MODE = "hybrid K=4 stop"  # the label of the app's default settings (APP_DEFAULTS) in the records
 
 
 def cpu_line() -> str:
@@ -230,7 +230,7 @@ def main() -> int:
     modes = [("plain", SpecParams(enabled=False))] + [(f"draft K={k}", SpecParams(k=k)) for k in ks] + \
         [(f"draft K={k} stop", SpecParams(k=k, stop_below=STOP_BELOW)) for k in (2, 4, 6)] + \
         [("ngram K=4", SpecParams(k=4, drafter="ngram")),
-         (DEFAULT_MODE, SpecParams(k=4, drafter="hybrid", stop_below=STOP_BELOW))]
+         (DEFAULT_MODE, APP_DEFAULTS.spec_params())]
     runs = {name: ModeRun(spec) for name, spec in modes}
     for name, spec in modes:
         ModeRun(spec).add(engine, prompts[0], 4)  # warm-up

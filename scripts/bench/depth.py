@@ -9,7 +9,7 @@ llama.cpp: the build ../shared/bench/llama_cpp_peer.sh caches (see scripts/bench
 skipped with a line when there is none. Run one after the other, never beside another benchmark.
 
 --spec adds speculation deep in a conversation: each benchmark prompt (../shared/bench/prompts.jsonl) asked after
-an earlier turn in which the user pasted a document of D tokens (this README, cut to D tokens) and the assistant
+an earlier turn in which the user pasted a document of D tokens (an old README of this project, fixed, cut to D tokens) and the assistant
 acknowledged it. Our plain decode and the app's default speculative settings (hybrid drafter, K <= 4, early stop)
 take turns on each prompt, greedy, --spec-tokens new tokens, the conversation's cache kept between requests as the
 app keeps it (each request prefills only its own message; decode rates leave every prefill out). Printed per depth:
@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from engine.api.config import STOP_BELOW, SamplingParams, SpecParams
+from engine.api.config import APP_DEFAULTS, STOP_BELOW, SamplingParams, SpecParams
 from engine.api.events import RoundEvent, Summary
 from engine.io.loading import load_engine
 from engine.io.provision import default_pair
@@ -42,7 +42,7 @@ from scripts.bench.prefill import llama_bench, side_by_side
 
 ROOT = Path(__file__).resolve().parents[2]
 PROMPTS = ROOT.parent / "shared" / "bench" / "prompts.jsonl"
-DEFAULT_SPEC = SpecParams(k=4, drafter="hybrid", stop_below=STOP_BELOW)  # the app's defaults
+DEFAULT_SPEC = APP_DEFAULTS.spec_params()
 
 
 def ours(engine: Engine, depth: int, n: int) -> float:
@@ -61,12 +61,25 @@ def theirs(binary: Path, target: Path, depths: list[int], n: int, reps: int, thr
     return {r["n_depth"]: r["avg_ts"] for r in json.loads(run.stdout) if r["n_gen"] == n}
 
 
+# The pasted document: the README as it stood before it was cut to a front door (2,138 lines, ~50k tokens), read
+# from git so that every run pastes the same text whatever the README says today.
+DOCUMENT_REV = "5ce0ba6:README.md"
+
+
+def pasted_document() -> str:
+    run = subprocess.run(["git", "-C", str(ROOT), "show", DOCUMENT_REV], capture_output=True, text=True, timeout=30)
+    if run.returncode != 0:
+        raise SystemExit(f"the depth benchmark pastes {DOCUMENT_REV} and needs this repository's git history: "
+                         f"{run.stderr.strip()}")
+    return run.stdout
+
+
 def pasted(engine: Engine, document: list[int], depth: int) -> list[dict[str, str]]:
     """An earlier exchange whose document is the first `depth` of the document's tokens ([] at depth 0)."""
     if depth == 0:
         return []
     if len(document) < depth:
-        raise SystemExit(f"README.md has {len(document)} tokens, fewer than the depth {depth}")
+        raise SystemExit(f"the document has {len(document)} tokens, fewer than the depth {depth}")
     text = engine.tokenizer.decode(document[:depth])
     return [{"role": "user", "content": "Keep this document in mind for my next questions.\n\n" + text},
             {"role": "assistant", "content": "Understood: I have read the document."}]
@@ -98,7 +111,7 @@ class Tally:
 def speculation_at(engine: Engine, depths: list[int], n: int) -> dict[int, tuple[Tally, Tally, int]]:
     """Per depth: (plain, default speculative, the earlier exchange's tokens before the question)."""
     prompts = [p["messages"] for p in read_prompts(PROMPTS)]
-    document = engine.tokenizer.encode((ROOT / "README.md").read_text(encoding="utf-8"), add_special_tokens=False)
+    document = engine.tokenizer.encode(pasted_document(), add_special_tokens=False)
     out = {}
     for depth in depths:
         engine.reset()
