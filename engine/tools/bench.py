@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -14,6 +15,8 @@ from engine.runtime.engine import Engine
 from engine.io.loading import load_engine
 from engine.api.events import RoundEvent, Summary
 from engine.tools import results as records  # main's `results` are its modes'
+from engine.tools import specbench
+from engine.tools.specbench import Question, Tally
 
 DRAFTER_OF = {"draft": "model", "ngram": "ngram", "hybrid": "hybrid"}  # mode -> SpecParams.drafter
 MODES = ("plain", *DRAFTER_OF, "default")  # default: the app's settings as it starts (APP_DEFAULTS)
@@ -47,6 +50,8 @@ class Result:
     verify_ms_by_width: dict[int, float] = field(default_factory=dict)  # mean verify pass ms by K + 1
     pass_steps: dict[int, float] = field(default_factory=dict)  # the same in plain steps (when plain ran)
     outputs: list[list[int]] = field(default_factory=list)
+    categories: dict[str, Tally] = field(default_factory=dict)  # the same replies by question category
+    per_position_acceptance: list[float] = field(default_factory=list)  # of the rounds drafting position i
 
 
 def check_messages(row: object) -> None:
@@ -77,7 +82,10 @@ def read_prompts(path: str | Path) -> list[dict]:
             continue
         try:
             row = json.loads(line)
-            check_messages(row)
+            if isinstance(row, dict) and "turns" in row:  # Spec-Bench's own question format
+                specbench.question(row)
+            else:
+                check_messages(row)
         except ValueError as e:  # json.JSONDecodeError is a ValueError
             fail(f"{p}:{n}: bad prompt line ({e})")
         prompts.append(row)
@@ -125,19 +133,32 @@ def mode_spec(mode: str, k: int, stop_below: float = 0.0, adaptive: bool = False
             else SpecParams(k=k, drafter=drafter, stop_below=stop_below, adaptive=adaptive))
 
 
-def run_mode(engine: Engine, prompts: list[list[int]], mode: str, k: int, sampling: SamplingParams,
+def run_mode(engine: Engine, prompts: list[list[int]] | list[Question], mode: str, k: int, sampling: SamplingParams,
              stop_below: float = 0.0, adaptive: bool = False) -> Result:
+    """prompts: token ids, one request each, or Questions (a question of several turns asks each after the
+    model's own answer to the one before, reusing the conversation's cache as the app does)."""
     spec = mode_spec(mode, k, stop_below, adaptive)
     outputs, summaries, rounds, seconds = [], [], [], 0.0
-    for ids in prompts:
+    categories: dict[str, Tally] = {}
+    for prompt in prompts:
         engine.reset()  # no cross-prompt prefix reuse: every prompt pays its own prefill
-        t = time.perf_counter()
-        *events, s = engine.generate(ids, sampling, spec)
-        seconds += time.perf_counter() - t
-        assert isinstance(s, Summary)
-        outputs.append(list(s.token_ids))
-        summaries.append(s)
-        rounds += [e for e in events if isinstance(e, RoundEvent)]
+        question = prompt if isinstance(prompt, Question) else None
+        messages = list(question.messages) if question is not None else []
+        for turn in (question.turns or (None,)) if question is not None else (None,):
+            if turn is not None:
+                messages.append({"role": "user", "content": turn})
+            ids = engine.encode_chat(messages) if question is not None else prompt
+            t = time.perf_counter()
+            *events, s = engine.generate(ids, sampling, spec)
+            seconds += time.perf_counter() - t
+            assert isinstance(s, Summary)
+            events = [e for e in events if isinstance(e, RoundEvent)]
+            outputs.append(list(s.token_ids))
+            summaries.append(s)
+            rounds += events
+            if question is not None:
+                categories.setdefault(question.category, Tally()).add(events, s)
+                messages.append({"role": "assistant", "content": s.text})
     new = sum(s.new_tokens for s in summaries)
     decode_s = sum(s.total_s - s.prefill_s - s.draft_prefill_ms / 1e3 for s in summaries)
     drafted, accepted = sum(s.drafted for s in summaries), sum(s.accepted for s in summaries)
@@ -153,7 +174,15 @@ def run_mode(engine: Engine, prompts: list[list[int]], mode: str, k: int, sampli
         accepted_tokens=accepted, alpha=accepted / (accepted + rejections) if spec_rounds else None,
         draft_ms_per_token=sum(e.draft_ms for e in spec_rounds) / drafted if drafted else None,
         verify_ms_by_width={w: sum(v) / len(v) for w, v in sorted(widths.items())}, outputs=outputs,
+        categories=categories, per_position_acceptance=_per_position(rounds),
     )
+
+
+def _per_position(rounds: list[RoundEvent]) -> list[float]:
+    tally = Tally()
+    for e in rounds:
+        tally.add_round(e)
+    return [round(x, 4) for x in tally.per_position]
 
 
 def relate_to_plain(results: list[Result]) -> None:
@@ -186,6 +215,77 @@ def parse_ks(text: str) -> list[int]:
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         fail(message)  # one line, like every other usage error (argparse prints the usage first)
+
+
+def _label(r: Result) -> str:
+    return r.mode if r.mode in ("plain", "default") else f"{r.mode} K={r.k}"
+
+
+def _result_json(r: Result) -> dict:
+    d = asdict(r)
+    d["categories"] = {c: t.figures(None) for c, t in r.categories.items()}
+    return d
+
+
+def same_as_plain(results: list[Result]) -> dict[str, bool]:
+    """Under greedy, whether each mode's tokens are plain decoding's, reply by reply (empty without plain)."""
+    plain = next((r for r in results if r.mode == "plain"), None)
+    if plain is None:
+        return {}
+    return {_label(r): r.outputs == plain.outputs for r in results if r is not plain}
+
+
+def category_figures(results: list[Result]) -> dict[str, dict[str, dict]]:
+    """Per category, then "overall", each mode's figures (Spec-Bench's and vLLM's: rate, speedup over plain in the
+    same run, mean accepted length, acceptance, acceptance per position). "overall" sums every reply; its speedup is
+    also given as the geometric mean of the categories' (Spec-Bench's leaderboard averages over categories)."""
+    plain = next((r for r in results if r.mode == "plain"), None)
+    out: dict[str, dict[str, dict]] = {}
+    for c in sorted({c for r in results for c in r.categories}):
+        base = plain.categories.get(c) if plain is not None else None
+        out[c] = {_label(r): r.categories[c].figures(base) for r in results if c in r.categories}
+    overall: dict[str, dict] = {}
+    for r in results:
+        if not r.categories:
+            continue
+        total = Tally()
+        for t in r.categories.values():
+            total.merge(t)
+        base = Tally()
+        if plain is not None:
+            for t in plain.categories.values():
+                base.merge(t)
+        figures = total.figures(base if plain is not None else None)
+        speedups = [out[c][_label(r)]["speedup"] for c in out if _label(r) in out[c]]
+        speedups = [s for s in speedups if s]
+        figures["speedup_geomean"] = round(math.prod(speedups) ** (1 / len(speedups)), 4) if speedups else None
+        overall[_label(r)] = figures
+    if overall:
+        out["overall"] = overall
+    return out
+
+
+def category_table(categories: dict[str, dict[str, dict]]) -> str:
+    """tok/s, speedup over plain and mean accepted length per category and mode."""
+    modes = list(dict.fromkeys(m for per in categories.values() for m in per))
+    head = f"{'category':<16}" + "".join(f"{m:>22}" for m in modes)
+    lines = [head, f"{'':<16}" + "".join(f"{'tok/s  speedup  tau':>22}" for _ in modes)]
+    for c, per in categories.items():
+        cells = []
+        for m in modes:
+            f = per.get(m)
+            if f is None:
+                cells.append(f"{'-':>22}")
+                continue
+            sp = f"{f['speedup']:.2f}x" if f.get("speedup") else "-"
+            cells.append(f"{f['tokens_per_s']:>8.2f}{sp:>8}{f['mean_accepted_length']:>6.2f}")
+        lines.append(f"{c:<16}" + "".join(cells))
+    overall = categories.get("overall", {})
+    if overall:
+        lines.append(f"{'geomean speedup':<16}" + "".join(
+            f"{(str(overall[m]['speedup_geomean']) + 'x') if overall.get(m, {}).get('speedup_geomean') else '-':>22}"
+            for m in modes))
+    return "\n".join(lines)
 
 
 def table(results: list[Result]) -> str:
@@ -291,20 +391,31 @@ def main(argv: list[str] | None = None) -> int:
     print(f"loaded in {engine.load_seconds:.1f} s on {engine.device} ({engine.dtype_name})", file=sys.stderr)
     kernels = ran_kernels(engine)
     print(f"kernels: {kernels}", file=sys.stderr)
-    ids = [engine.encode_chat(p["messages"]) for p in prompts]
-    for _ in engine.generate(ids[0], sampling.with_(max_new_tokens=4), SpecParams(enabled=False)):
+    questions = [specbench.question(p) for p in prompts]
+    by_category = any(q.turns for q in questions) or len({q.category for q in questions}) > 1
+    first = questions[0]
+    warm = list(first.messages) or [{"role": "user", "content": first.turns[0]}]
+    for _ in engine.generate(engine.encode_chat(warm), sampling.with_(max_new_tokens=4), SpecParams(enabled=False)):
         pass  # warm-up: first-call allocations stay out of the timings
     engine.reset()
 
     results: list[Result] = []
     for mode in modes:
         for k in ([ks[0]] if mode in ("plain", "default") else ks):  # neither reads --k
-            results.append(run_mode(engine, ids, mode, k, sampling, a.stop_below, a.adaptive))
+            results.append(run_mode(engine, questions, mode, k, sampling, a.stop_below, a.adaptive))
             print(f"  {mode} K={k}: {results[-1].tokens_per_s:.2f} tok/s", file=sys.stderr)
     relate_to_plain(results)
     print(table(results))
+    identity = same_as_plain(results) if sampling.greedy else {}
+    if identity:
+        print("greedy output identical to plain: " + ", ".join(f"{m} {'yes' if ok else 'NO'}"
+                                                                 for m, ok in identity.items()))
+    categories = category_figures(results)
+    if by_category:
+        print(category_table(categories))
     out = {"device": str(engine.device), "kernels": kernels, "target": engine.target_name,
-           "draft": engine.draft_name, "results": [asdict(r) for r in results]}
+           "draft": engine.draft_name, "results": [_result_json(r) for r in results],
+           "categories": categories, "identical_to_plain": identity}
     if a.json_out:
         Path(a.json_out).write_text(json.dumps(out, indent=1), encoding="utf-8")
     # the record keeps the figures, not every mode's generated tokens (those stay in --json)

@@ -52,7 +52,8 @@ def test_bench_cli_writes_contract_json(tmp_path, pair_dirs, capsys):
                      "--json", str(out), "--device", "cpu"])
     assert rc == 0
     data = json.loads(out.read_text())
-    assert set(data) == {"device", "target", "draft", "kernels", "results"}
+    assert set(data) == {"device", "target", "draft", "kernels", "results", "categories", "identical_to_plain"}
+    assert data["identical_to_plain"] == {"draft K=1": True, "draft K=3": True, "ngram K=1": True, "ngram K=3": True}
     modes = [(r["mode"], r["k"]) for r in data["results"]]
     assert modes == [("plain", 0), ("draft", 1), ("draft", 3), ("ngram", 1), ("ngram", 3)]
     plain = data["results"][0]["outputs"]
@@ -72,3 +73,35 @@ def test_bench_rejects_bad_k(tmp_path, pair_dirs):
     prompts.write_text(json.dumps({"id": "a", "messages": [{"role": "user", "content": "x"}]}))
     with pytest.raises(SystemExit, match="K must be >= 1"):
         bench_main(["--target", str(t), "--draft", str(d), "--prompts", str(prompts), "--k", "0"])
+
+
+def test_bench_reads_spec_bench_questions_and_reports_per_category(tmp_path, pair_dirs, capsys):
+    """Spec-Bench's own format: a two-turn question asks its second turn after the model's own first answer; the
+    JSON has each category's figures and the overall ones."""
+    t, d = pair_dirs
+    questions = tmp_path / "question.jsonl"
+    questions.write_text("\n".join(json.dumps(q) for q in [
+        {"question_id": 81, "category": "writing", "turns": ["Write a line about the sea.", "Now make it rhyme."]},
+        {"question_id": 101, "category": "math_reasoning", "turns": ["What is 12 times 12?"]},
+    ]))
+    out = tmp_path / "out.json"
+    rc = bench_main(["--target", str(t), "--draft", str(d), "--prompts", str(questions), "--max-new-tokens", "10",
+                     "--k", "3", "--temperature", "0", "--modes", "plain,draft,default", "--json", str(out),
+                     "--device", "cpu"])
+    assert rc == 0
+    data = json.loads(out.read_text())
+    plain, draft, default = data["results"]
+    assert len(plain["outputs"]) == 3  # two turns, then one
+    assert draft["outputs"] == plain["outputs"] == default["outputs"]
+    assert data["identical_to_plain"] == {"draft K=3": True, "default": True}
+    cats = data["categories"]
+    assert set(cats) == {"writing", "math_reasoning", "overall"}
+    for figures in (cats["writing"]["draft K=3"], cats["overall"]["draft K=3"]):
+        assert figures["speedup"] > 0 and figures["mean_accepted_length"] >= 1.0
+        assert 0.0 <= figures["acceptance_rate"] <= 1.0
+        assert all(0.0 <= a <= 1.0 for a in figures["acceptance_per_position"])
+    assert cats["writing"]["plain"]["mean_accepted_length"] == 1.0 and cats["writing"]["plain"]["speedup"] == 1.0
+    assert cats["writing"]["draft K=3"]["new_tokens"] == 20  # both turns ran to the token limit
+    assert cats["overall"]["draft K=3"]["speedup_geomean"] > 0
+    printed = capsys.readouterr().out
+    assert "writing" in printed and "geomean speedup" in printed

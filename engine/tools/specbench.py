@@ -1,0 +1,151 @@
+"""Spec-Bench (Xia et al., ACL Findings 2024) for speclens-bench: its questions, and its per-category figures.
+
+Spec-Bench's own `question.jsonl` has one question a line: {"question_id", "category", "turns": [str, ...]}; a
+question of several turns is a conversation in which each turn follows the model's own answer to the one before.
+This project's prompt files ({"id", "kind", "messages"}) read as questions too: their messages are one fixed
+conversation, asked once, and `kind` is the category. Both come out as `Question`s.
+
+The figures are Spec-Bench's and vLLM's: per category and overall, the decode rate, the speedup over plain decoding
+in the same run, the mean accepted length (tokens committed per target pass, the bonus or correction included),
+the acceptance rate (accepted / drafted) and the acceptance per draft position (as llama.cpp's /metrics and vLLM's
+per-position counters define it: of the rounds that drafted position i, the share in which it was accepted).
+"""
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from engine.api.events import RoundEvent, Summary
+
+MAX_TURNS = 16  # Spec-Bench's questions have one or two; more is a malformed file, not a benchmark
+ROLES = ("system", "user", "assistant")
+
+
+@dataclass(frozen=True)
+class Question:
+    id: str
+    category: str
+    turns: tuple[str, ...] = ()  # user turns, each asked after the model's own answer to the previous one
+    messages: tuple[dict[str, str], ...] = ()  # or one fixed conversation (this project's prompt files)
+
+    def __post_init__(self) -> None:
+        if bool(self.turns) == bool(self.messages):
+            raise ValueError("a question has either turns or messages")
+
+
+def question(row: object) -> Question:
+    """One line of either format, checked (ValueError says what is wrong)."""
+    if not isinstance(row, dict):
+        raise ValueError(f"expected a JSON object, got a {type(row).__name__}")
+    if "turns" in row:  # Spec-Bench's own format
+        turns = row["turns"]
+        if not isinstance(turns, list) or not turns or not all(isinstance(t, str) and t for t in turns):
+            raise ValueError("'turns' must be a non-empty list of non-empty strings")
+        if len(turns) > MAX_TURNS:
+            raise ValueError(f"{len(turns)} turns; at most {MAX_TURNS}")
+        category = row.get("category")
+        if not isinstance(category, str) or not category:
+            raise ValueError("needs a 'category' string")
+        qid = row.get("question_id", row.get("id"))
+        if not isinstance(qid, (str, int)) or isinstance(qid, bool):
+            raise ValueError("needs a 'question_id'")
+        return Question(str(qid), category, turns=tuple(turns))
+    messages = row.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise ValueError("needs 'turns' (Spec-Bench) or a non-empty 'messages' list")
+    for i, m in enumerate(messages, 1):
+        if not (isinstance(m, dict) and m.get("role") in ROLES and isinstance(m.get("content"), str)):
+            raise ValueError(f"message {i} must be {{'role': one of {', '.join(ROLES)}, 'content': str}}")
+    kind = row.get("kind", row.get("category", "all"))
+    return Question(str(row.get("id", "")), str(kind) if kind else "all",
+                    messages=tuple({"role": m["role"], "content": m["content"]} for m in messages))
+
+
+def read_questions(path: str | Path) -> list[Question]:
+    """Every question of a JSONL file in either format; a bad line is named by its number."""
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"cannot read {path}: {e}") from None
+    out = []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            out.append(question(json.loads(line)))
+        except (json.JSONDecodeError, ValueError) as e:
+            raise ValueError(f"{path}, line {n}: {e}") from None
+    if not out:
+        raise ValueError(f"{path} holds no question")
+    return out
+
+
+@dataclass
+class Tally:
+    """One mode's counts over some replies (a category, or all)."""
+
+    new_tokens: int = 0
+    decode_s: float = 0.0
+    rounds: int = 0  # target passes after the prompt's prefill: one a round
+    drafted: int = 0
+    accepted: int = 0
+    position_drafted: list[int] = field(default_factory=list)
+    position_accepted: list[int] = field(default_factory=list)
+
+    def add(self, events: Iterable[RoundEvent], summary: Summary) -> None:
+        self.new_tokens += summary.new_tokens
+        self.decode_s += summary.total_s - summary.prefill_s - summary.draft_prefill_ms / 1e3
+        for e in events:
+            self.add_round(e)
+
+    def add_round(self, e: RoundEvent) -> None:
+        self.rounds += 1
+        self.drafted += len(e.drafted)
+        self.accepted += sum(d.accepted for d in e.drafted)
+        for i, d in enumerate(e.drafted):
+            if i == len(self.position_drafted):
+                self.position_drafted.append(0)
+                self.position_accepted.append(0)
+            self.position_drafted[i] += 1
+            self.position_accepted[i] += d.accepted
+
+    def merge(self, other: Tally) -> None:
+        self.new_tokens += other.new_tokens
+        self.decode_s += other.decode_s
+        self.rounds += other.rounds
+        self.drafted += other.drafted
+        self.accepted += other.accepted
+        for i, (d, a) in enumerate(zip(other.position_drafted, other.position_accepted)):
+            if i == len(self.position_drafted):
+                self.position_drafted.append(0)
+                self.position_accepted.append(0)
+            self.position_drafted[i] += d
+            self.position_accepted[i] += a
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.new_tokens / self.decode_s if self.decode_s > 0 else 0.0
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """Tokens committed per target pass (Spec-Bench's τ): 1 for plain decoding."""
+        return self.new_tokens / self.rounds if self.rounds else 0.0
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        return self.accepted / self.drafted if self.drafted else None
+
+    @property
+    def per_position(self) -> list[float]:
+        return [a / d for a, d in zip(self.position_accepted, self.position_drafted)]
+
+    def figures(self, plain: Tally | None) -> dict[str, object]:
+        speedup = self.tokens_per_s / plain.tokens_per_s if plain is not None and plain.tokens_per_s > 0 else None
+        return {"tokens_per_s": round(self.tokens_per_s, 3), "speedup": None if speedup is None else round(speedup, 4),
+                "mean_accepted_length": round(self.mean_accepted_length, 4),
+                "acceptance_rate": None if self.acceptance_rate is None else round(self.acceptance_rate, 4),
+                "acceptance_per_position": [round(x, 4) for x in self.per_position],
+                "new_tokens": self.new_tokens, "rounds": self.rounds, "drafted": self.drafted,
+                "accepted": self.accepted}

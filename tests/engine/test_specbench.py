@@ -1,0 +1,73 @@
+"""engine.tools.specbench: Spec-Bench's question format and this project's, and the per-category counts."""
+import json
+
+import pytest
+
+from engine.api.events import DraftToken, RoundEvent, Summary
+from engine.tools.specbench import Question, Tally, question, read_questions
+
+
+def test_spec_bench_and_project_formats_read_alike(tmp_path):
+    path = tmp_path / "q.jsonl"
+    path.write_text("\n".join([
+        json.dumps({"question_id": 81, "category": "writing", "turns": ["First.", "Second."]}),
+        "",
+        json.dumps({"id": "code-fib", "kind": "code", "messages": [{"role": "user", "content": "fib?"}]}),
+    ]))
+    a, b = read_questions(path)
+    assert a == Question("81", "writing", turns=("First.", "Second."))
+    assert b == Question("code-fib", "code", messages=({"role": "user", "content": "fib?"},))
+
+
+@pytest.mark.parametrize("row, says", [
+    ({"question_id": 1, "category": "qa", "turns": []}, "'turns' must be a non-empty list"),
+    ({"question_id": 1, "category": "qa", "turns": ["ok", 3]}, "'turns' must be a non-empty list"),
+    ({"question_id": 1, "turns": ["ok"]}, "needs a 'category'"),
+    ({"category": "qa", "turns": ["ok"]}, "needs a 'question_id'"),
+    ({"question_id": 1, "category": "qa", "turns": ["t"] * 17}, "17 turns; at most 16"),
+    ({"id": "x", "messages": [{"role": "robot", "content": "hi"}]}, "message 1 must be"),
+    ({"id": "x"}, "needs 'turns' (Spec-Bench) or a non-empty 'messages' list"),
+    ([1, 2], "expected a JSON object"),
+])
+def test_a_bad_question_is_named(row, says):
+    with pytest.raises(ValueError, match=says.replace("(", r"\(").replace(")", r"\)")):
+        question(row)
+
+
+def test_a_bad_line_names_its_number(tmp_path):
+    path = tmp_path / "q.jsonl"
+    path.write_text(json.dumps({"question_id": 1, "category": "qa", "turns": ["ok"]}) + "\n{not json\n")
+    with pytest.raises(ValueError, match="line 2"):
+        read_questions(path)
+
+
+def _round(n: int, drafted: list[bool], committed: int) -> RoundEvent:
+    draft = tuple(DraftToken(i, "x", 0.5, 0.5, ok) for i, ok in enumerate(drafted))
+    return RoundEvent(round=n, mode="speculative", drafter="model", k=len(drafted), temperature=0.0, drafted=draft,
+                      committed=(), text_delta="", draft_ms=1.0, verify_ms=2.0, elapsed_s=0.0,
+                      new_tokens=committed, stop_reason=None)
+
+
+def _summary(new_tokens: int, total_s: float, prefill_s: float) -> Summary:
+    return Summary(new_tokens=new_tokens, rounds=0, target_forwards=0, drafted=0, accepted=0, acceptance_rate=0.0,
+                   mean_tokens_per_round=0.0, per_position_acceptance=(), tokens_per_s=0.0, ttft_s=0.0,
+                   total_s=total_s, prompt_tokens=1, reused_prefix_tokens=0, draft_ms=0.0, verify_ms=0.0,
+                   stop_reason="length", text="", prefill_s=prefill_s)
+
+
+def test_tally_counts_as_spec_bench_and_vllm_define_them():
+    """Mean accepted length is tokens per target pass; acceptance per position counts only rounds that drafted
+    that position; the rate leaves the prompt's prefill out; the speedup is against the plain tally given."""
+    t = Tally()
+    t.add([_round(1, [True, True, False], 3), _round(2, [True], 2), _round(3, [False, False], 1)],
+          _summary(new_tokens=6, total_s=2.5, prefill_s=0.5))
+    assert t.mean_accepted_length == 2.0
+    assert t.acceptance_rate == 3 / 6
+    assert t.per_position == [2 / 3, 1 / 2, 0.0]
+    assert t.tokens_per_s == 3.0
+    plain = Tally(new_tokens=6, decode_s=4.0, rounds=6)
+    assert t.figures(plain)["speedup"] == 2.0 and plain.figures(plain)["mean_accepted_length"] == 1.0
+    both = Tally()
+    both.merge(t)
+    both.merge(t)
+    assert both.per_position == t.per_position and both.rounds == 6 and both.tokens_per_s == t.tokens_per_s
