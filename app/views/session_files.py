@@ -27,7 +27,9 @@ class SessionFiles:
     def export_stats(self, path: str | None = None) -> bool:
         if path is None:
             start = str(self.settings.value("export/dir", str(Path.home())))
-            path, _ = QFileDialog.getSaveFileName(self._parent, "Export session stats",
+            # The caption names both files: the rounds go to NAME.csv, the replies to NAME_summary.csv beside it
+            path, _ = QFileDialog.getSaveFileName(self._parent, "Export session stats: NAME.csv (one row per round) "
+                                                  "and NAME_summary.csv (one per reply) beside it",
                                                   str(Path(start) / "speclens-stats.csv"), "CSV files (*.csv)")
             if not path:
                 return False

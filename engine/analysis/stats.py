@@ -200,7 +200,8 @@ def summary_row(record: MessageRecord) -> dict[str, object]:
         "kind": record.kind,
         "prompt": record.prompt,
         "mode": _joined(r.mode for r in rounds),
-        "drafter": _joined(r.drafter for r in rounds if r.drafter),
+        # in one fixed order, so a reply of both drafters (the hybrid) has one name whichever drafted first
+        "drafter": _joined(sorted({r.drafter for r in rounds if r.drafter})),
         "k_mean": round(sum(r.k for r in rounds) / len(rounds), 3) if rounds else "",
         "temperature": _joined(r.temperature for r in rounds),
         "target": record.target or "", "draft": record.draft or "", "engine": record.engine or "",

@@ -8,10 +8,12 @@ import pytest
 from engine.analysis.stats import (
     ROUND_COLUMNS,
     SUMMARY_COLUMNS,
+    MessageRecord,
     SessionStats,
     SpeedTotals,
     round_tokens_per_s,
     summary_path,
+    summary_row,
 )
 from engine.analysis.theory import theoretical_speedup
 from engine.api.events import Origin
@@ -270,3 +272,12 @@ def test_a_failed_first_export_leaves_no_file(tmp_path, monkeypatch):
         _session("x").write_csv(path)
     monkeypatch.undo()
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_reply_of_both_drafters_has_one_name_whichever_drafted_first():
+    names = []
+    for first, second in (("model", "ngram"), ("ngram", "model")):
+        events = [make_round(1, drafter=first), make_round(2, drafter=second)]
+        rec = MessageRecord(1, 1, "chat", "p", rounds=events, summary=make_summary(events))
+        names.append(summary_row(rec)["drafter"])
+    assert names == ["model+ngram", "model+ngram"]
