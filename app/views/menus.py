@@ -34,6 +34,7 @@ class Commands:
     set_theme: Callable[[str], object]
     step_actions: Sequence[QAction]  # Step through, Next phase, Continue: the step panel's
     inspector_action: QAction  # the inspector dock's show/hide toggle
+    open_model_file: Slot = lambda: None  # File > Open model file (.gguf)...
     attach: Slot = lambda: None  # File > Attach to server... (app/views/attach_mode.py)
     detach: Slot = lambda: None
 
@@ -67,7 +68,9 @@ class MainMenus:
         self.new_action = act("&New chat", c.new_chat, "Ctrl+N",
                               "Clear the conversation and the engine's cached prefix")
         self.open_action = act("&Open model folder\u2026", c.open_model_folder, "Ctrl+O",
-                               "Load a model folder (config.json + safetensors) or a .gguf as the target")
+                               "Load a model folder (config.json + safetensors) as the target")
+        self.open_file_action = act("Open model &file (.gguf)\u2026", c.open_model_file, "Ctrl+Shift+G",
+                                    "Load a .gguf file as the target (LM Studio, Ollama and llama.cpp keep theirs so)")
         self.export_action = act("&Export session stats\u2026", c.export_stats, "Ctrl+E",
                                  "Write every round of this session to CSV (plus <name>_summary.csv)")
         self.save_trace_action = act("&Save trace\u2026", c.save_trace, "Ctrl+S", "Write the whole session (every "
@@ -101,7 +104,7 @@ class MainMenus:
             self.theme_actions[key] = a
 
     def _file_menu(self, m: QMenu) -> None:
-        m.addActions([self.new_action, self.open_action])
+        m.addActions([self.new_action, self.open_action, self.open_file_action])
         m.addActions([self.attach_action, self.detach_action])
         m.addSeparator()
         m.addAction(self.export_action)

@@ -57,6 +57,13 @@ class ModelLoading(QObject):
         if path:
             self.load_models(path, None)
 
+    def open_model_file(self) -> None:
+        """A .gguf picked as a file: a folder picker cannot select one, though every other entry takes it."""
+        path, _ = QFileDialog.getOpenFileName(self._parent, "Open a GGUF model file", "",
+                                              "GGUF models (*.gguf);;All files (*)")
+        if path:
+            self.load_models(path, None)
+
     def _open_dialog(self, target: str | None) -> None:
         self.controls.set_loading(True)
         dlg = LoadDialog(target, self._parent)

@@ -171,6 +171,7 @@ class MainWindow(QMainWindow):
         # The lambdas drop the `checked` argument of triggered(), which these slots would take for a path
         return Commands(
             new_chat=self.new_chat, open_model_folder=self.model_loading.open_model_folder,
+            open_model_file=self.model_loading.open_model_file,
             export_stats=lambda: self.files.export_stats(), save_trace=lambda: self.files.save_trace(),
             open_trace=lambda: self.files.open_trace(), quit=self.close, send=self.send, stop=self.stop,
             compare=self.compare, tune_k=self.tune_k, show_rejected=self.chat.set_show_rejected,

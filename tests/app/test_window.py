@@ -306,3 +306,17 @@ def test_the_context_setting_reaches_the_engine_at_the_next_load(qtbot, make_win
     qtbot.waitUntil(lambda: w.controller.ready and w.load_dialog is None and w.controller.info.context == 512,
                     timeout=LOAD_TIMEOUT_MS)
     assert "context 512 tokens" in w.model_label.text()
+
+
+def test_a_gguf_file_can_be_opened_from_the_file_menu(window, monkeypatch):
+    """The folder picker cannot select a .gguf, which every other entry accepts; File has a file picker for it."""
+    from PySide6.QtWidgets import QFileDialog
+
+    asked, loaded = [], []
+    monkeypatch.setattr(QFileDialog, "getOpenFileName",
+                        staticmethod(lambda *a: asked.append(a[3]) or ("/models/qwen3-0.6b-q4_k_m.gguf", "")))
+    monkeypatch.setattr(window.model_loading, "load_models", lambda target, draft: loaded.append((target, draft)))
+    window.menus.open_file_action.trigger()
+    assert asked and "*.gguf" in asked[0]
+    assert loaded == [("/models/qwen3-0.6b-q4_k_m.gguf", None)]
+    assert window.menus.open_file_action in window.menuBar().actions()[0].menu().actions()
