@@ -341,11 +341,15 @@ class MainWindow(QMainWindow):
             self.round_label.setText(f"{going}\u2026" if running else "Idle")
             return
         acc = f"{self._accepted / self._drafted:.0%}" if self._drafted else "\u2014"
-        tps = s.tokens_per_s if s is not None else (ev.new_tokens / ev.elapsed_s if ev.elapsed_s > 0 else 0.0)
+        if not running and s is not None:  # the reply as a whole, not its last round (which may be a plain step)
+            self.round_label.setText(f"Done \u00b7 {s.rounds} rounds \u00b7 {s.mean_tokens_per_round:.2f} tokens a "
+                                     f"round \u00b7 {s.tokens_per_s:.1f} tok/s \u00b7 acceptance {acc} (this reply)")
+            return
+        tps = ev.new_tokens / ev.elapsed_s if ev.elapsed_s > 0 else 0.0
         k = f"K {ev.k}" if ev.mode == "speculative" else "plain"
-        state = going if running else ("Done" if s is not None else "Stopped")
+        state = going if running else "Stopped"
         self.round_label.setText(f"{state} \u00b7 round {ev.round} \u00b7 {k} \u00b7 {tps:.1f} tok/s \u00b7 "
-                                 f"acceptance {acc}")
+                                 f"acceptance {acc} (this reply)")
 
     def _update_actions(self) -> None:
         c = self.controller

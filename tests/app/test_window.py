@@ -320,3 +320,15 @@ def test_a_gguf_file_can_be_opened_from_the_file_menu(window, monkeypatch):
     assert asked and "*.gguf" in asked[0]
     assert loaded == [("/models/qwen3-0.6b-q4_k_m.gguf", None)]
     assert window.menus.open_file_action in window.menuBar().actions()[0].menu().actions()
+
+
+def test_the_final_status_sums_up_the_reply_not_its_last_round(qtbot, window):
+    """After a reply the status line gives the reply's rounds, tokens a round, rate and acceptance (scoped to
+    this reply), not the last round's K or mode."""
+    window.input.setPlainText("hello")
+    window.send()
+    wait_idle(qtbot, window)
+    s = window.controller.stats.records[-1].summary
+    text = window.round_label.text()
+    assert text.startswith(f"Done \u00b7 {s.rounds} rounds \u00b7 {s.mean_tokens_per_round:.2f} tokens a round")
+    assert f"{s.tokens_per_s:.1f} tok/s" in text and text.endswith("(this reply)") and "K " not in text
