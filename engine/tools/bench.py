@@ -217,6 +217,29 @@ class _Parser(argparse.ArgumentParser):
         fail(message)  # one line, like every other usage error (argparse prints the usage first)
 
 
+def warm_up(engine: Engine, first: Question, sampling: SamplingParams) -> None:
+    """A few plain tokens of the first question, so first-call allocations stay out of the timings."""
+    warm = list(first.messages) or [{"role": "user", "content": first.turns[0]}]
+    for _ in engine.generate(engine.encode_chat(warm), sampling.with_(max_new_tokens=4), SpecParams(enabled=False)):
+        pass
+    engine.reset()
+
+
+def report(results: list[Result], greedy: bool, by_category: bool) -> dict:
+    """Print the modes' table (and, by_category, the per-category one) and whether greedy modes kept plain's
+    tokens; the JSON's "results", "categories" and "identical_to_plain"."""
+    relate_to_plain(results)
+    print(table(results))
+    identity = same_as_plain(results) if greedy else {}
+    if identity:
+        print("greedy output identical to plain: " + ", ".join(f"{m} {'yes' if ok else 'NO'}"
+                                                                 for m, ok in identity.items()))
+    categories = category_figures(results)
+    if by_category:
+        print(category_table(categories))
+    return {"results": [_result_json(r) for r in results], "categories": categories, "identical_to_plain": identity}
+
+
 def _label(r: Result) -> str:
     return r.mode if r.mode in ("plain", "default") else f"{r.mode} K={r.k}"
 
@@ -393,29 +416,15 @@ def main(argv: list[str] | None = None) -> int:
     print(f"kernels: {kernels}", file=sys.stderr)
     questions = [specbench.question(p) for p in prompts]
     by_category = any(q.turns for q in questions) or len({q.category for q in questions}) > 1
-    first = questions[0]
-    warm = list(first.messages) or [{"role": "user", "content": first.turns[0]}]
-    for _ in engine.generate(engine.encode_chat(warm), sampling.with_(max_new_tokens=4), SpecParams(enabled=False)):
-        pass  # warm-up: first-call allocations stay out of the timings
-    engine.reset()
+    warm_up(engine, questions[0], sampling)
 
     results: list[Result] = []
     for mode in modes:
         for k in ([ks[0]] if mode in ("plain", "default") else ks):  # neither reads --k
             results.append(run_mode(engine, questions, mode, k, sampling, a.stop_below, a.adaptive))
             print(f"  {mode} K={k}: {results[-1].tokens_per_s:.2f} tok/s", file=sys.stderr)
-    relate_to_plain(results)
-    print(table(results))
-    identity = same_as_plain(results) if sampling.greedy else {}
-    if identity:
-        print("greedy output identical to plain: " + ", ".join(f"{m} {'yes' if ok else 'NO'}"
-                                                                 for m, ok in identity.items()))
-    categories = category_figures(results)
-    if by_category:
-        print(category_table(categories))
     out = {"device": str(engine.device), "kernels": kernels, "target": engine.target_name,
-           "draft": engine.draft_name, "results": [_result_json(r) for r in results],
-           "categories": categories, "identical_to_plain": identity}
+           "draft": engine.draft_name, **report(results, sampling.greedy, by_category)}
     if a.json_out:
         Path(a.json_out).write_text(json.dumps(out, indent=1), encoding="utf-8")
     # the record keeps the figures, not every mode's generated tokens (those stay in --json)

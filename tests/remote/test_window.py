@@ -147,7 +147,7 @@ def test_a_server_that_cannot_be_reached_leaves_the_local_engine(qtbot, window, 
 
 def test_connecting_to_a_silent_server_can_be_cancelled(qtbot, window, dialogs):
     """A server that accepts the connection and never answers: the status bar offers Cancel, which ends the
-    connecting at once, leaves the local engine in use, and shows no error."""
+    connecting within the click, leaves the local engine in use, and shows no error."""
     import socket
 
     silent = socket.socket()
@@ -158,10 +158,10 @@ def test_connecting_to_a_silent_server_can_be_cancelled(qtbot, window, dialogs):
         cancel = window.attach_mode._cancel
         qtbot.waitUntil(lambda: cancel is not None and cancel.isVisible(), timeout=5000)
         remote = window.controller.connecting
-        t0 = time.monotonic()
-        with qtbot.waitSignal(window.controller.attachCancelled, timeout=1000):
-            cancel.click()
-        assert time.monotonic() - t0 < 1.0
+        cancelled = []
+        window.controller.attachCancelled.connect(lambda: cancelled.append(True))
+        cancel.click()
+        assert cancelled == [True]  # answered within the click, not when the silent server's probe gives up
         assert window.controller.connecting is None and window.controller.remote is None
         assert window.controller.ready and not cancel.isVisible() and dialogs == []
         assert "Stopped connecting" in window.statusBar().currentMessage()
