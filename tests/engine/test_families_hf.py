@@ -258,3 +258,23 @@ def test_weights_the_engine_has_no_place_for_are_refused(tmp_path):
 def test_the_table_marks_the_new_families_runnable():
     runnable = {f.model_type for f in families.FAMILIES if f.runnable}
     assert runnable == {"llama", "qwen2", "mistral", "qwen3", "gemma3_text", "phi3"}
+
+
+def test_on_the_cpu_kernels_a_new_family_keeps_its_layers_in_torch(tmp_path):
+    """The C++ stack computes the Llama math only: a Gemma 3 folder placed on the CPU runs its matrices on the
+    kernels and its layers in torch, and still equals transformers."""
+    from engine.cpu import ext
+    from engine.io.loading import place, stack_computes
+
+    if ext.load() is None:
+        pytest.skip("the compiled kernels are not available here")
+    hf = hf_model(FAMILIES["gemma3"])
+    hf.save_pretrained(tmp_path)
+    ck = load_checkpoint(tmp_path)
+    assert not stack_computes(ck.config)
+    assert stack_computes(ModelConfig.from_hf(dict(BASE, model_type="llama")))
+    model = place(ck, torch.float32, torch.device("cpu"), 256, int8=False)
+    assert model.stack is None and type(model.layers[0].attn.qkv).__name__ == "QuantLinear"
+    with torch.no_grad():
+        ref = hf(torch.tensor([ids()])).logits[0]
+    torch.testing.assert_close(ours_by_passes(model), ref, atol=ATOL, rtol=0)
