@@ -146,11 +146,13 @@ def runnable_names(gguf: bool = False) -> list[str]:
 
 # The tensors the engine computes with, as llama.cpp names them (per layer after "blk.N."). Any other tensor in a
 # file is math SpecLens would leave out, so such a file is refused rather than run without it.
-GGUF_TOP_TENSORS = {"token_embd.weight", "output_norm.weight", "output.weight", "rope_freqs.weight"}
+GGUF_TOP_TENSORS = {"token_embd.weight", "output_norm.weight", "output.weight", "rope_freqs.weight",
+                    "rope_factors_short.weight", "rope_factors_long.weight"}  # llama3's / LongRoPE's factors
 GGUF_LAYER_TENSORS = {"attn_norm.weight", "ffn_norm.weight", "attn_q.weight", "attn_k.weight", "attn_v.weight",
                       "attn_q.bias", "attn_k.bias", "attn_v.bias", "attn_output.weight", "ffn_gate.weight",
                       "ffn_up.weight", "ffn_down.weight"}
-# a per-layer tensor's name (its part before ".weight"/".bias") -> the feature it carries, for the message
+# A per-layer tensor's name (its part before ".weight"/".bias") -> the feature it carries. A family whose row has
+# the feature runs it (once implemented); in any other family's file it has no place, and the file is refused.
 _GGUF_TENSOR_FEATURES = {"attn_q_norm": "qk_norm", "attn_k_norm": "qk_norm", "attn_qkv": "fused_qkv",
                          "ffn_gate_inp": "moe", "ffn_gate_exps": "moe", "ffn_up_exps": "moe", "ffn_down_exps": "moe",
                          "post_attention_norm": "sandwich_norm", "post_ffw_norm": "sandwich_norm"}
@@ -181,12 +183,12 @@ def gguf_refusal(arch: str, metadata: Mapping[str, Any] | None = None, tensors: 
             continue
         stem = own.rsplit(".", 1)[0]
         kind = _GGUF_TENSOR_FEATURES.get(stem) or (_GGUF_BIASES.get(stem) if own.endswith(".bias") else None)
-        if kind is not None:
+        if kind is not None and not FEATURES[kind].implemented:
             needs.append(kind)
-        elif name not in others:
+        elif (kind is None or kind not in fam.features) and name not in others:
             others.append(name)
     rot = _count(meta.get(f"{arch}.rope.dimension_count"))
-    if rot and head_dim and rot < head_dim:
+    if rot and head_dim and rot < head_dim and not FEATURES["partial_rotary"].implemented:
         needs.append("partial_rotary")
     if needs:
         phrases = [FEATURES[k].phrase for k in dict.fromkeys(needs)]
@@ -195,10 +197,6 @@ def gguf_refusal(arch: str, metadata: Mapping[str, Any] | None = None, tensors: 
         more = f" and {len(others) - 3} more" if len(others) > 3 else ""
         return (f"this {fam.title} GGUF holds tensors SpecLens has no place for ({', '.join(others[:3])}{more}); "
                 "running without them would be a different model")
-    window = _count(meta.get(f"{arch}.attention.sliding_window"))
-    if window:
-        return (f"this {fam.title} GGUF has a {window}-token sliding window; SpecLens runs windowed models exactly "
-                "only from a Hugging Face folder, whose context it caps at the window")
     return None
 
 
