@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engine.analysis.sweep import SweepRun, run_of
 from engine.analysis.theory import theoretical_speedup
@@ -31,7 +31,9 @@ from engine.api.config import K_LIMIT, SamplingParams, SpecParams
 from engine.api.errors import ModelLoadError
 from engine.api.events import RoundEvent, Summary
 from engine.api.live import Controls
-from engine.io.hub import LocalModel
+
+if TYPE_CHECKING:
+    from engine.io.hub import LocalModel
 
 Progress = Callable[[str, float], None]  # stage text, fraction of the measuring done in [0, 1]
 Cancelled = Callable[[], bool]
@@ -531,6 +533,16 @@ def find_drafts(target: str | None, candidates: Sequence[str] | None = None, pro
     return FinderResult(Candidate.of(tgt), cfg, len(chats), measured, bad + rejected + failed, not_measured,
                         cancelled=why == "cancelled", out_of_time=why == "out of time",
                         elapsed_s=time.monotonic() - t0)
+
+
+def find_drafts_json(target: str | None = None, candidates: Sequence[str] | None = None,
+                     prompts: Sequence[Messages] | None = None, max_new_tokens: int = FinderConfig.max_new_tokens,
+                     ks: Sequence[int] = FinderConfig.ks, time_budget_s: float = FinderConfig.time_budget_s,
+                     progress: Progress | None = None, cancelled: Cancelled | None = None) -> dict[str, Any]:
+    """find_drafts with plain arguments and a JSON result: what the window's worker process runs
+    (engine/tools/draft_worker.py)."""
+    cfg = FinderConfig(max_new_tokens, tuple(ks), time_budget_s)
+    return find_drafts(target, candidates, prompts, cfg, progress, cancelled).to_json()
 
 
 def check_prompts(prompts: Sequence[Messages]) -> list[Messages]:
