@@ -82,10 +82,12 @@ class ModelConfig:
                 raise ValueError(f"sliding_window must be >= 1, got {self.sliding_window}")
         if self.rope_scaling is not None:
             kind = self.rope_scaling.get("rope_type", self.rope_scaling.get("type"))
+            kind = families.ROPE_ALIASES.get(kind, kind)
+            object.__setattr__(self, "rope_scaling", {**self.rope_scaling, "rope_type": kind})  # one name per kind
             if kind not in ("default", None) and kind not in families.ROPE_SCALINGS:
                 raise ValueError(f"unsupported rope_scaling type {kind!r} (supported: "
                                  f"{', '.join(families.ROPE_SCALINGS)})")
-            if kind in ("longrope", "su"):
+            if kind == "longrope":
                 self._check_longrope()
 
     def _check_longrope(self) -> None:
@@ -111,8 +113,7 @@ class ModelConfig:
     def context_note(self) -> str:
         """Why the context is shorter than the model was trained for, for the load info; "" when it is not."""
         rs = self.rope_scaling or {}
-        if rs.get("rope_type", rs.get("type")) in ("longrope", "su") and rs.get("max_position_embeddings", 0) > \
-                self.max_position_embeddings:
+        if rs.get("rope_type") == "longrope" and rs.get("max_position_embeddings", 0) > self.max_position_embeddings:
             return (f"context capped at {self.max_position_embeddings} tokens, where LongRoPE's short factors end: "
                     "past it the model rotates every position by its long factors, which SpecLens does not run")
         return ""
@@ -128,7 +129,7 @@ class ModelConfig:
         eos = cfg.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ())
         head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
-        rotary_dim = int(head_dim * families.partial_rotary_factor(cfg))
+        rotary_dim = int(head_dim * families.partial_rotary_factor(cfg)) if fam.partial_rotary else head_dim
         rope_global, rope_local = families.rope_parameters(fam, cfg)
         scaling = _rope_scaling(rope_global, cfg, context)
         if scaling and scaling["rope_type"] == "longrope":  # see _check_longrope

@@ -57,7 +57,9 @@ FEATURES: dict[str, Feature] = {f.key: f for f in _FEATURES}
 # rope_scaling kind (config.json's rope_type) -> feature; "default" is plain RoPE
 ROPE_KINDS = {"llama3": "rope_llama3", "linear": "rope_linear", "dynamic": "rope_dynamic", "yarn": "rope_yarn",
               "longrope": "rope_longrope", "su": "rope_longrope"}
-ROPE_SCALINGS = tuple(kind for kind, key in ROPE_KINDS.items() if FEATURES[key].implemented)  # what the engine runs
+ROPE_ALIASES = {"su": "longrope"}  # older configs' names
+# what the engine runs, by their current names
+ROPE_SCALINGS = tuple(kind for kind, key in ROPE_KINDS.items() if FEATURES[key].implemented and kind not in ROPE_ALIASES)
 
 Choice = Literal["never", "always", "config"]  # a bias the family never has, always has, or takes from config.json
 # no window; every layer when sliding_window is set (Mistral, Phi-3); the layers layer_types or max_window_layers mark,
@@ -80,7 +82,7 @@ class Family:
     window: Window = "none"
     embedding_scale: bool = False
     logit_softcap: bool = False
-    partial_rotary: bool = False
+    partial_rotary: bool = False  # RoPE on part of each head where config.json says so (partial_rotary_factor)
     rope_scaling: tuple[str, ...] = ()  # the rope_type kinds its published checkpoints use
     extra: tuple[str, ...] = ()  # further feature keys of its math
     # config.json fields the family's transformers config defaults when a file leaves them out
@@ -131,7 +133,8 @@ FAMILIES: tuple[Family, ...] = (
                         ("rope_theta", 1_000_000.0), ("rope_local_base_freq", 10_000.0),
                         ("query_pre_attn_scalar", 256), ("sliding_window", 4096), ("sliding_window_pattern", 6),
                         ("max_position_embeddings", 131_072), ("tie_word_embeddings", True))),
-    Family("phi3", "Phi-3", "phi3", window="all", rope_scaling=("longrope",), extra=("fused_qkv",)),
+    Family("phi3", "Phi-3", "phi3", window="all", partial_rotary=True, rope_scaling=("longrope",),
+           extra=("fused_qkv",)),
     Family("smollm3", "SmolLM3", "smollm3", qkv_bias="config", o_bias="config", mlp_bias="config",
            extra=("nope_layers",)),
     Family("granite", "Granite", "granite", o_bias="config", mlp_bias="config", extra=("multipliers",)),
@@ -265,7 +268,10 @@ def check_hf_config(cfg: Mapping[str, Any]) -> Family:
             raise ValueError(f"{key} = {cfg[key]}: {FEATURES['logit_softcap'].phrase} is not implemented in SpecLens")
     if cfg.get("use_bidirectional_attention"):
         raise ValueError("use_bidirectional_attention: SpecLens runs causal decoders only")
-    partial_rotary_factor(cfg)
+    factor = partial_rotary_factor(cfg)
+    if factor != 1.0 and not fam.partial_rotary:  # its transformers code turns whole heads whatever the field says
+        raise ValueError(f"partial_rotary_factor = {factor}: {fam.title} applies RoPE to whole heads; SpecLens will "
+                         "not guess which one the checkpoint was trained with")
     window_layers(fam, cfg)
     rope_parameters(fam, cfg)
     return fam
