@@ -37,6 +37,7 @@ class ModelDrafter(OwnK):
         self.cached: list[int] = []  # ids whose KV is in the draft cache
         self.stop_below = 0.0  # SpecParams.stop_below: see propose
         self.stop: Callable[[], bool] | None = None  # asked between the chunks of a long prefill (a cancel)
+        self.progress: Callable[[int, int, int], None] | None = None  # a prefill's (read, to read, reused) per chunk
         self.start()
 
     def configure(self, spec: SpecParams) -> None:
@@ -53,7 +54,11 @@ class ModelDrafter(OwnK):
         if len(behind) <= MAX_ROUND_LAG:
             return 0.0  # fed together with the last token, as part of drafting
         t0 = time.perf_counter()
-        if forward_chunked(self.model, self.pool, self.seq, behind, self.device, self.stop) is None:
+        report, reused, read = self.progress, len(self.cached), None
+        if report is not None:
+            report(0, len(behind), reused)
+            read = lambda done: report(done, len(behind), reused)
+        if forward_chunked(self.model, self.pool, self.seq, behind, self.device, self.stop, progress=read) is None:
             self.cached.extend(behind[: self.pool.manager.length(self.seq) - len(self.cached)])  # the chunks done
             raise DraftStopped
         self.cached.extend(behind)
