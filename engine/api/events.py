@@ -64,6 +64,9 @@ class RoundEvent:
     # The inspector's view of each verify row (engine/api/dists.py): row i is drafted[i] and committed[i]; the last
     # row is the bonus (or plain) token's. Empty when the engine did not record it.
     positions: tuple[PositionDist, ...] = ()
+    # Why this drafter and K made the round, in words (the hybrid's policy: its estimates and the alternatives);
+    # "" when the drafter was not chosen round by round.
+    reason: str = ""
 
     @property
     def accepted(self) -> int:

@@ -210,6 +210,8 @@ class Engine:
         gen.manual_seed(sampling.seed if sampling.seed is not None else secrets.randbits(63))  # global RNG untouched
         for drafter in self.drafters:
             drafter.start()
+        if self.hybrid_drafter is not None:  # its policy's estimates of this request start over too
+            self.hybrid_drafter.start_policy()
         if self.model_drafter is not None:  # its lazy prefill of a long prompt stops between chunks too
             self.model_drafter.stop = lambda: controls.cancelled
             self.model_drafter.progress = reporter(controls, "draft", self.device)
@@ -272,7 +274,7 @@ class Engine:
             committed=tuple(committed), text_delta="".join(c.text for c in committed),
             draft_ms=max(0.0, (t_drafted - t_round) * 1e3 - prefill_ms), verify_ms=(t_verified - t_drafted) * 1e3,
             elapsed_s=self.clock.now() - t0, new_tokens=transcript.generated, stop_reason=stop,
-            draft_prefill_ms=prefill_ms, positions=positions,
+            draft_prefill_ms=prefill_ms, positions=positions, reason=proposal.reason if proposal is not None else "",
         )
         tally.add(event, t_verified - t0)
         if drafter is not None:

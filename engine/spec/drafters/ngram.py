@@ -60,7 +60,9 @@ class NGramDrafter(OwnK):
         a = self.pass_rate(self._pending[1]) if self._pending else 0.0
         return sum(a ** (i + 1) for i in range(n_tokens))
 
-    def propose(self, ids: list[int], k: int, params: SamplingParams, gen: torch.Generator | None) -> Proposal:
+    def lookup(self, ids: list[int], k: int) -> tuple[int, list[int]]:
+        """(match length, up to k tokens that followed the longest match), (0, []) when nothing matches. The lookup
+        is remembered and scored against the committed text at the next rollback, whether or not it is drafted."""
         self._index(ids)
         n, cont = 0, []
         for m in range(min(self.n_max, len(ids)), self.n_min - 1, -1):
@@ -69,11 +71,19 @@ class NGramDrafter(OwnK):
                 n, cont = m, ids[j : j + k]
                 break
         self._pending = (len(ids), n, cont) if cont else None
+        return n, cont
+
+    def tokens(self, cont: list[int]) -> Proposal:
+        """A proposal of these continuation tokens: a point mass on each."""
+        t = torch.tensor(cont, dtype=torch.long, device=self.device)
+        return Proposal(t, point_mass(t, self.vocab))
+
+    def propose(self, ids: list[int], k: int, params: SamplingParams, gen: torch.Generator | None) -> Proposal:
+        n, cont = self.lookup(ids, k)
         a, take = self.pass_rate(n), 0
         while take < len(cont) and a ** (take + 1) >= self.MIN_PASS:
             take += 1
-        t = torch.tensor(cont[:take], dtype=torch.long, device=self.device)
-        return Proposal(t, point_mass(t, self.vocab))
+        return self.tokens(cont[:take])
 
     def rollback(self, ids: list[int]) -> None:
         """Score the last lookup's continuation against what the target committed (the table itself holds
