@@ -337,6 +337,9 @@ class InspectorPanel(QWidget):
             self.show_token(self.info)
 
 
+MIN_WIDTH = 300
+
+
 class InspectorDock(QDockWidget):
     """The inspector as a side panel: hidden until a token is clicked, closable, movable."""
 
@@ -348,9 +351,10 @@ class InspectorDock(QDockWidget):
         scroll.setWidget(self.panel)
         scroll.setWidgetResizable(True)
         scroll.setFrameShape(QScrollArea.Shape.NoFrame)
-        scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         self.setWidget(scroll)
-        self.setMinimumWidth(380)
+        # With the side panel, the charts and the chat beside it, the window must still fit a 1280-px screen: the
+        # panel takes what room there is, and scrolls sideways below its natural width
+        self.setMinimumWidth(MIN_WIDTH)
         self.hide()
 
     def show_token(self, info: TokenInfo) -> None:

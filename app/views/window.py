@@ -13,7 +13,7 @@ from __future__ import annotations
 import sys
 import time
 
-from PySide6.QtCore import QByteArray, QSettings, Qt, QTimer
+from PySide6.QtCore import QByteArray, QSettings, QSize, Qt, QTimer
 from PySide6.QtGui import QCloseEvent, QGuiApplication
 from PySide6.QtWidgets import (
     QHBoxLayout,
@@ -55,6 +55,10 @@ from engine.api.events import RoundEvent, Summary
 FRAME_MS = 50  # repaint timer, 20 Hz: one chart per frame within the charts' time budget ...
 TEXT_FRAME_S = 0.09  # ... and the chat at most every other frame (about 10 Hz) while rounds keep coming ...
 TEXT_ROUNDS_PER_FRAME = 24  # ... and at most this many rounds of text per frame: one frame's layout stays short
+# The least widths of the side panel and the charts: with the chat, the inspector (app/views/inspector_dock.py) and
+# step-through open, the window's least width stays under a 1280-px screen's
+CONTROLS_MIN_WIDTH, CHARTS_MIN_WIDTH = 260, 320
+FIRST_SIZE = (1480, 900)  # the first launch's window, cut to the screen
 
 
 class MainWindow(QMainWindow):
@@ -79,8 +83,8 @@ class MainWindow(QMainWindow):
 
         self.setWindowTitle("SpecLens")
         self.setWindowIcon(app_icon())
-        self.resize(1480, 900)
         self._build_ui()
+        self.resize(self._first_size())
         # The parts, each given what it uses
         self.model_loading = ModelLoading(self, controller, self.controls, self.banner,
                                           StatusLine(self.statusBar(), self.model_label, self.notice_label),
@@ -129,13 +133,13 @@ class MainWindow(QMainWindow):
         lay.addLayout(row)
 
         self.charts = ChartsPanel()
-        self.charts.setMinimumWidth(360)
+        self.charts.setMinimumWidth(CHARTS_MIN_WIDTH)
         self.controls = ControlsPanel()
         scroll = QScrollArea()
         scroll.setWidget(self.controls)
         scroll.setWidgetResizable(True)
         scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
-        scroll.setMinimumWidth(290)
+        scroll.setMinimumWidth(CONTROLS_MIN_WIDTH)
         scroll.setFrameShape(QScrollArea.Shape.NoFrame)
 
         self.splitter = QSplitter(Qt.Orientation.Horizontal)
@@ -150,6 +154,9 @@ class MainWindow(QMainWindow):
         self.setCentralWidget(self.splitter)
         self.inspector = InspectorDock(self)  # opens on a click on a token
         self.addDockWidget(Qt.DockWidgetArea.RightDockWidgetArea, self.inspector)
+        # Opening a panel may raise the window's least size: it then grows, but never past the screen
+        self.inspector.visibilityChanged.connect(lambda _on: QTimer.singleShot(0, self.fit_to_screen))
+        self.stepper.toggle_action.toggled.connect(lambda _on: QTimer.singleShot(0, self.fit_to_screen))
 
         bar = self.statusBar()
         self.round_label = QLabel("Idle")
@@ -407,6 +414,37 @@ class MainWindow(QMainWindow):
         self.statusBar().showMessage(f"K set to {k} ({drafter_name(drafter)})", 5000)
 
     # ---- look + persistence --------------------------------------------------------------------------------
+    def _available(self):
+        screen = self.screen() or QGuiApplication.primaryScreen()
+        return screen.availableGeometry() if screen is not None else None
+
+    def _first_size(self) -> QSize:
+        room = self._available()
+        w, h = FIRST_SIZE
+        return QSize(min(w, room.width()), min(h, room.height())) if room is not None else QSize(w, h)
+
+    def showEvent(self, event) -> None:  # noqa: N802 - Qt naming
+        super().showEvent(event)
+        QTimer.singleShot(0, self.fit_to_screen)  # the window manager's frame is known once shown
+
+    def fit_to_screen(self) -> None:
+        """Keep the whole window on its screen's available area: a panel that opened (the inspector, step-through)
+        may have grown it past the edge, and a saved geometry may come from a larger screen."""
+        room = self._available()
+        if room is None or self.isMaximized() or self.isFullScreen():
+            return
+        frame = self.frameGeometry()
+        if room.contains(frame):
+            return
+        extra_w, extra_h = frame.width() - self.width(), frame.height() - self.height()  # the window manager's frame
+        w = max(min(self.width(), room.width() - extra_w), self.minimumSizeHint().width())
+        h = max(min(self.height(), room.height() - extra_h), self.minimumSizeHint().height())
+        self.resize(w, h)
+        frame = self.frameGeometry()
+        x = min(max(frame.x(), room.x()), room.right() + 1 - frame.width())
+        y = min(max(frame.y(), room.y()), room.bottom() + 1 - frame.height())
+        self.move(max(x, room.x()), max(y, room.y()))
+
     def set_theme(self, mode: str) -> None:
         self.theme = mode if mode in THEMES else "system"
         self.theme_actions[self.theme].setChecked(True)
@@ -434,6 +472,7 @@ class MainWindow(QMainWindow):
         geometry = s.value("window/geometry")
         if isinstance(geometry, QByteArray) and not geometry.isEmpty():
             self.restoreGeometry(geometry)
+            self.fit_to_screen()
         state = s.value("window/splitter")
         if isinstance(state, QByteArray) and not state.isEmpty():
             self.splitter.restoreState(state)
