@@ -44,12 +44,12 @@ from app.views.legend import OriginLegend
 from app.views.menus import Commands, MainMenus
 from app.views.model_loading import ModelLoading, StatusLine
 from app.views.prompt_edit import PromptEdit
-from app.views.reply_footer import reply_footer
+from app.views.reply_footer import reading, reply_footer
 from app.views.resources import app_icon
 from app.views.session_files import SessionFiles
 from app.views.stepper import StepPanel
 from app.views.theme import THEMES, apply_theme
-from engine.api.events import RoundEvent, Summary
+from engine.api.events import PrefillProgress, RoundEvent, Summary
 
 
 FRAME_MS = 50  # repaint timer, 20 Hz: one chart per frame within the charts' time budget ...
@@ -71,6 +71,8 @@ class MainWindow(QMainWindow):
         self.settings = settings if settings is not None else QSettings()
         self.last_round: RoundEvent | None = None
         self.summary: Summary | None = None  # of the last chat reply, once it arrives
+        self.prefill: PrefillProgress | None = None  # how far the running reply's prompt has been read
+        self.stopping = False  # Stop was pressed and the reply has not ended yet
         self.compare_dialog: CompareDialog | None = None
         self.tuner_dialog: TunerDialog | None = None
         self.theme = "system"
@@ -200,6 +202,7 @@ class MainWindow(QMainWindow):
         self.controls.rescanRequested.connect(self.controller.scan_models)
         c = self.controller
         c.replyStarted.connect(self._on_reply_started)
+        c.prefillArrived.connect(self._on_prefill)
         c.roundsArrived.connect(self._on_rounds)
         c.replyDone.connect(self._on_summary)
         c.replyFailed.connect(self._on_error)
@@ -260,7 +263,8 @@ class MainWindow(QMainWindow):
         self.chat.add_user(text)
         self.chat.begin_assistant(title)
         self.charts.start_message()
-        self.last_round = self.summary = None
+        self.last_round = self.summary = self.prefill = None
+        self.stopping = False
         self._drafted = self._accepted = 0
         self.reuse_label.setText("")  # known when the reply's Summary arrives
         self.frame_timer.start()
@@ -271,8 +275,12 @@ class MainWindow(QMainWindow):
         self.controller.update_controls(self.controls.sampling_params(), self.controls.spec_params())
 
     def stop(self) -> None:
+        """Said at once, and kept until the engine confirms: the reply stops at its next round, or at the next
+        chunk of a prompt it is still reading."""
         if self.controller.stop():
-            self.statusBar().showMessage("Stopping after this round\u2026", 2000)
+            self.stopping = True
+            self._update_status()
+            self._update_actions()
 
     def new_chat(self) -> None:
         self.controller.new_chat()
@@ -295,9 +303,13 @@ class MainWindow(QMainWindow):
         self.last_round = events[-1]
         self._status_dirty = True
 
+    def _on_prefill(self, progress: PrefillProgress) -> None:
+        self.prefill = progress
+        self._update_status()  # one message a chunk at most: no need to wait for the frame timer
+
     def _on_summary(self, s: Summary) -> None:
         self.summary = s
-        self.chat.finish(reply_footer(s), s.text_tail)
+        self.chat.finish(reply_footer(s, self.prefill), s.text_tail)
         self.reuse_label.setText(f"reused {s.reused_prefix_tokens} prompt tokens")
         self.reuse_label.setToolTip(f"{s.reused_prefix_tokens} of this turn's {s.prompt_tokens} prompt tokens "
                                     "came from the previous turn's KV cache")
@@ -316,6 +328,7 @@ class MainWindow(QMainWindow):
         self.chat.finish("interrupted: the engine process stopped")
 
     def _on_finished(self) -> None:
+        self.stopping = False
         self._status_dirty = True
         self.repaint_frame()
         self.frame_timer.start()  # on until the last rounds are painted
@@ -343,6 +356,13 @@ class MainWindow(QMainWindow):
     def _update_status(self) -> None:
         ev, s, running = self.last_round, self.summary, self.controller.active is not None
         going = "Paused (step-through: F10 next phase)" if self.controller.paused is not None else "Generating"
+        if running and self.stopping:
+            self.round_label.setText("Stopping\u2026")
+            return
+        p = self.prefill
+        if running and p is not None and p.done < p.total:
+            self.round_label.setText(reading(p))
+            return
         if ev is None:
             self.round_label.setText(f"{going}\u2026" if running else "Idle")
             return
@@ -362,8 +382,8 @@ class MainWindow(QMainWindow):
         busy, ready = c.busy, c.ready
         self.send_button.setEnabled(ready and not busy)
         self.send_action.setEnabled(ready and not busy)
-        self.stop_button.setEnabled(busy)
-        self.stop_action.setEnabled(busy)
+        self.stop_button.setEnabled(busy and not self.stopping)
+        self.stop_action.setEnabled(busy and not self.stopping)
         self.compare_action.setEnabled(ready and not busy and c.last_request is not None)
         self.tune_action.setEnabled(ready and not busy and c.last_request is not None)
         self.banner.reload_button.setEnabled(not c.loading)
