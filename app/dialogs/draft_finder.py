@@ -13,7 +13,7 @@ import logging
 import threading
 from typing import Any
 
-from PySide6.QtCore import QObject, Qt, Signal
+from PySide6.QtCore import QObject, Qt, QTimer, Signal
 from PySide6.QtGui import QColor, QPalette
 from PySide6.QtWidgets import (
     QAbstractItemView,
@@ -72,15 +72,13 @@ class FinderWorker(QObject):
         except (OSError, ValueError):  # already gone: the reader reports how
             pass
 
-    def stop(self, wait_s: float = 5.0) -> None:
-        """Cancel and end the process (killed if it does not stop in time): the dialog is going away."""
+    def stop(self, grace_ms: int = 3000) -> None:
+        """Cancel, and kill the process if it has not ended grace_ms later: the dialog is going away. Nothing
+        waits here (the GUI never freezes); the timer holds the process, not this worker, which may be gone."""
         self.cancel()
         proc = self.process
-        if proc is not None:
-            proc.join(wait_s)
-            if proc.exitcode is None:
-                proc.kill()
-                proc.join(wait_s)
+        if proc is not None and proc.exitcode is None:
+            QTimer.singleShot(grace_ms, lambda: proc.kill() if proc.exitcode is None else None)
 
     def _read(self, conn: Any) -> None:
         """Reader thread: touches no Qt object but the signal."""
@@ -309,7 +307,7 @@ class DraftFinderDialog(QDialog):
 
     def closeEvent(self, event) -> None:  # Qt names it
         if self.running:
-            self.worker.stop(2.0)
+            self.worker.stop()
         super().closeEvent(event)
 
 

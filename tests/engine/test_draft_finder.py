@@ -13,7 +13,7 @@ from engine.io import hub
 from engine.io.loading import load_engine
 from engine.tools import bench
 from engine.tools import draft_finder as df
-from tests.engine.test_model_dirs import header_gguf
+from tests.engine.test_model_dirs import header_gguf, home, put  # noqa: F401 - home: a fixture
 from tests.engine.test_weights import make_hf_model, make_tokenizer, write_gguf
 
 CFG = df.FinderConfig(max_new_tokens=8, ks=(1, 2), time_budget_s=120)
@@ -106,6 +106,17 @@ def test_the_ranking_is_measured_sorted_and_exact(zoo):
     assert fractions == sorted(fractions) and fractions[-1] == 1.0  # progress only moves forward
     data = json.loads(json.dumps(result.to_json()))  # plain JSON
     assert [m["name"] for m in data["measured"]] == names and data["target"]["name"] == "target"
+
+
+def test_by_default_the_candidates_are_the_models_the_listing_finds(zoo, home):  # noqa: F811 - the fixture
+    put(zoo["draft-q8"], home / ".lmstudio" / "models" / "me" / "tiny-GGUF" / "draft-q8.gguf")
+    put(zoo["other"], home / ".cache" / "llama.cpp" / "other.gguf")
+    result = df.find_drafts(str(zoo["target"]), None, PROMPTS[:1], df.FinderConfig(max_new_tokens=4, ks=(1,)),
+                            ngram=False, loader=no_eos_loader)
+    assert [(m.candidate.name, m.candidate.source) for m in result.measured] == [("me/tiny-GGUF/draft-q8.gguf",
+                                                                                 "lm-studio")]
+    assert [(r.candidate.name, r.reason.split(":")[0]) for r in result.rejected] == [
+        ("other.gguf", "SpecLens cannot run it")]
 
 
 def test_a_draft_that_fails_to_load_is_reported_and_the_others_measured(zoo):
