@@ -256,7 +256,8 @@ class InspectorPanel(QWidget):
         if ev is not None:
             where.append(f"{ev.drafter} drafter, K {ev.k}" if ev.drafter else "plain decoding")
             where.append("greedy (T = 0)" if ev.temperature == 0 else f"T = {ev.temperature:g}")
-        self.where.setText(" \u00b7 ".join(where))
+        why = ev.reason if ev is not None else ""  # why this drafter drafted the round (the hybrid's policy)
+        self.where.setText(" \u00b7 ".join(where) + (f"\n{why}" if why else ""))
         if dist is None:
             self._show(self.note, "This round carries no distribution data (recorded by an engine or trace without "
                                   "the inspector); the tooltip still gives p(t) and q(t).")

@@ -253,7 +253,8 @@ def _stop_strings(stop: str | tuple[str, ...] | list[str]) -> tuple[str, ...]:
     return tuple(s for s in items if s)
 
 
-Drafter = Literal["model", "ngram", "hybrid"]  # hybrid: the n-gram drafter when its lookup is likely to pass, else the model
+# hybrid: each round the draft model, the n-gram lookup or no draft, whichever pays most (engine/spec/policy.py)
+Drafter = Literal["model", "ngram", "hybrid"]
 DRAFTERS: tuple[str, ...] = get_args(Drafter)
 NEEDS_DRAFT_MODEL = ("model", "hybrid")  # the drafters that cannot run without a draft model
 
