@@ -328,7 +328,7 @@ class AppDefaults:
     temperature: float = 0.0  # greedy: the reply is then identical with and without speculation
     top_p: float = 1.0
     top_k: int = 0
-    max_new_tokens: int = 256
+    max_new_tokens: int = 1024  # a coding answer with its explanation fits (256 cut them mid-function)
     seed: int | None = None  # a new one per reply
 
     def __post_init__(self) -> None:
