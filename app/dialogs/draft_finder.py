@@ -38,6 +38,7 @@ COLUMNS = ("Draft", "Speedup", "Leviathan", "Best K", "\u03b1", "c", "Tokens/rou
 REJECTED_COLUMNS = ("Model", "Why not", "Family", "Source")
 MAX_NEW_TOKENS = 48
 TIME_BUDGET_S = 300.0
+NOISE = 1.05  # as the K tuner's: a best speedup under this is no clear win over plain decoding
 FINDER_FOR_WINDOW: Factory = FINDER  # what the menu's dialog runs (tests name a scripted finder here)
 
 
@@ -171,6 +172,7 @@ class DraftFinderDialog(QDialog):
         self.table.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
         self.table.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
         self.table.verticalHeader().setVisible(False)
+        self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
         self.table.horizontalHeader().setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
         self.table.itemSelectionChanged.connect(self._update_load_button)
         self.table.itemDoubleClicked.connect(lambda _item: self.load_selected())
@@ -179,6 +181,7 @@ class DraftFinderDialog(QDialog):
         self.rejected.setHorizontalHeaderLabels(REJECTED_COLUMNS)
         self.rejected.setSelectionMode(QAbstractItemView.SelectionMode.NoSelection)
         self.rejected.verticalHeader().setVisible(False)
+        self.rejected.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
         self.rejected.horizontalHeader().setSectionResizeMode(1, QHeaderView.ResizeMode.Stretch)
         self.progress = QProgressBar()
         self.progress.setRange(0, 1000)
@@ -248,6 +251,9 @@ class DraftFinderDialog(QDialog):
                      f"({best['plain_tokens_per_s']:.1f} tok/s plain).")
             if best["speedup"] < 1.0:
                 head += " None beat plain decoding on these prompts: speculation does not pay here."
+            elif best["speedup"] < NOISE:
+                head += (" That is within a few percent of plain decoding, about how much single replays' rates vary: "
+                         "no draft clearly pays here.")
         self.status.setText(head)
         if self.table.rowCount():
             self.table.selectRow(0)
@@ -281,8 +287,6 @@ class DraftFinderDialog(QDialog):
                 self.rejected.setItem(row, col, c)
         self.rejected_label.setVisible(bool(turned_down))
         self.rejected.setVisible(bool(turned_down))
-        self.table.resizeColumnsToContents()
-        self.rejected.resizeColumnsToContents()
 
     def selected(self) -> dict | None:
         rows = self.table.selectionModel().selectedRows()
