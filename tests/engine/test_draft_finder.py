@@ -119,6 +119,20 @@ def test_by_default_the_candidates_are_the_models_the_listing_finds(zoo, home): 
         ("other.gguf", "SpecLens cannot run it")]
 
 
+def test_the_figures_are_the_ones_a_separate_speclens_bench_run_gives(zoo):
+    """Counts, not timings: alpha and the mean accepted length of a K equal bench.run_mode's on the same pair."""
+    result = df.find_drafts(str(zoo["target"]), [str(zoo["draft"])], PROMPTS, df.FinderConfig(max_new_tokens=8, ks=(2,)),
+                            ngram=False, loader=no_eos_loader)
+    (m,) = result.measured
+    engine = no_eos_loader(str(zoo["target"]), str(zoo["draft"]))
+    ids = [engine.encode_chat(p) for p in PROMPTS]
+    sampling = df.SamplingParams(temperature=0.0, max_new_tokens=8, seed=0)
+    spec, plain = (bench.run_mode(engine, ids, mode, 2, sampling) for mode in ("draft", "plain"))
+    assert m.alpha is not None and spec.drafted_tokens > 0
+    assert m.alpha == pytest.approx(spec.alpha) and m.mean_accepted_length == pytest.approx(spec.mean_accepted_length)
+    assert spec.outputs == plain.outputs and m.identical_to_plain
+
+
 def test_a_draft_that_fails_to_load_is_reported_and_the_others_measured(zoo):
     def loader(target, draft, device=None):
         if draft is not None and draft.endswith(".gguf"):
