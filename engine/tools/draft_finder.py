@@ -248,7 +248,8 @@ def static_checks(target: LocalModel, models: Iterable[LocalModel],
             continue
         if m.vocab_size != target.vocab_size:
             rejected.append(Rejected(cand, f"a different vocabulary size ({m.vocab_size} tokens, the target "
-                                           f"{target.vocab_size}): it cannot propose the target's tokens"))
+                                           f"{target.vocab_size}): SpecLens pairs models whose vocabularies match "
+                                           "in size and in every token"))
             continue
         try:
             if target_vocab is None:
