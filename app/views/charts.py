@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import ClassVar
 
 import numpy as np
 import pyqtgraph as pg
@@ -189,7 +190,7 @@ class ChartsPanel(QWidget):
         self.flush(full=True)
 
     # The legends' entries: (curve, label); "plain" is the tokens plot's dashed plain-step line
-    LEGENDS = {
+    LEGENDS: ClassVar[dict[str, tuple[tuple[str, str], ...]]] = {
         "acceptance": (("acceptance", "per round"), ("acceptance_mean", f"mean of {ROLLING_WINDOW} rounds")),
         "tokens": (("tokens", "per round"), ("tokens_mean", f"mean of {ROLLING_WINDOW} rounds"),
                    ("plain", "plain step")),
