@@ -118,11 +118,15 @@ class ModelLoading(QObject):
         self._show_error("Could not load the model", message)
 
     def on_load_cancelled(self) -> None:
+        compiling = self.dialog is not None and self.dialog.compiling
         self._close_dialog()
         self.requested = None
         self.controls.show_current()
-        self.status.bar.showMessage("Loading cancelled" + ("; the current model stays loaded."
-                                                           if self.controller.ready else "."), 5000)
+        said = "Loading cancelled" + ("; the current model stays loaded." if self.controller.ready else ".")
+        if compiling:  # the compile runs on in the engine process (engine/cpu/build.py): say so, and why
+            said += (" The CPU kernels' compile goes on in the background, so the next load need not start it "
+                     "again; quitting SpecLens stops it.")
+        self.status.bar.showMessage(said, 15000 if compiling else 5000)
 
     def on_engine_died(self, sentence: str) -> None:
         """The window stays: one sentence in the banner and the status bar, and a way to reload."""
