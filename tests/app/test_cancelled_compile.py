@@ -22,9 +22,8 @@ def compiling_loader(target, draft, device, progress, cancelled, *, stage: str):
 
 
 def cancel_during(qtbot, make_window, stage: str) -> str:
-    from PySide6.QtCore import (
-        Qt,  # here: the engine process imports this module for its loader, and no Qt
-    )
+    # Qt imported here: the engine process imports this module for its loader, and must not import Qt
+    from PySide6.QtCore import Qt
     from PySide6.QtWidgets import QPushButton
 
     w = make_window(Factory("tests.app.test_cancelled_compile:compiling_loader", {"stage": stage}), load=False,
