@@ -232,3 +232,18 @@ def test_the_decode_rate_keeps_the_draft_models_catch_ups():
     t = Tally()
     t.add(events, s)
     assert t.tokens_per_s == pytest.approx(10 / 1.2)
+
+
+def test_an_unseen_match_length_borrows_the_texts_pass_rate():
+    """A rare long match does not start at the optimistic 1/2 the n-gram drafter's own rule uses: the hybrid's
+    offer prices it at what the text's other lookups passed."""
+    import torch
+
+    from engine.spec.drafters import NGramDrafter
+
+    ngram = NGramDrafter(vocab=16, device=torch.device("cpu"))
+    ngram.hits, ngram.trials = {1: 2.0}, {1: 20.0}  # short matches pass 10% of the time
+    assert ngram.pass_rate(4) == 0.5
+    assert ngram.pooled_pass_rate(4) == pytest.approx(3 / 22)
+    ngram.hits[4], ngram.trials[4] = 90.0, 100.0
+    assert ngram.pooled_pass_rate(4) == pytest.approx((90 + 2 * 93 / 122) / 102)

@@ -61,7 +61,7 @@ class HybridDrafter:
         t0 = time.perf_counter()
         match, cont = self.ngram.lookup(ids, k)
         policy.observe_lookup(self.state, time.perf_counter() - t0)
-        offer = policy.Offer(len(cont), match, self.ngram.pass_rate(match)) if cont else None
+        offer = policy.Offer(len(cont), match, self.ngram.pooled_pass_rate(match)) if cont else None
         choice = policy.choose(self.state, offer, k, self.model.catchup_tokens(ids))
         if choice.drafter == policy.NGRAM:
             return replace(self.ngram.tokens(cont[: choice.k]), source=self.ngram.name, reason=choice.reason)

@@ -55,6 +55,13 @@ class NGramDrafter(OwnK):
         """Estimated chance that a continuation token after an n-token match passes (Laplace prior 1/2)."""
         return (self.hits.get(n, 0.0) + 1.0) / (self.trials.get(n, 0.0) + 2.0)
 
+    def pooled_pass_rate(self, n: int) -> float:
+        """pass_rate(n) shrunk towards every match length's rate together rather than towards 1/2: a length seen
+        rarely (long matches are) borrows what the text's other lookups say, so one lucky prior cannot outbid a
+        measured drafter. The pool itself starts from the Laplace prior."""
+        pooled = (sum(self.hits.values()) + 1.0) / (sum(self.trials.values()) + 2.0)
+        return (self.hits.get(n, 0.0) + 2.0 * pooled) / (self.trials.get(n, 0.0) + 2.0)
+
     def expected_passes(self, n_tokens: int) -> float:
         """Expected passing tokens of the last lookup's first n_tokens: sum of a_n^i for i = 1..n_tokens."""
         a = self.pass_rate(self._pending[1]) if self._pending else 0.0
