@@ -9,8 +9,9 @@ from engine.model.kv_cache import KVPool
 from engine.model.transformer import Transformer
 
 # Long prompts go through in chunks: that bounds the attention mask's memory, and a chunk is as long as a cancel
-# waits and as far apart as the window's word on the reading is. On a 2-core CPU the 1.5B target reads ~100
-# tokens a second unloaded, so a chunk of 64 takes under a second; a GPU reads a chunk of 512 in milliseconds.
+# waits and as far apart as the window's word on the reading is. The embedded 1.5B target reads a chunk of 64 in
+# 1.3 s of one Zen 3 core, ~0.7 s on two (a chunk of 512 took over 5 s), more deep into a long prompt as attention
+# grows; a GPU reads a chunk of 512 in milliseconds.
 # Fixed per device, never timed: the cache's bits must not depend on how busy the machine was.
 PREFILL_CHUNK = 64
 GPU_PREFILL_CHUNK = 512
