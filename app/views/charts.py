@@ -462,8 +462,9 @@ class ChartsPanel(QWidget):
         ref = t.reference_ms()
         c_word = "c " if b.plain_ms else "c\u2248"
         named = len(t.by_drafter) > 1  # the hybrid: one line per drafter
-        return "\n".join(f"{drafter_name(name) + ': ' if named else ''}\u03b1 {d.alpha:.2f}  K {d.mean_k:.1f}  "
-                         f"{c_word}{d.cost_ratio(ref):.2f}" for name, d in t.by_drafter.items())
+        lines = [f"{drafter_name(name) + ': ' if named else ''}\u03b1 {d.alpha:.2f}  K {d.mean_k:.1f}  "
+                 f"{c_word}{d.cost_ratio(ref):.2f}" for name, d in t.by_drafter.items()]
+        return "\n".join(lines) + " \u00b7 this reply"  # the scope, as the acceptance title gives it
 
     def _draw_k(self, b: ChartBuffer, x: np.ndarray, x_hi: float) -> None:
         ks = np.asarray(b.k, dtype=float)
