@@ -113,6 +113,9 @@ def ours_by_passes(model: Transformer) -> torch.Tensor:
 def test_the_config_reads_the_family_features(family):
     name, hf, model = family
     c, hc = model.cfg, hf.config
+    # the folder's config.json is in transformers 5's form (rope_parameters, per layer type for Gemma 3); FAMILIES
+    # holds the older one (rope_theta, rope_scaling, rope_local_base_freq) that most published folders use
+    assert ModelConfig.from_hf(FAMILIES[name]) == c
     windowed = [t == "sliding_attention" for t in getattr(hc, "layer_types", None) or []]
     if name in ("mistral", "phi3"):
         windowed = [True] * hc.num_hidden_layers
