@@ -275,6 +275,9 @@ def check_hf_config(cfg: Mapping[str, Any]) -> Family:
             raise ValueError(f"{key} = {cfg[key]}: {FEATURES['logit_softcap'].phrase} is not implemented in SpecLens")
     if cfg.get("use_bidirectional_attention"):
         raise ValueError("use_bidirectional_attention: SpecLens runs causal decoders only")
+    scalar = cfg.get("query_pre_attn_scalar")
+    if scalar is not None and (isinstance(scalar, bool) or not isinstance(scalar, (int, float)) or not scalar > 0):
+        raise ValueError(f"query_pre_attn_scalar must be a positive number, got {scalar!r}")
     factor = partial_rotary_factor(cfg)
     if factor != 1.0 and not fam.partial_rotary:  # its transformers code turns whole heads whatever the field says
         raise ValueError(f"partial_rotary_factor = {factor}: {fam.title} applies RoPE to whole heads; SpecLens will "
