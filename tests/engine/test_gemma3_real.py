@@ -71,7 +71,8 @@ def server(gemma):
             time.sleep(0.5)
         yield url
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(30)
 
 
@@ -90,11 +91,15 @@ def llama_cpp(url: str, path: str, body: dict) -> dict:
     return r.json()
 
 
-def test_a_base_model_completes_text_after_bos_with_llama_cpps_token_ids(engine, server):
+def test_a_base_model_completes_text_after_bos_with_llama_cpps_token_ids(gemma, engine, server):
+    from engine.io.gguf_file import GGUFFile
+
+    assert GGUFFile(gemma, check_data=False).completes_text  # no chat template in the file: the load info says so
     for text in PROMPTS:
-        ids = engine.tokenizer.encode(text)
+        ids = engine.encode_chat([{"role": "user", "content": text}])  # what the app sends for a message
+        assert ids == engine.tokenizer.encode(text), text
         assert ids == llama_cpp(server, "/tokenize", {"content": text, "add_special": True})["tokens"], text
-        assert ids[0] == 2  # <bos>: a base model completes the text that follows it
+        assert ids[0] == 2  # <bos>, then the text
 
 
 def test_greedy_text_equals_llama_cpps_on_the_same_file(engine, server):
