@@ -23,7 +23,9 @@ from engine.io.gguf_file import GGUFFile
 from engine.io.gguf_model import build_model
 from engine.io.gguf_tokenizer import tokenizer_from_gguf
 from engine.io.loading import load_engine
+from engine.io.weights import load_checkpoint
 from engine.model.kv_cache import BlockManager, KVPool
+from engine.model.transformer import Transformer
 
 ROOT = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = ROOT.parent / "shared" / "bench" / "llama_cpp_build.sh"
@@ -161,13 +163,18 @@ def test_the_config_carries_each_familys_features(family):
             "short_factor"]))
 
 
-@pytest.mark.parametrize("path_kind", ["torch", "stack"])
+@pytest.mark.parametrize("path_kind", ["torch", "stack", "dequantized"])
 def test_logits_equal_transformers_in_one_pass_and_in_decode_steps(family, path_kind):
-    """Both CPU paths: the torch decoder, and the C++ stack that runs short passes where it takes the model."""
+    """Every path: the quantized-kernel model with its torch decoder or the C++ stack (where it takes the model),
+    and the dequantized weights under their Hugging Face names (how a GGUF loads on a GPU)."""
     _, hf, _, path = family
     with torch.no_grad():
         ref = hf(torch.tensor([IDS])).logits[0]  # (T, V)
-    model = build_model(GGUFFile(path), MAX_LEN, act="fp32")
+    if path_kind == "dequantized":
+        ck = load_checkpoint(path)
+        model = Transformer.from_state_dict(ck.config, ck.tensors, torch.float32, "cpu", MAX_LEN)
+    else:
+        model = build_model(GGUFFile(path), MAX_LEN, act="fp32")
     if path_kind == "torch":
         model.stack = None
     one_pass = logits(model, IDS)
