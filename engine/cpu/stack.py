@@ -92,9 +92,11 @@ def _stack_wide(model: Transformer) -> tuple[int, float, str]:
     cfg = model.cfg
     dims = {int(getattr(b.attn, "rotary_dim", 0) or cfg.head_dim) for b in model.layers}
     scales = {float(getattr(b.attn, "scale", 0.0) or cfg.head_dim ** -0.5) for b in model.layers}
-    activation = getattr(cfg, "activation", "silu")
-    if len(dims) != 1 or len(scales) != 1:
-        raise ValueError("rotary dims or attention scales that differ between layers")
+    # the MLP's own choice where it holds one (what the torch modules run), else the config's
+    activations = {getattr(b.mlp, "activation", getattr(cfg, "activation", "silu")) for b in model.layers}
+    if len(dims) != 1 or len(scales) != 1 or len(activations) != 1:
+        raise ValueError("rotary dims, attention scales or activations that differ between layers")
+    activation = activations.pop()
     if activation not in ACTIVATIONS:
         raise ValueError(f"the C++ stack does not run the activation {activation!r}")
     rotary_dim = dims.pop()

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -54,11 +53,6 @@ class Table(nn.Module):
         self.register_buffer("sin", ang.sin().float())
 
 
-def with_activation(cfg, activation: str) -> SimpleNamespace:
-    """The config's fields with this activation, unchecked: the stack's own refusal is what the tests look at."""
-    return SimpleNamespace(**{**vars(cfg), "activation": activation})
-
-
 def norm(n: int, eps: float, gen: torch.Generator) -> RMSNorm:
     m = RMSNorm(n, eps)
     m.weight = nn.Parameter(0.5 + torch.rand(n, generator=gen), requires_grad=False)
@@ -72,8 +66,8 @@ def give(model: Transformer, feat: Features) -> Transformer:
     R = feat.rotary_dim or cfg.head_dim
     model.rope = Table(cfg.rope_theta, R, MAX_LEN)
     model.rope_local = Table(feat.local_theta, R, MAX_LEN) if feat.local_theta else None
-    model.cfg = with_activation(cfg, feat.activation)
     for i, block in enumerate(model.layers):
+        block.mlp.activation = feat.activation
         attn = block.attn
         attn.q_norm = norm(cfg.head_dim, cfg.rms_norm_eps, gen) if feat.qk_norm else None
         attn.k_norm = norm(cfg.head_dim, cfg.rms_norm_eps, gen) if feat.qk_norm else None
@@ -125,7 +119,7 @@ def reference(model: Transformer, x: torch.Tensor) -> torch.Tensor:
         y = linear(attn.o, a)
         x = x + (rms(y, block.attn_post_norm.weight, eps) if block.attn_post_norm is not None else y)
         g, u = linear(block.mlp.gate_up, rms(x, block.mlp_norm.weight, eps)).chunk(2, dim=-1)
-        act = F.gelu(g, approximate="tanh") if cfg.activation == "gelu_tanh" else F.silu(g)
+        act = F.gelu(g, approximate="tanh") if block.mlp.activation == "gelu_tanh" else F.silu(g)
         y = linear(block.mlp.down, act * u)
         x = x + (rms(y, block.mlp_post_norm.weight, eps) if block.mlp_post_norm is not None else y)
     return rms(x, model.norm.weight, eps)
@@ -298,6 +292,9 @@ def test_what_the_stack_cannot_run_is_refused(gguf):
     assert QuantStack.of(model) is None
     model = model_with(gguf, Features())
     model.layers[2].attn.rotary_dim = 10  # layers that differ
+    assert QuantStack.of(model) is None
+    model = model_with(gguf, Features())
+    model.layers[2].mlp.activation = "gelu_tanh"
     assert QuantStack.of(model) is None
     model = model_with(gguf, Features(rotary_dim=10))
     model.rope = Table(1e4, 12, MAX_LEN)  # a table of the wrong width
