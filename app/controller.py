@@ -44,6 +44,7 @@ from PySide6.QtCore import QObject, Signal
 from app.attach import AttachError, Attached, attached, remote_host
 from app.host_protocol import Host, LoadRequest
 from app.request_handle import RequestHandle
+from app.session.plain_probe import PlainProbes
 from engine.analysis.stats import MessageRecord, SessionStats
 from engine.api.config import SamplingParams, SpecParams
 from engine.api.events import PhaseEvent, RoundEvent, Summary
@@ -64,6 +65,7 @@ class Request:
     record: MessageRecord
     handle: RequestHandle = field(repr=False)
     failed: bool = False  # ended with an error or the engine's death
+    probes: PlainProbes | None = None  # a chat reply's plain steps, the basis of its measured speedup
 
     def cancel(self) -> None:
         self.handle.cancel()
@@ -139,11 +141,6 @@ class ChatController(QObject):
     def info(self):
         return self.source.info
 
-    @property
-    def plain_ms_per_token(self) -> float | None:
-        """The session's plain-decode rate (any speculation-off round), the speedup charts' reference."""
-        return self.stats.totals().plain_ms_per_token
-
     # ---- chat ----------------------------------------------------------------------------------------------
     def messages_for(self, text: str, system: str = "") -> Messages:
         head = [{"role": "system", "content": system}] if system else []
@@ -158,6 +155,8 @@ class ChatController(QObject):
         messages = self.messages_for(text, system)
         self.conversation.append({"role": "user", "content": text})
         self.active = self.submit(messages, sampling, spec, "chat", text, stepping=self.stepping)
+        if self.remote is None:  # a server takes no live controls: its replies have no plain steps of their own
+            self.active.probes = PlainProbes(spec)
         self.last_request = (messages, sampling, spec)
         self.replyStarted.emit(text, self.info.target_name if self.info else "Assistant")
         return True
@@ -186,7 +185,9 @@ class ChatController(QObject):
     def update_controls(self, sampling: SamplingParams, spec: SpecParams) -> None:
         """Live settings reach the running chat reply at its next round."""
         if self.active is not None:
-            self.active.handle.update(sampling, spec)
+            req = self.active
+            req.sampling = sampling
+            req.handle.update(sampling, req.probes.set_user(spec) if req.probes else spec)
 
     def cancel(self, rid: int) -> None:
         if rid in self.requests:
@@ -353,6 +354,10 @@ class ChatController(QObject):
         req = self.requests[rid]
         req.record.rounds.extend(events)
         if req is self.active:
+            if req.probes is not None:  # a plain step now and then, timed beside the speculative rounds
+                spec = req.probes.after(events, may_start=not self.stepping)
+                if spec is not None:
+                    req.handle.update(req.sampling, spec)
             self.roundsArrived.emit(events)
 
     def _on_phase(self, rid: int, event: PhaseEvent) -> None:

@@ -31,7 +31,7 @@ from app.views.inspector_dock import InspectorDock
 from app.views.legend import OriginLegend
 from app.views.reply_footer import reply_footer
 from app.views.resources import app_icon
-from engine.analysis.stats import MessageRecord, SessionStats
+from engine.analysis.stats import MessageRecord
 
 FILTER = "SpecLens traces (*.json);;All files (*)"
 PAINT_AT_ONCE_ROUNDS = 4000  # a chat up to this long is painted before the window shows (about 0.3 s)
@@ -133,11 +133,6 @@ class TraceWindow(QMainWindow):
         self.chat.clear_chat()
         self.charts.clear()
         self.inspector.clear()
-        # The plain rate of the whole session, as the main window had it when the trace was saved: the charts'
-        # theory and measured speedup then come out as they were shown there
-        session = SessionStats()
-        session.records.extend(self.trace.replies)
-        self.charts.set_plain_reference(session.totals().plain_ms_per_token)
         records = [r for r in self.trace.replies if r.kind == "chat" and r.chat == chat]
         self._painting = self._paint_steps(records)
         self._paint_total = sum(len(r.rounds) for r in records)

@@ -41,10 +41,13 @@ def last_value(values: list[float]) -> float | None:
 
 
 class ChartBuffer:
-    """Per-round series for the current conversation, plus a session plain-decode reference."""
+    """Per-round series for the current conversation.
+
+    The speedup is each reply's own: its speculative rounds' rate over the rate of the one-row target passes timed
+    in the same reply (a plain step, or a round whose lookup found nothing), never over a rate from other minutes.
+    Until a reply has timed such a pass its measured speedup is NaN: no estimate stands in for it."""
 
     def __init__(self) -> None:
-        self.plain_reference_ms: float | None = None  # plain ms per token, from anywhere in the session
         self.clear()
 
     def clear(self) -> None:
@@ -53,48 +56,35 @@ class ChartBuffer:
         self.tokens_per_s: list[float] = []
         self.k: list[float] = []  # NaN in plain mode
         self.drafted: list[float] = []  # tokens actually drafted: fewer than K when the draft stopped early
-        self.spec_progress: list[tuple[int, float]] = []  # so far: speculative tokens committed, their draft+verify ms
-        self.theoretical: list[float] = []
+        self.speedup: list[float] = []  # the reply's measured speedup after each round; NaN without a basis
+        self.theoretical: list[float] = []  # the reply's theory after each round
+        self.plain_step: list[float] = []  # the reply's mean one-row pass ms after each round; NaN before one
         self.accepted_len: list[int] = []  # histogram counts, index = accepted drafts in a round
         self.pos_drafted: list[int] = []
         self.pos_accepted: list[int] = []
         self.message_starts: list[int] = []
-        self.totals = SpeedTotals()
-        self.events: list[RoundEvent] = []  # to redo the theory curve when the plain reference changes
+        self.totals = SpeedTotals()  # the whole conversation's rounds ("this chat")
+        self.reply = SpeedTotals()  # the current reply's rounds ("this reply")
         self.version = 0
 
     def start_message(self) -> None:
         self.message_starts.append(len(self.x) + 1)
+        self.reply = SpeedTotals()
         self.version += 1
-
-    def set_plain_reference(self, ms_per_token: float | None) -> None:
-        if ms_per_token and ms_per_token > 0 and ms_per_token != self.plain_reference_ms:
-            self.plain_reference_ms = ms_per_token
-            self._redo_theory()
-            self.version += 1
-
-    def _redo_theory(self) -> None:
-        """The theory curve under the reference now, from the first round: one computation for every round, so
-        a window that replays the rounds (a trace) draws the same curve as the one that saw them arrive."""
-        totals, ref = SpeedTotals(), self.plain_ms
-        self.theoretical = []
-        for ev in self.events:
-            totals.add(ev)
-            theory = totals.theoretical_speedup(ref)
-            self.theoretical.append(NAN if theory is None else theory)
-
-    def theory_now(self) -> float | None:
-        """Leviathan's speedup for every round so far, under the current plain reference."""
-        return self.totals.theoretical_speedup(self.plain_ms)
 
     @property
     def plain_ms(self) -> float | None:
-        return self.plain_reference_ms or self.totals.plain_ms_per_token
+        """This reply's plain step: the mean of its one-row target passes, None before one."""
+        return self.reply.step_ms_per_pass
+
+    def theory_now(self) -> float | None:
+        """Leviathan's speedup for this reply's rounds so far."""
+        return self.reply.theoretical_speedup()
 
     def feed(self, ev: RoundEvent) -> None:
         self.x.append(len(self.x) + 1)
         self.totals.add(ev)
-        self.events.append(ev)
+        self.reply.add(ev)
         drafted = len(ev.drafted)
         self.acceptance.append(ev.accepted / drafted if drafted else NAN)
         self.tokens_per_s.append(round_tokens_per_s(ev))
@@ -110,21 +100,16 @@ class ChartBuffer:
             for i, d in enumerate(ev.drafted):
                 self.pos_drafted[i] += 1
                 self.pos_accepted[i] += d.accepted
-        t = self.totals
-        self.spec_progress.append((t.spec_committed, t.draft_ms + t.spec_verify_ms))
-        theory = t.theoretical_speedup(self.plain_ms)
+        r = self.reply
+        measured, theory, step = r.measured_speedup(), r.theoretical_speedup(), r.step_ms_per_pass
+        self.speedup.append(NAN if measured is None else measured)
         self.theoretical.append(NAN if theory is None else theory)
+        self.plain_step.append(NAN if step is None else step)
         self.version += 1
 
     def measured(self) -> np.ndarray:
-        """Speculative over plain tokens/s after each round; all NaN while the session has no plain rate."""
-        ref = self.plain_ms
-        progress = np.asarray(self.spec_progress, dtype=float).reshape(-1, 2)
-        committed, spent = progress[:, 0], progress[:, 1]
-        if not ref:
-            return np.full(len(committed), NAN)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            return np.where(spent > 0, committed * ref / spent, NAN)
+        """Each reply's speculative over plain tokens/s after each of its rounds (NaN where it has no basis)."""
+        return np.asarray(self.speedup, dtype=float)
 
     def position_rates(self) -> list[float]:
         return [a / d if d else 0.0 for a, d in zip(self.pos_accepted, self.pos_drafted)]

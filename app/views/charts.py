@@ -8,15 +8,20 @@ threads, and as they meet at the end of every matmul, a preempted one stalls the
 what the window spends (scripts/profile/neighbour.py). On a fast machine every plot refreshes several times a second;
 a slow one refreshes less often, never slower generation.
 
-Speedup, measured vs theoretical (Leviathan et al.): theory = (1 - a^(K+1)) / ((1 - a)(1 + K c)), with a the
-measured acceptance rate, K the mean number of tokens drafted per drafting round, and
-c = (mean draft ms per drafted token) / (mean plain-decode ms per token) once the session has a plain rate
-(any round with speculation off, e.g. from Run > Compare), else / (mean verify ms per round). When two drafters
-took turns (the hybrid), each has its own a, K and c, and the theory is their rounds' mix. The measured
-figure is speculative tokens/s over plain tokens/s, and only that: before the session has a plain rate the panel
-says it needs one instead of showing an estimate (a stand-in that could exceed the bound it is compared with).
-When a plain rate arrives, the whole measured curve is drawn from it and the theory curve is redone under it, so
-a trace reopened later shows the same figures. See engine.analysis.stats.SpeedTotals.
+Speedup, measured vs theoretical (Leviathan et al.), each reply's own: the measured figure is the reply's
+speculative tokens/s (its speculative rounds' tokens over their draft + verify time) over its plain tokens/s, one
+over the mean one-row target pass timed in the same reply (a plain step, or a round whose lookup found nothing; the
+app makes every 16th round of a chat reply a plain step for this, app/session/plain_probe.py). A plain rate from
+other minutes (an earlier reply, Run > Compare) never enters it: under a load that changes, the two would measure
+different machines. Until the reply has timed such a pass the figure is "—", with the reason in the tooltip.
+theory = (1 - a^(K+1)) / ((1 - a)(1 + K c)), with a the reply's acceptance rate, K its mean number of tokens drafted
+per drafting round, and c = (mean draft ms per drafted token) / (its plain step), or / (mean verify ms per round)
+before it has one ("c≈"). When two drafters took turns (the hybrid), each has its own a, K and c, and the theory is
+their rounds' mix. See engine.analysis.stats.SpeedTotals.
+
+Every plot with more than one line has a legend; the titles say in plain words what is drawn, and the symbols and
+counts behind them are in each plot's tooltip. Past RAW_ROUNDS rounds the per-round lines of acceptance and tokens/s
+(a band of spikes by then) give way to a rolling mean over a wider window.
 
 Layout: two columns of plots, or one scrolled column when the panel is too narrow for their titles (beside the
 inspector); the speedup plot's y range leaves the formula's note a band of its own above the curves.
@@ -33,7 +38,15 @@ from PySide6.QtGui import QColor, QPalette
 from PySide6.QtWidgets import QGraphicsItem, QScrollArea, QVBoxLayout, QWidget
 
 from app.session.names import drafter_name
-from app.views.chart_data import NAN, ChartBuffer, TimeBudget, last_value, nice_ceiling, rolling_mean
+from app.views.chart_data import (
+    NAN,
+    ROLLING_WINDOW,
+    ChartBuffer,
+    TimeBudget,
+    last_value,
+    nice_ceiling,
+    rolling_mean,
+)
 from app.views.theme import SERIES, mix
 from engine.api.events import RoundEvent
 
@@ -42,6 +55,8 @@ PLOT_MIN_HEIGHT = 190  # in one column: the least height at which a plot still r
 POSITION_MIN_SAMPLES = 5  # below this many drafts a position's acceptance rate is mostly noise: its bar is faded
 AXIS_WIDTH = 40
 TITLE_MIN_WIDTH = 120
+RAW_ROUNDS = 100  # past this many rounds a per-round line is a band of spikes: only the rolling mean is drawn
+WIDE_WINDOW = 24  # the rolling mean's window then
 
 
 def _steady_title(label: pg.LabelItem, width: float) -> None:
@@ -155,6 +170,25 @@ class ChartsPanel(QWidget):
         vb = self.plots["speedup"].vb
         vb.sigResized.connect(self._on_speedup_resized)
         self._markers: list[tuple[pg.PlotItem, pg.InfiniteLine]] = []
+        # A legend on every plot with more than one line, in its bottom right corner, one row
+        self.legends: dict[str, pg.LegendItem] = {}
+        self.legend_labels: dict[str, pg.LabelItem] = {}  # the entries whose text changes with the data
+        plain_sample = pg.PlotDataItem(pen=self.plain_line.pen)
+        for name, entries in (
+            ("acceptance", (("acceptance", "per round"), ("acceptance_mean", self._mean_label(ROLLING_WINDOW)))),
+            ("tokens", (("tokens", "per round"), ("tokens_mean", self._mean_label(ROLLING_WINDOW)),
+                        (plain_sample, "plain step"))),
+            ("speedup", (("measured", "measured"), ("theoretical", "theory"))),
+            ("k", (("k", "K (ceiling)"), ("drafted", "drafted"))),
+        ):
+            legend = pg.LegendItem(offset=(-4, -4), labelTextSize="8pt", colCount=len(entries), horSpacing=8,
+                                   verSpacing=-6)
+            legend.setParentItem(self.plots[name].vb)
+            for key, label in entries:
+                legend.addItem(self.curves[key] if isinstance(key, str) else key, label)
+                if isinstance(key, str):
+                    self.legend_labels[key] = legend.items[-1][1]
+            self.legends[name] = legend
         # Each plot's draw, by name (the full flush below draws every plot, so a missing one fails at once)
         self._drawers: dict[str, Callable[[ChartBuffer, np.ndarray, float], None]] = {
             "acceptance": self._draw_acceptance, "tokens": self._draw_tokens, "histogram": self._draw_histogram,
@@ -208,9 +242,6 @@ class ChartsPanel(QWidget):
     def start_message(self) -> None:
         self.buffer.start_message()
 
-    def set_plain_reference(self, ms_per_token: float | None) -> None:
-        self.buffer.set_plain_reference(ms_per_token)
-
     def clear(self) -> None:
         self.buffer.clear()
         self.flush(full=True)
@@ -247,25 +278,53 @@ class ChartsPanel(QWidget):
             self._drawers[name](b, x, x_hi)
         self._sync_markers(group)
 
+    @staticmethod
+    def _mean_label(window: int) -> str:
+        return f"mean of {window} rounds"
+
+    def _window(self, rounds: int) -> int:
+        """The rolling mean's window: wider once the per-round lines are no longer drawn."""
+        return ROLLING_WINDOW if rounds <= RAW_ROUNDS else WIDE_WINDOW
+
+    def _set_mean_label(self, key: str, window: int) -> None:
+        label = self._mean_label(window)
+        if self._shown.get((key, "legend")) != label:
+            self._shown[(key, "legend")] = label
+            self.legend_labels[key].setText(label)
+
     def _draw_acceptance(self, b: ChartBuffer, x: np.ndarray, x_hi: float) -> None:
         acc = np.asarray(b.acceptance, dtype=float)
         finite = np.isfinite(acc)
         # Plain rounds stay in, as NaN, so both lines break across them; a speculative round that drafted nothing
         # (the n-gram drafter found no match) is left out, and the line runs on over it.
         keep = finite | np.isnan(np.asarray(b.k, dtype=float))
+        window = self._window(len(acc))
         mean = np.full(len(acc), NAN)
-        mean[finite] = rolling_mean(acc[finite])
-        self.curves["acceptance"].setData(x[keep], acc[keep])
+        mean[finite] = rolling_mean(acc[finite], window)
+        raw = len(acc) <= RAW_ROUNDS
+        self.curves["acceptance"].setData(x[keep] if raw else [], acc[keep] if raw else [])
+        self.curves["acceptance"].setVisible(raw)
         self.curves["acceptance_mean"].setData(x[keep], mean[keep])
+        self._set_mean_label("acceptance_mean", window)
         self._range("acceptance", "x", 0, x_hi)
-        t = b.totals
-        alpha = f" \u00b7 \u03b1 {t.drafting.alpha:.0%}" if t.drafting.drafted else ""
-        self._title("acceptance", f"Acceptance ({_span('rolling', 'mean')}){alpha}")
+        reply, chat = b.reply.drafting, b.totals.drafting
+        alpha = f" \u00b7 {reply.alpha:.0%} this reply" if reply.drafted else ""
+        self._title("acceptance", f"Drafts accepted{alpha}")
+        self._tip("acceptance", "Acceptance rate \u03b1: the share of drafted tokens the target kept.\n"
+                  + ("Thin line: each round; " if raw else f"Past {RAW_ROUNDS} rounds the per-round line is left out; ")
+                  + f"thick line: the mean of the last {window} rounds that drafted.\n"
+                  + (f"This reply: {reply.alpha:.0%} ({reply.accepted} of {reply.drafted} drafts). " if reply.drafted
+                     else "This reply has drafted nothing yet. ")
+                  + (f"This chat: {chat.alpha:.0%} ({chat.accepted} of {chat.drafted})." if chat.drafted else ""))
 
     def _draw_tokens(self, b: ChartBuffer, x: np.ndarray, x_hi: float) -> None:
         tps = np.asarray(b.tokens_per_s, dtype=float)
-        self.curves["tokens"].setData(x, tps)
-        self.curves["tokens_mean"].setData(x, rolling_mean(tps))
+        raw = len(tps) <= RAW_ROUNDS
+        window = self._window(len(tps))
+        self.curves["tokens"].setData(x if raw else [], tps if raw else [])
+        self.curves["tokens"].setVisible(raw)
+        self.curves["tokens_mean"].setData(x, rolling_mean(tps, window))
+        self._set_mean_label("tokens_mean", window)
         plain = b.plain_ms
         self.plain_line.setVisible(plain is not None)
         if plain:
@@ -273,8 +332,13 @@ class ChartsPanel(QWidget):
         self._range("tokens", "x", 0, x_hi)
         top = max(float(tps.max()) if len(tps) else 0.0, 1000.0 / plain if plain else 0.0)
         self._range("tokens", "y", 0, nice_ceiling(top * 1.1))
-        ref = f" \u00b7 {_span('plain', f'plain {1000.0 / plain:.1f}')}" if plain else ""
-        self._title("tokens", f"Tokens/s ({_span('rolling', 'mean')}){ref}")
+        ref = f" \u00b7 {_span('plain', f'plain {1000.0 / plain:.1f}')} this reply" if plain else ""
+        self._title("tokens", f"Tokens per second{ref}")
+        passes = b.reply.step_passes
+        self._tip("tokens", "Tokens each round committed over its own draft + verify time; the thick line is their "
+                  f"mean over the last {window} rounds.\nDashed: plain decoding's rate now, one over the mean of this "
+                  f"reply's one-row target passes ({passes} so far"
+                  + (f", {plain:.1f} ms each" if plain else "") + "): a plain step timed in the same minutes.")
 
     def _draw_histogram(self, b: ChartBuffer, x: np.ndarray, x_hi: float) -> None:
         hist = np.asarray(b.accepted_len, dtype=float)
@@ -284,7 +348,8 @@ class ChartsPanel(QWidget):
         self._range("histogram", "x", -0.6, max(len(hist), 2) - 0.4)
         self._integer_ticks("histogram", len(hist))
         self._range("histogram", "y", 0, nice_ceiling(float(hist.max()) * 1.1 if len(hist) else 1.0))
-        self._title("histogram", "Accepted per round")
+        self._title("histogram", "Drafts accepted in a round")
+        self._tip("histogram", "How many rounds of this chat accepted 0, 1, 2\u2026 of their drafts.")
 
     def _draw_position(self, b: ChartBuffer, x: np.ndarray, x_hi: float) -> None:
         rates, counts = b.position_rates(), list(b.pos_drafted)
@@ -295,9 +360,12 @@ class ChartsPanel(QWidget):
         self._range("position", "x", 0.4, max(len(rates), 2) + 0.6)
         self._integer_ticks("position", len(rates))
         # One round at K = 16 drew sixteen bars at 1.0: the counts say how much each bar stands on
-        n = f" \u00b7 n {counts[0]}" + (f"\u2013{counts[-1]}" if counts[-1] != counts[0] else "") if counts else ""
-        few = f", faded &lt; {POSITION_MIN_SAMPLES}" if any(c < POSITION_MIN_SAMPLES for c in counts) else ""  # HTML
-        self._title("position", f"Accepted by position{n}{few}")
+        n = f"n {counts[0]}" + (f"\u2013{counts[-1]}" if counts[-1] != counts[0] else "") if counts else ""
+        few = any(c < POSITION_MIN_SAMPLES for c in counts)
+        self._title("position", "Acceptance by draft position")
+        self._tip("position", "The share of the 1st, 2nd, 3rd\u2026 drafted token of a round that the target kept, "
+                  "this chat." + (f"\n{n}: the drafts behind the first and the last bar." if counts else "")
+                  + (f"\nFaded bars stand on fewer than {POSITION_MIN_SAMPLES} drafts: mostly noise." if few else ""))
 
     @staticmethod
     def _position_brush(drafted: int) -> QColor:
@@ -308,7 +376,7 @@ class ChartsPanel(QWidget):
 
     def _draw_speedup(self, b: ChartBuffer, x: np.ndarray, x_hi: float) -> None:
         measured, theory = b.measured(), np.asarray(b.theoretical, dtype=float)
-        m, th = last_value(list(measured)), b.theory_now()
+        m, th = b.reply.measured_speedup(), b.theory_now()
         # Both are running totals that hold still over plain rounds: kept in as NaN there, so the lines break
         # where the acceptance line does instead of running flat across a speculation-off reply.
         plain = np.isnan(np.asarray(b.k, dtype=float))
@@ -316,12 +384,13 @@ class ChartsPanel(QWidget):
         keep = np.isfinite(measured) | plain
         self.curves["measured"].setData(x[keep], measured[keep])
         self.curves["theoretical"].setData(x, theory)
-        ts = _span("theoretical", f"theory {th:.2f}\u00d7" if th is not None else "theory")
-        if b.plain_ms:
-            ms = _span("measured", f"{m:.2f}\u00d7" if m is not None else "measured")
-            self._title("speedup", f"Speedup {ms} vs {ts}")
-        else:
-            self._title("speedup", f"Speedup: {ts}")
+        figure = _span("measured", f"{m:.2f}\u00d7" if m is not None else "\u2014")
+        self._title("speedup", f"Speedup {figure} vs plain measured this reply")
+        label = f"theory {th:.2f}\u00d7" if th is not None else "theory"
+        if self._shown.get(("theoretical", "legend")) != label:
+            self._shown[("theoretical", "legend")] = label
+            self.legend_labels["theoretical"].setText(label)
+        self._tip("speedup", self._speedup_tip(b, m))
         inputs = self._speedup_inputs(b)
         if self._shown.get(("speedup", "note")) != inputs:
             self._shown[("speedup", "note")] = inputs
@@ -330,6 +399,25 @@ class ChartsPanel(QWidget):
         top = float(np.nanmax(both)) if np.isfinite(both).any() else 1.0
         self._range("speedup", "x", 0, x_hi)
         self._range("speedup", "y", 0, self._below_note(top))
+
+    @staticmethod
+    def _speedup_tip(b: ChartBuffer, m: float | None) -> str:
+        r = b.reply
+        if m is not None:
+            basis = (f"Measured: this reply's speculative rounds, {r.spec_committed} tokens in "
+                     f"{r.draft_ms + r.spec_verify_ms:.0f} ms of drafting and verifying, against plain decoding at "
+                     f"{b.plain_ms:.1f} ms a token, the mean of the {r.step_passes} one-row target passes timed in "
+                     "this reply (its plain steps).")
+        elif not r.spec_rounds:
+            basis = "Measured: \u2014, this reply has no speculative round yet."
+        else:
+            basis = ("Measured: \u2014, this reply has timed no plain step yet, and a plain rate from other minutes "
+                     "(another reply, a Compare) would measure a differently loaded machine. A chat reply times one "
+                     "every 16 rounds; Run \u203a Compare gives the paired A/B.")
+        return (basis + "\nTheory (Leviathan): (1 \u2212 \u03b1^(K+1)) / ((1 \u2212 \u03b1)(1 + K\u00b7c)), with "
+                "\u03b1 the acceptance rate, K the tokens drafted per round and c one draft step's cost in target "
+                "steps, all this reply's; per drafter under the hybrid. c\u2248: no plain step timed yet, the verify "
+                "pass stands in for one.")
 
     def _below_note(self, top: float) -> float:
         """A y range whose data stays under the note in the plot's top left corner: the note sits over every x
@@ -341,24 +429,15 @@ class ChartsPanel(QWidget):
 
     @staticmethod
     def _speedup_inputs(b: ChartBuffer) -> str:
-        """The formula's inputs, per drafter under the hybrid, and what the measured figure needs."""
-        t = b.totals
-        inputs = ""
-        if t.drafting.rounds:
-            # Without a plain rate, c divides by the verify pass instead of a plain step: say so.
-            ref = t.reference_ms(b.plain_ms)
-            c_word = "c " if b.plain_ms else "c\u2248"
-            named = len(t.by_drafter) > 1  # the hybrid: one line per drafter
-            lines = [f"{drafter_name(name) + ': ' if named else ''}\u03b1 {d.alpha:.2f}  K {d.mean_k:.1f}  "
-                     f"{c_word}{d.cost_ratio(ref):.2f}" for name, d in t.by_drafter.items()]
-            if not b.plain_ms and named:
-                lines.append("(c\u2248: verify as step)")
-            elif not b.plain_ms:
-                lines[0] += " (verify as step)"
-            inputs = "\n".join(lines)
-        if t.spec_rounds and not b.plain_ms:
-            inputs += "\nmeasured speedup: needs a plain run \u2014 Run \u203a Compare"
-        return inputs
+        """The formula's inputs for this reply, per drafter under the hybrid (the symbols: the plot's tooltip)."""
+        t = b.reply
+        if not t.drafting.rounds:
+            return ""
+        ref = t.reference_ms()
+        c_word = "c " if b.plain_ms else "c\u2248"
+        named = len(t.by_drafter) > 1  # the hybrid: one line per drafter
+        return "\n".join(f"{drafter_name(name) + ': ' if named else ''}\u03b1 {d.alpha:.2f}  K {d.mean_k:.1f}  "
+                         f"{c_word}{d.cost_ratio(ref):.2f}" for name, d in t.by_drafter.items())
 
     def _draw_k(self, b: ChartBuffer, x: np.ndarray, x_hi: float) -> None:
         ks = np.asarray(b.k, dtype=float)
@@ -367,13 +446,22 @@ class ChartsPanel(QWidget):
         self._range("k", "x", 0, x_hi)
         self._range("k", "y", 0, (np.nanmax(ks) if np.isfinite(ks).any() else 4.0) + 1)
         k = last_value(b.k)
-        self._title("k", "K and drafted per round" + (f" \u00b7 {k:.0f}" if k is not None else ""))
+        self._title("k", "Draft length per round" + (f" \u00b7 K {k:.0f}" if k is not None else ""))
+        self._tip("k", "K: the most tokens a round may draft (the K setting, or adaptive K's choice). Drafted: how "
+                  "many it did draft; fewer when the draft model stopped early, unsure, or the n-gram lookup found "
+                  "fewer. Breaks: plain rounds.")
 
     def _range(self, name: str, axis: str, lo: float, hi: float) -> None:
         if self._shown.get((name, axis)) != (lo, hi):
             self._shown[(name, axis)] = (lo, hi)
             plot = self.plots[name]
             (plot.setXRange if axis == "x" else plot.setYRange)(lo, hi, padding=0)
+
+    def _tip(self, name: str, text: str) -> None:
+        """The plot's tooltip (the scene shows it anywhere over the plot)."""
+        if self._shown.get((name, "tip")) != text:
+            self._shown[(name, "tip")] = text
+            self.plots[name].setToolTip(text)
 
     def _integer_ticks(self, name: str, n: int) -> None:
         """Whole-number ticks on a count axis (every other one past 8)."""
@@ -423,6 +511,12 @@ class ChartsPanel(QWidget):
                 ax.setTextPen(pg.mkPen(mix(base, text, 0.8)))
         self._title_colour = QColor(text).name()
         self.speedup_note.setColor(mix(base, text, 0.7))
+        backdrop = QColor(base)
+        backdrop.setAlphaF(0.8)  # over a curve that runs under it, the legend still reads
+        for legend in self.legends.values():
+            legend.setBrush(pg.mkBrush(backdrop))
+            legend.setPen(pg.mkPen(mix(base, text, 0.25)))
+            legend.setLabelTextColor(mix(base, text, 0.8))
         self._shown = {k: v for k, v in self._shown.items() if k[1] not in ("title", "label")}
         for plot, line in self._markers:
             plot.removeItem(line)

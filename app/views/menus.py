@@ -9,6 +9,7 @@ from PySide6.QtCore import Qt
 from PySide6.QtGui import QAction, QActionGroup, QKeySequence
 from PySide6.QtWidgets import QMainWindow, QMenu, QToolBar
 
+from app.dialogs.draft_finder import open_draft_finder
 from app.views.theme import THEMES
 
 Slot = Callable[[], object]
@@ -48,6 +49,7 @@ class MainMenus:
         self._create_actions(window, c)
         bar = window.menuBar()
         self._file_menu(bar.addMenu("&File"))
+        bar.addMenu("&Model").addAction(self.find_draft_action)
         self._run_menu(bar.addMenu("&Run"), window, c.step_actions)
         self._view_menu(bar.addMenu("&View"), c.inspector_action)
         bar.addMenu("&Help").addAction(self.about_action)
@@ -92,6 +94,8 @@ class MainMenus:
         self.rejected_action.setChecked(True)
         self.focus_action = act("Focus message box", c.focus_input, "Ctrl+L")
         self.about_action = act("&About SpecLens", c.about)
+        self.find_draft_action = act("Find a &draft\u2026", lambda: open_draft_finder(window), None,
+                                     "Measure which local model drafts fastest for the loaded target; load the best")
         self._theme_actions(window, c.set_theme)
 
     def _theme_actions(self, window: QMainWindow, set_theme: Callable[[str], object]) -> None:

@@ -291,7 +291,6 @@ class MainWindow(QMainWindow):
     def _on_summary(self, s: Summary) -> None:
         self.summary = s
         self.chat.finish(reply_footer(s), s.text_tail)
-        self.charts.set_plain_reference(self.controller.plain_ms_per_token)
         self.reuse_label.setText(f"reused {s.reused_prefix_tokens} prompt tokens")
         self.reuse_label.setToolTip(f"{s.reused_prefix_tokens} of this turn's {s.prompt_tokens} prompt tokens "
                                     "came from the previous turn's KV cache")
@@ -378,7 +377,7 @@ class MainWindow(QMainWindow):
         return dlg
 
     def _on_compare_done(self, _verdict) -> None:
-        self.charts.set_plain_reference(self.controller.plain_ms_per_token)
+        # The chat's charts keep their own replies' basis: Compare's replays enter neither side of them
         self.frame_timer.start()
 
     # ---- K tuner -------------------------------------------------------------------------------------------

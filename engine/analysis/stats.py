@@ -15,9 +15,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from engine.api.config import SamplingParams, SpecParams
 from engine.analysis.sweep import SWEEP_COLUMNS
 from engine.analysis.theory import expected_tokens, round_cost
+from engine.api.config import SamplingParams, SpecParams
 from engine.api.events import RoundEvent, Summary
 
 ROUND_COLUMNS: tuple[str, ...] = (
@@ -79,10 +79,17 @@ class SpeedTotals:
     spec_verify_ms: float = 0.0
     plain_committed: int = 0
     plain_ms: float = 0.0
+    # One-row target passes: the verify pass of a round that drafted nothing (a plain step, or a lookup that found
+    # nothing) is exactly one plain decoding step, timed in the same minutes as the rounds around it.
+    step_passes: int = 0
+    step_ms: float = 0.0
     drafting: DrafterTotals = field(default_factory=DrafterTotals)  # the rounds that drafted, all drafters
     by_drafter: dict[str, DrafterTotals] = field(default_factory=dict)  # "model" / "ngram", in first-seen order
 
     def add(self, event: RoundEvent) -> None:
+        if not event.drafted:
+            self.step_passes += 1
+            self.step_ms += event.verify_ms
         if event.mode == "speculative":
             if event.drafted:
                 self.drafting.add(event)
@@ -99,29 +106,36 @@ class SpeedTotals:
     def plain_ms_per_token(self) -> float | None:
         return self.plain_ms / self.plain_committed if self.plain_committed else None
 
+    @property
+    def step_ms_per_pass(self) -> float | None:
+        """Mean ms of the one-row target passes added so far: what one plain decoding step cost in these rounds."""
+        return self.step_ms / self.step_passes if self.step_passes else None
+
     def reference_ms(self, plain_ms_per_token: float | None = None) -> float:
-        """One target step, in ms: the given plain rate, else this session's own plain rounds, else the mean
+        """One target step, in ms: the given plain rate, else these rounds' own one-row passes, else the mean
         verify pass of a speculative round (it stands in for one step); 0 before any of these."""
-        ref = plain_ms_per_token or self.plain_ms_per_token
+        ref = plain_ms_per_token or self.step_ms_per_pass
         if not ref and self.spec_verify_ms > 0:
             ref = self.spec_verify_ms / self.spec_rounds
         return ref or 0.0
 
     def cost_ratio(self, plain_ms_per_token: float | None = None) -> float:
-        """c = mean draft ms per drafted token / mean plain-decode ms per token when a plain rate is
-        known; otherwise / mean verify ms per round (one verify pass stands in for one target step)."""
+        """c = mean draft ms per drafted token / one target step (reference_ms: a measured step when there is
+        one, else the mean verify pass)."""
         if not self.drafting.drafted:
             return 0.0
         ref = self.reference_ms(plain_ms_per_token)
         return self.draft_ms / self.drafting.drafted / ref if ref > 0 else 0.0
 
     def measured_speedup(self, plain_ms_per_token: float | None = None) -> float | None:
-        """Speculative tokens/s over plain tokens/s. Without a plain rate, the same estimate with the mean
-        verify time standing in for a plain step. None before any speculative round."""
+        """Speculative tokens/s over plain tokens/s, the plain rate being the given one, else one over these
+        rounds' own one-row passes. None without either (no estimate stands in), or before any speculative
+        round."""
         spent = self.draft_ms + self.spec_verify_ms
-        if not self.spec_rounds or spent <= 0:
+        step = plain_ms_per_token or self.step_ms_per_pass
+        if not self.spec_rounds or spent <= 0 or not step:
             return None
-        return self.spec_committed * self.reference_ms(plain_ms_per_token) / spent
+        return self.spec_committed * step / spent
 
     def theoretical_speedup(self, plain_ms_per_token: float | None = None) -> float | None:
         """Leviathan's speedup for the rounds that drafted. With more than one drafter (the hybrid) it is the

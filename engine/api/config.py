@@ -8,10 +8,13 @@ from typing import Any, Literal, get_args
 
 from engine.model import families
 
+Activation = Literal["silu", "gelu_tanh"]  # the gated MLP's act(gate) * up
+
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """A decoder of a family the engine runs (engine.model.families: Llama 2/3/3.2, Qwen2/2.5, Mistral)."""
+    """A decoder of a family the engine runs (engine.model.families). The defaults are Llama's math; each further
+    field is one feature of a family's row, read by the one decoder (engine.model.transformer)."""
 
     vocab_size: int
     hidden_size: int
@@ -22,52 +25,117 @@ class ModelConfig:
     head_dim: int = 0  # 0: hidden_size // num_heads
     rms_norm_eps: float = 1e-5
     rope_theta: float = 10000.0
-    rope_scaling: dict[str, Any] | None = None  # {"rope_type": "llama3", "factor", "low_freq_factor", ...}
+    # {"rope_type": "llama3" | "linear" | "longrope", ...}: the global layers' scaling. A longrope dict holds its
+    # short_factor, original_max_position_embeddings and the resolved attention_factor (from_hf fills it in).
+    rope_scaling: dict[str, Any] | None = None
     max_position_embeddings: int = 4096
     tie_word_embeddings: bool = False
     attention_bias: bool = False  # Qwen2 has q/k/v biases
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     arch: str = "llama"
-    # The attention window of windowed layers (Mistral, Qwen with use_sliding_window); None: none. The engine has
-    # full attention only, which equals windowed attention exactly while the sequence fits the window, so a
-    # windowed model's context (max_position_embeddings) is capped at the window.
+    # Gemma stores w and scales by (1 + w): loaders fold the offset into the weights (w + offset in fp32), so the
+    # passes only ever compute w * x_hat. A GGUF's norms already hold the sum (llama.cpp adds it): 0.0 there.
+    norm_offset: float = 0.0
+    qk_norm: bool = False  # per-head RMSNorm on q and k after the projection, before RoPE (Qwen3, Gemma 3)
+    activation: Activation = "silu"
+    embedding_scale: float = 1.0  # embeddings times this, rounded to the weights' dtype (Gemma: sqrt(hidden_size))
+    sandwich_norm: bool = False  # a second norm on each sublayer's output before the residual add (Gemma 3)
+    # The attention window: a query at position p sees keys p - W + 1 .. p in the layers window_layers marks
+    # (one flag per layer; empty: no layer is windowed).
     sliding_window: int | None = None
+    window_layers: tuple[bool, ...] = ()
+    rope_local_theta: float | None = None  # the windowed layers' RoPE base (Gemma 3); None: rope_theta everywhere
+    rotary_dim: int = 0  # 0: head_dim; else RoPE turns the first rotary_dim dims of each head, the rest pass
+    attn_scale: float = 0.0  # 0: 1/sqrt(head_dim); Gemma 3: query_pre_attn_scalar ** -0.5
 
     def __post_init__(self) -> None:
         if self.head_dim == 0:
             object.__setattr__(self, "head_dim", self.hidden_size // self.num_heads)
+        if self.rotary_dim == 0:
+            object.__setattr__(self, "rotary_dim", self.head_dim)
+        if self.attn_scale == 0.0:
+            object.__setattr__(self, "attn_scale", 1.0 / math.sqrt(self.head_dim))
+        object.__setattr__(self, "window_layers", tuple(bool(w) for w in self.window_layers))
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads"):
             if getattr(self, name) < 1:
                 raise ValueError(f"ModelConfig.{name} must be >= 1, got {getattr(self, name)}")
         if self.num_heads % self.num_kv_heads:
             raise ValueError(f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})")
+        if not (0 < self.rotary_dim <= self.head_dim and self.rotary_dim % 2 == 0):
+            raise ValueError(f"rotary_dim must be even and in (0, head_dim = {self.head_dim}], got {self.rotary_dim}")
+        if self.activation not in get_args(Activation):
+            raise ValueError(f"activation must be one of {get_args(Activation)}, got {self.activation!r}")
+        for name in ("norm_offset", "embedding_scale", "attn_scale"):
+            _check_finite(type(self).__name__, name, getattr(self, name))
+        if self.embedding_scale <= 0 or self.attn_scale <= 0:
+            raise ValueError("embedding_scale and attn_scale must be > 0")
+        if self.rope_local_theta is not None and not self.rope_local_theta > 0:
+            raise ValueError(f"rope_local_theta must be > 0, got {self.rope_local_theta}")
+        if self.window_layers and len(self.window_layers) != self.num_layers:
+            raise ValueError(f"window_layers has {len(self.window_layers)} flags for {self.num_layers} layers")
+        if any(self.window_layers) and self.sliding_window is None:
+            raise ValueError("window_layers marks windowed layers but sliding_window is not set")
+        if self.sliding_window is not None:
+            _check_int(type(self).__name__, "sliding_window", self.sliding_window)
+            if self.sliding_window < 1:
+                raise ValueError(f"sliding_window must be >= 1, got {self.sliding_window}")
         if self.rope_scaling is not None:
             kind = self.rope_scaling.get("rope_type", self.rope_scaling.get("type"))
+            kind = families.ROPE_ALIASES.get(kind, kind)
+            object.__setattr__(self, "rope_scaling", {**self.rope_scaling, "rope_type": kind})  # one name per kind
             if kind not in ("default", None) and kind not in families.ROPE_SCALINGS:
                 raise ValueError(f"unsupported rope_scaling type {kind!r} (supported: "
                                  f"{', '.join(families.ROPE_SCALINGS)})")
-        if self.sliding_window is not None and self.max_position_embeddings > self.sliding_window:
-            raise ValueError(f"a context of {self.max_position_embeddings} tokens is longer than the model's "
-                             f"{self.sliding_window}-token sliding window, and SpecLens has no windowed attention")
+            if kind == "longrope":
+                self._check_longrope()
+
+    def _check_longrope(self) -> None:
+        rs = self.rope_scaling
+        short, orig = rs.get("short_factor"), rs.get("original_max_position_embeddings")
+        if not isinstance(short, (list, tuple)) or len(short) != self.rotary_dim // 2:
+            raise ValueError(f"longrope short_factor must list {self.rotary_dim // 2} factors (one per rotary "
+                             f"frequency), got {short!r}")
+        if not isinstance(orig, int) or orig < 1:
+            raise ValueError(f"longrope needs original_max_position_embeddings, got {orig!r}")
+        if self.max_position_embeddings > orig:
+            # Past it HF switches every position's angles to long_factor: a sequence's earlier positions would
+            # then be rotated differently from when they were cached, so the engine stays within it.
+            raise ValueError(f"a context of {self.max_position_embeddings} tokens is longer than the "
+                             f"{orig} tokens up to which LongRoPE uses its short factors")
+
+    @property
+    def windowed(self) -> tuple[bool, ...]:
+        """One flag per layer: whether it attends through the sliding window."""
+        return self.window_layers or (False,) * self.num_layers
 
     @property
     def context_note(self) -> str:
         """Why the context is shorter than the model was trained for, for the load info; "" when it is not."""
-        if self.sliding_window is None:
-            return ""
-        return (f"context capped at {self.sliding_window} tokens, the model's sliding window: within it "
-                "SpecLens's full attention is exactly the model's windowed attention")
+        rs = self.rope_scaling or {}
+        if rs.get("rope_type") == "longrope" and rs.get("max_position_embeddings", 0) > self.max_position_embeddings:
+            return (f"context capped at {self.max_position_embeddings} tokens, where LongRoPE's short factors end: "
+                    "past it the model rotates every position by its long factors, which SpecLens does not run")
+        return ""
 
     @classmethod
     def from_hf(cls, cfg: dict[str, Any]) -> ModelConfig:
         """From a Hugging Face config.json dict; a family or field the engine does not compute is refused by name
         (engine.model.families)."""
         fam = families.check_hf_config(cfg)
-        window = families.sliding_window(fam, cfg)
+        cfg = {**families.hf_defaults(fam), **cfg}
         context = cfg.get("max_position_embeddings", 4096)
+        windowed = families.window_layers(fam, cfg)
         eos = cfg.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ())
+        head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+        rotary_dim = int(head_dim * families.partial_rotary_factor(cfg)) if fam.partial_rotary else head_dim
+        rope_global, rope_local = families.rope_parameters(fam, cfg)
+        scaling = _rope_scaling(rope_global, cfg, context)
+        if scaling and scaling["rope_type"] == "longrope":  # see _check_longrope
+            context = min(context, scaling["original_max_position_embeddings"])
+        act = cfg.get("hidden_activation") or cfg.get("hidden_act") or "silu"
+        scalar = cfg.get("query_pre_attn_scalar")
         return cls(
             vocab_size=cfg["vocab_size"],
             hidden_size=cfg["hidden_size"],
@@ -75,28 +143,47 @@ class ModelConfig:
             num_layers=cfg["num_hidden_layers"],
             num_heads=cfg["num_attention_heads"],
             num_kv_heads=cfg.get("num_key_value_heads") or cfg["num_attention_heads"],
-            head_dim=cfg.get("head_dim") or 0,
+            head_dim=head_dim,
             rms_norm_eps=cfg.get("rms_norm_eps", 1e-5),
-            rope_theta=cfg.get("rope_theta", (cfg.get("rope_parameters") or {}).get("rope_theta", 10000.0)),
-            rope_scaling=_rope_scaling(cfg),
-            max_position_embeddings=min(context, window) if window else context,
+            rope_theta=rope_global.get("rope_theta", 10000.0),
+            rope_scaling=scaling,
+            max_position_embeddings=context,
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             attention_bias=fam.qkv_bias == "always" or (fam.qkv_bias == "config" and bool(cfg.get("attention_bias"))),
             bos_token_id=cfg.get("bos_token_id"),
             eos_token_ids=eos_ids,
             arch=fam.model_type,
-            sliding_window=window if window and window < context else None,
+            norm_offset=fam.norm_offset,
+            qk_norm=fam.qk_norm,
+            activation="silu" if act == "silu" else "gelu_tanh",
+            embedding_scale=math.sqrt(cfg["hidden_size"]) if fam.embedding_scale else 1.0,
+            sandwich_norm="sandwich_norm" in fam.extra,
+            sliding_window=cfg.get("sliding_window") if any(windowed) else None,
+            window_layers=windowed if any(windowed) else (),
+            rope_local_theta=rope_local.get("rope_theta") if rope_local is not None else None,
+            rotary_dim=rotary_dim,
+            attn_scale=scalar ** -0.5 if scalar else 0.0,
         )
 
 
-def _rope_scaling(cfg: dict[str, Any]) -> dict[str, Any] | None:
-    rs = cfg.get("rope_scaling") or cfg.get("rope_parameters")
-    if not rs:
-        return None
+def _rope_scaling(rs: dict[str, Any], cfg: dict[str, Any], context: int) -> dict[str, Any] | None:
+    """The global layers' rope_scaling, as the engine reads it; None for plain RoPE. A longrope dict gets its
+    original context and attention factor resolved as transformers resolves them."""
     kind = rs.get("rope_type", rs.get("type"))
     if kind in (None, "default"):
         return None
-    return dict(rs)
+    out = {k: v for k, v in rs.items() if k not in ("type", "rope_theta", "partial_rotary_factor")}
+    out["rope_type"] = "longrope" if kind == "su" else kind
+    if out["rope_type"] != "longrope":
+        return out
+    orig = rs.get("original_max_position_embeddings") or cfg.get("original_max_position_embeddings") or context
+    factor = rs.get("factor") or context / orig
+    attention = rs.get("attention_factor")
+    if attention is None:
+        attention = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(orig))
+    out |= {"original_max_position_embeddings": orig, "attention_factor": float(attention),
+            "max_position_embeddings": context}
+    return out
 
 
 @dataclass(frozen=True)

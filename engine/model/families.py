@@ -1,7 +1,9 @@
 """Model families as data: each architecture is a row of the features its math uses.
 
-The engine (engine.model.transformer) is one decoder: RMSNorm, RoPE (plain or Llama 3 rescaled), grouped-query
-attention with optional q/k/v biases, a SiLU-gated MLP, an optional tied head. A family runs when every feature of
+The engine (engine.model.transformer) is one decoder: RMSNorm (its weights offset at load where a family stores
+w - 1), RoPE (plain, Llama 3, linear or LongRoPE scaled, on whole heads or part of each), grouped-query attention with
+optional q/k/v biases, per-head q/k norms and a sliding window on chosen layers (with their own RoPE base), a SiLU- or
+GELU(tanh)-gated MLP, optional sandwich norms, a scaled embedding and an optional tied head. A family runs when every feature of
 its row is one the engine implements; otherwise it is refused by name, with the features it lacks, before any
 weight is read. Adding a family is adding a row (and, when it needs one, implementing a feature), never a path.
 
@@ -25,27 +27,27 @@ class Feature:
 
 _FEATURES = (
     Feature("rms_norm", "RMSNorm", True),
-    Feature("norm_offset", "RMSNorm scaled by (1 + weight)", False),
-    Feature("qk_norm", "per-head q/k RMSNorm", False),
+    Feature("norm_offset", "RMSNorm scaled by (1 + weight)", True),
+    Feature("qk_norm", "per-head q/k RMSNorm", True),
     Feature("qkv_bias", "q/k/v projection biases", True),
     Feature("o_bias", "an output-projection (o_proj) bias", False),
     Feature("mlp_bias", "MLP biases", False),
     Feature("silu", "a SiLU-gated MLP", True),
-    Feature("gelu", "a GELU-gated MLP", False),
-    # Exact by capping the context at the window: within it, windowed attention is full attention.
+    Feature("gelu", "a GELU-gated MLP", True),
     Feature("sliding_window", "sliding-window attention", True),
-    Feature("embedding_scale", "embeddings scaled by sqrt(hidden_size)", False),
+    Feature("embedding_scale", "embeddings scaled by sqrt(hidden_size)", True),
     Feature("tied_head", "an LM head tied to the embedding", True),
     Feature("logit_softcap", "logit soft-capping", False),
-    Feature("partial_rotary", "RoPE on part of each head (partial_rotary_factor < 1)", False),
+    Feature("partial_rotary", "RoPE on part of each head (partial_rotary_factor < 1)", True),
     Feature("rope_llama3", "Llama 3 RoPE scaling", True),
-    Feature("rope_linear", "linear RoPE scaling", False),
+    Feature("rope_linear", "linear RoPE scaling", True),
     Feature("rope_dynamic", "dynamic NTK RoPE scaling", False),
     Feature("rope_yarn", "YaRN RoPE scaling", False),
-    Feature("rope_longrope", "LongRoPE scaling", False),
-    Feature("fused_qkv", "fused qkv_proj/gate_up_proj weights", False),
-    Feature("sandwich_norm", "sandwich norms (a second norm after each sublayer)", False),
-    Feature("local_rope", "a separate RoPE base for its sliding-window layers", False),
+    # Exact by capping the context at original_max_position_embeddings, within which HF uses the short factors
+    Feature("rope_longrope", "LongRoPE scaling", True),
+    Feature("fused_qkv", "fused qkv_proj/gate_up_proj weights", True),
+    Feature("sandwich_norm", "sandwich norms (a second norm after each sublayer)", True),
+    Feature("local_rope", "a separate RoPE base for its sliding-window layers", True),
     Feature("nope_layers", "layers without RoPE (NoPE)", False),
     Feature("multipliers", "scaling multipliers (embedding/attention/residual/logit)", False),
     Feature("moe", "mixture-of-experts layers", False),
@@ -55,10 +57,14 @@ FEATURES: dict[str, Feature] = {f.key: f for f in _FEATURES}
 # rope_scaling kind (config.json's rope_type) -> feature; "default" is plain RoPE
 ROPE_KINDS = {"llama3": "rope_llama3", "linear": "rope_linear", "dynamic": "rope_dynamic", "yarn": "rope_yarn",
               "longrope": "rope_longrope", "su": "rope_longrope"}
-ROPE_SCALINGS = tuple(kind for kind, key in ROPE_KINDS.items() if FEATURES[key].implemented)  # what the engine runs
+ROPE_ALIASES = {"su": "longrope"}  # older configs' names
+# what the engine runs, by their current names
+ROPE_SCALINGS = tuple(kind for kind, key in ROPE_KINDS.items() if FEATURES[key].implemented and kind not in ROPE_ALIASES)
 
 Choice = Literal["never", "always", "config"]  # a bias the family never has, always has, or takes from config.json
-Window = Literal["none", "all", "layers"]  # no window; every layer when sliding_window is set; per layer (Qwen)
+# no window; every layer when sliding_window is set (Mistral, Phi-3); the layers layer_types or max_window_layers mark,
+# with use_sliding_window (Qwen); the layers layer_types or sliding_window_pattern mark (Gemma 3)
+Window = Literal["none", "all", "layers", "pattern"]
 
 
 @dataclass(frozen=True)
@@ -76,9 +82,11 @@ class Family:
     window: Window = "none"
     embedding_scale: bool = False
     logit_softcap: bool = False
-    partial_rotary: bool = False
+    partial_rotary: bool = False  # RoPE on part of each head where config.json says so (partial_rotary_factor)
     rope_scaling: tuple[str, ...] = ()  # the rope_type kinds its published checkpoints use
     extra: tuple[str, ...] = ()  # further feature keys of its math
+    # config.json fields the family's transformers config defaults when a file leaves them out
+    hf_defaults: tuple[tuple[str, Any], ...] = ()
 
     def __post_init__(self) -> None:
         unknown = [k for k in (*self.extra, *(ROPE_KINDS[r] for r in self.rope_scaling)) if k not in FEATURES]
@@ -118,9 +126,15 @@ FAMILIES: tuple[Family, ...] = (
     Family("qwen2", "Qwen2", "qwen2", qkv_bias="always", window="layers"),
     Family("mistral", "Mistral", None, window="all"),
     Family("qwen3", "Qwen3", "qwen3", qk_norm=True, qkv_bias="config", o_bias="config", window="layers"),
-    Family("gemma3_text", "Gemma 3", "gemma3", norm_offset=1.0, qk_norm=True, activation="gelu_pytorch_tanh",
-           window="layers", embedding_scale=True, extra=("sandwich_norm", "local_rope")),
-    Family("phi3", "Phi-3", "phi3", window="all", rope_scaling=("longrope",), extra=("fused_qkv",)),
+    Family("gemma3_text", "Gemma 3", "gemma3", norm_offset=1.0, qk_norm=True, qkv_bias="config", o_bias="config",
+           activation="gelu_pytorch_tanh", window="pattern", embedding_scale=True, rope_scaling=("linear",),
+           extra=("sandwich_norm", "local_rope"),
+           hf_defaults=(("hidden_activation", "gelu_pytorch_tanh"), ("rms_norm_eps", 1e-6), ("head_dim", 256),
+                        ("rope_theta", 1_000_000.0), ("rope_local_base_freq", 10_000.0),
+                        ("query_pre_attn_scalar", 256), ("sliding_window", 4096), ("sliding_window_pattern", 6),
+                        ("max_position_embeddings", 131_072), ("tie_word_embeddings", True))),
+    Family("phi3", "Phi-3", "phi3", window="all", partial_rotary=True, rope_scaling=("longrope",),
+           extra=("fused_qkv",)),
     Family("smollm3", "SmolLM3", "smollm3", qkv_bias="config", o_bias="config", mlp_bias="config",
            extra=("nope_layers",)),
     Family("granite", "Granite", "granite", o_bias="config", mlp_bias="config", extra=("multipliers",)),
@@ -135,11 +149,13 @@ def runnable_names(gguf: bool = False) -> list[str]:
 
 # The tensors the engine computes with, as llama.cpp names them (per layer after "blk.N."). Any other tensor in a
 # file is math SpecLens would leave out, so such a file is refused rather than run without it.
-GGUF_TOP_TENSORS = {"token_embd.weight", "output_norm.weight", "output.weight", "rope_freqs.weight"}
+GGUF_TOP_TENSORS = {"token_embd.weight", "output_norm.weight", "output.weight", "rope_freqs.weight",
+                    "rope_factors_short.weight", "rope_factors_long.weight"}  # llama3's / LongRoPE's factors
 GGUF_LAYER_TENSORS = {"attn_norm.weight", "ffn_norm.weight", "attn_q.weight", "attn_k.weight", "attn_v.weight",
                       "attn_q.bias", "attn_k.bias", "attn_v.bias", "attn_output.weight", "ffn_gate.weight",
                       "ffn_up.weight", "ffn_down.weight"}
-# a per-layer tensor's name (its part before ".weight"/".bias") -> the feature it carries, for the message
+# A per-layer tensor's name (its part before ".weight"/".bias") -> the feature it carries. A family whose row has
+# the feature runs it (once implemented); in any other family's file it has no place, and the file is refused.
 _GGUF_TENSOR_FEATURES = {"attn_q_norm": "qk_norm", "attn_k_norm": "qk_norm", "attn_qkv": "fused_qkv",
                          "ffn_gate_inp": "moe", "ffn_gate_exps": "moe", "ffn_up_exps": "moe", "ffn_down_exps": "moe",
                          "post_attention_norm": "sandwich_norm", "post_ffw_norm": "sandwich_norm"}
@@ -170,12 +186,12 @@ def gguf_refusal(arch: str, metadata: Mapping[str, Any] | None = None, tensors: 
             continue
         stem = own.rsplit(".", 1)[0]
         kind = _GGUF_TENSOR_FEATURES.get(stem) or (_GGUF_BIASES.get(stem) if own.endswith(".bias") else None)
-        if kind is not None:
+        if kind is not None and not FEATURES[kind].implemented:
             needs.append(kind)
-        elif name not in others:
+        elif (kind is None or kind not in fam.features) and name not in others:
             others.append(name)
     rot = _count(meta.get(f"{arch}.rope.dimension_count"))
-    if rot and head_dim and rot < head_dim:
+    if rot and head_dim and rot < head_dim and not FEATURES["partial_rotary"].implemented:
         needs.append("partial_rotary")
     if needs:
         phrases = [FEATURES[k].phrase for k in dict.fromkeys(needs)]
@@ -184,10 +200,6 @@ def gguf_refusal(arch: str, metadata: Mapping[str, Any] | None = None, tensors: 
         more = f" and {len(others) - 3} more" if len(others) > 3 else ""
         return (f"this {fam.title} GGUF holds tensors SpecLens has no place for ({', '.join(others[:3])}{more}); "
                 "running without them would be a different model")
-    window = _count(meta.get(f"{arch}.attention.sliding_window"))
-    if window:
-        return (f"this {fam.title} GGUF has a {window}-token sliding window; SpecLens runs windowed models exactly "
-                "only from a Hugging Face folder, whose context it caps at the window")
     return None
 
 
@@ -225,14 +237,26 @@ def family_of(cfg: Mapping[str, Any]) -> Family:
     return fam
 
 
+# The MLP activations transformers names in config.json, by what the engine computes for each
+HF_ACTIVATIONS = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh"}
+
+
 def check_hf_config(cfg: Mapping[str, Any]) -> Family:
     """The family of a config.json, once every field that would change the math is one the engine computes.
 
     A field a family's own code ignores (Mistral's attention_bias) is not refused: transformers ignores it too."""
+    vision = isinstance(cfg.get("text_config"), Mapping)
+    if vision:
+        raise ValueError(f"a {cfg.get('model_type', 'multimodal')!r} folder holds a vision-language model; SpecLens "
+                         "runs text-only checkpoints (for Gemma 3: model_type 'gemma3_text')")
     fam = family_of(cfg)
-    act = cfg.get("hidden_act", cfg.get("hidden_activation", "silu"))
-    if act != "silu":
-        raise ValueError(f"hidden_act {act!r}: SpecLens implements the SiLU-gated MLP only")
+    # the field the family's transformers code reads (Gemma: hidden_activation), and any other one the file sets
+    used = "hidden_activation" if fam.activation != "silu" else "hidden_act"
+    for key in dict.fromkeys((used, "hidden_act", "hidden_activation")):
+        act = cfg.get(key, fam.activation if key == used else None)
+        if act is not None and act not in HF_ACTIVATIONS:
+            raise ValueError(f"{key} {act!r}: SpecLens implements SiLU- and GELU(tanh)-gated MLPs only "
+                             f"({', '.join(HF_ACTIVATIONS)})")
     if fam.o_bias == "config" and cfg.get("attention_bias"):
         raise ValueError(f"attention_bias: {fam.title} attention bias includes {FEATURES['o_bias'].phrase}, "
                          "which SpecLens does not implement yet")
@@ -242,31 +266,92 @@ def check_hf_config(cfg: Mapping[str, Any]) -> Family:
     for key in ("final_logit_softcapping", "attn_logit_softcapping"):
         if cfg.get(key) is not None:
             raise ValueError(f"{key} = {cfg[key]}: {FEATURES['logit_softcap'].phrase} is not implemented in SpecLens")
-    factor = cfg.get("partial_rotary_factor", (cfg.get("rope_parameters") or {}).get("partial_rotary_factor", 1.0))
-    if factor is not None and factor != 1.0:
-        raise ValueError(f"partial_rotary_factor = {factor}: SpecLens applies RoPE to whole heads only")
+    if cfg.get("use_bidirectional_attention"):
+        raise ValueError("use_bidirectional_attention: SpecLens runs causal decoders only")
+    factor = partial_rotary_factor(cfg)
+    if factor != 1.0 and not fam.partial_rotary:  # its transformers code turns whole heads whatever the field says
+        raise ValueError(f"partial_rotary_factor = {factor}: {fam.title} applies RoPE to whole heads; SpecLens will "
+                         "not guess which one the checkpoint was trained with")
+    window_layers(fam, cfg)
+    rope_parameters(fam, cfg)
     return fam
 
 
-def sliding_window(fam: Family, cfg: Mapping[str, Any]) -> int | None:
-    """The attention window of the config's windowed layers; None when every layer attends to every position.
+def hf_defaults(fam: Family) -> dict[str, Any]:
+    return dict(fam.hf_defaults)
 
-    Mistral windows every layer when sliding_window is set; Qwen only with use_sliding_window, and then the layers
-    layer_types marks (or, without it, those from max_window_layers on)."""
-    w = cfg.get("sliding_window")
-    if fam.window == "none" or w is None:
-        return None
+
+def partial_rotary_factor(cfg: Mapping[str, Any]) -> float:
+    """The share of each head RoPE turns (Phi-4-mini: 0.75), from config.json or its rope_parameters."""
+    rp = cfg.get("rope_parameters")
+    f = cfg.get("partial_rotary_factor")
+    if f is None and isinstance(rp, Mapping):
+        f = rp.get("partial_rotary_factor")
+    f = 1.0 if f is None else f
+    if isinstance(f, bool) or not isinstance(f, (int, float)) or not 0.0 < f <= 1.0:
+        raise ValueError(f"partial_rotary_factor must be in (0, 1], got {f!r}")
+    return float(f)
+
+
+def window_layers(fam: Family, cfg: Mapping[str, Any]) -> tuple[bool, ...]:
+    """Which layers attend through the sliding window, one flag per layer (all False: none).
+
+    Mistral and Phi-3 window every layer when sliding_window is set; Qwen only with use_sliding_window, and then the
+    layers layer_types marks (or, without it, those from max_window_layers on); Gemma 3 the layers layer_types marks
+    (or, without it, all but every sliding_window_pattern-th)."""
+    n = cfg.get("num_hidden_layers", 0)
+    n = n if isinstance(n, int) and n > 0 else 0
+    w = cfg.get("sliding_window", dict(fam.hf_defaults).get("sliding_window"))
+    if fam.window == "pattern" and w is None:  # its layer types would still pick each layer's RoPE base
+        raise ValueError(f"{fam.title} without a sliding_window is not a configuration SpecLens runs")
+    if fam.window == "none" or w is None or (fam.window == "layers" and not cfg.get("use_sliding_window")):
+        return (False,) * n
     if isinstance(w, bool) or not isinstance(w, int) or w < 1:
         raise ValueError(f"sliding_window must be a positive integer, got {w!r}")
     if fam.window == "all":
-        return w
-    if not cfg.get("use_sliding_window"):
-        return None
+        return (True,) * n
     types = cfg.get("layer_types")
-    if isinstance(types, list):
-        return w if "sliding_attention" in types else None
-    layers, first = cfg.get("num_hidden_layers", 0), cfg.get("max_window_layers", 0) or 0
-    return w if layers > first else None
+    if types is not None:
+        if not isinstance(types, list) or len(types) != n:
+            raise ValueError(f"layer_types must list one type per layer ({n}), got {types!r}")
+        odd = [t for t in types if t not in ("full_attention", "sliding_attention")]
+        if odd:
+            raise ValueError(f"layer_types {odd[0]!r}: SpecLens runs full_attention and sliding_attention layers only")
+        return tuple(t == "sliding_attention" for t in types)
+    if fam.window == "layers":
+        first = cfg.get("max_window_layers", 0) or 0
+        return tuple(i >= first for i in range(n))
+    pattern = cfg.get("sliding_window_pattern", dict(fam.hf_defaults).get("sliding_window_pattern", 1))
+    if isinstance(pattern, bool) or not isinstance(pattern, int) or pattern < 1:
+        raise ValueError(f"sliding_window_pattern must be a positive integer, got {pattern!r}")
+    return tuple(bool((i + 1) % pattern) for i in range(n))
+
+
+def rope_parameters(fam: Family, cfg: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """The RoPE of the global layers and of the windowed ones (None where the family has one RoPE for all), each a
+    dict with rope_theta and, when scaled, rope_type and its parameters; from either config.json form (rope_theta
+    and rope_scaling, or transformers 5's rope_parameters, flat or per layer type)."""
+    defaults = dict(fam.hf_defaults)
+    rp = cfg.get("rope_parameters")
+    rp = rp if isinstance(rp, Mapping) else {}
+    per_type = "full_attention" in rp or "sliding_attention" in rp
+    glob = {"rope_theta": cfg.get("rope_theta") or defaults.get("rope_theta", 10000.0)}
+    glob |= dict(cfg.get("rope_scaling") or {})
+    glob |= dict((rp.get("full_attention") or {}) if per_type else rp)
+    local = None
+    if "local_rope" in fam.extra:
+        local = {"rope_theta": cfg.get("rope_local_base_freq") or defaults.get("rope_local_base_freq", 10000.0)}
+        local |= dict(rp.get("sliding_attention") or {})
+        kind = local.get("rope_type", local.get("type"))
+        if kind not in (None, "default"):
+            raise ValueError(f"rope_type {kind!r} on the sliding-window layers: SpecLens scales the RoPE of the "
+                             "global layers only")
+    elif per_type and rp.get("sliding_attention") and rp.get("sliding_attention") != rp.get("full_attention"):
+        raise ValueError(f"{fam.title} with a separate RoPE for its sliding-window layers is not implemented")
+    for d in (glob, local):
+        if d is not None and not (isinstance(d["rope_theta"], (int, float)) and d["rope_theta"] > 0):
+            raise ValueError(f"rope_theta must be a positive number, got {d['rope_theta']!r}")
+    return glob, local
 
 
 def _phrases(items: list[str]) -> str:

@@ -151,9 +151,11 @@ class CacheView:
         """The positions the pass writes, [end - T, end)."""
         return slice(self.end - len(self.write_slots), self.end)
 
-    def attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
-        """q (T, H, D) over the keys and values update returned -> (T, H * D)."""
-        return causal_attention(q, keys, values)
+    def attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, window: int | None = None,
+               scale: float | None = None) -> torch.Tensor:
+        """q (T, H, D) over the keys and values update returned -> (T, H * D); a windowed layer's rows see the last
+        `window` positions up to their own."""
+        return causal_attention(q, keys, values, window, scale)
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Store k, v (T, Hkv, D) and return the whole sequence's K, V (Hkv, S, D), in k's dtype (a float16 pool's

@@ -59,12 +59,18 @@ def pad_short_passes(model: nn.Module, rows: int = ROW_WISE_MAX, probe: bool = T
             verdicts[key] = rows_depend_on_count(m, rows)
         return RowPadded(m, rows) if not probe or verdicts[key] else m
 
+    def pad_optional(m: nn.Module | None) -> nn.Module | None:  # a norm only some families have
+        return None if m is None else pad(m)
+
     for block in model.layers:
         block.attn_norm, block.mlp_norm = pad(block.attn_norm), pad(block.mlp_norm)
+        block.attn_post_norm, block.mlp_post_norm = pad_optional(block.attn_post_norm), pad_optional(block.mlp_post_norm)
+        block.attn.q_norm, block.attn.k_norm = pad_optional(block.attn.q_norm), pad_optional(block.attn.k_norm)
         block.attn.qkv, block.attn.o = pad(block.attn.qkv), pad(block.attn.o)
         block.mlp.gate_up, block.mlp.down = pad(block.mlp.gate_up), pad(block.mlp.down)
     model.norm, model.lm_head = pad(model.norm), pad(model.lm_head)
     padded = sum(isinstance(m, RowPadded) for m in model.modules())
-    log.info("short passes: %d of %d matmuls and norms padded to %d rows on %s", padded, 6 * len(model.layers) + 2,
-             rows, next(model.parameters()).device)
+    total = sum(1 for m in model.modules() if isinstance(m, nn.Linear) or type(m).__name__ == "RMSNorm")
+    log.info("short passes: %d of %d matmuls and norms padded to %d rows on %s", padded, total, rows,
+             next(model.parameters()).device)
     return padded

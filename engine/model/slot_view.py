@@ -2,8 +2,8 @@
 
 CacheView slices "the first end positions" and so changes shape every step. Here the pass reads every position
 the sequence can reach (max_seq_len), gathered through a slot map built from the block table, and each row masks
-the positions it may not see: past its own, and those not yet written. Attention runs on the pass's rows padded to
-ROW_WISE_MAX (engine.model.attention.padded_rows).
+the positions it may not see: past its own, those not yet written, and in a windowed layer those before its
+window. Attention runs on the pass's rows padded to ROW_WISE_MAX (engine.model.attention.padded_rows).
 """
 from __future__ import annotations
 
@@ -28,9 +28,20 @@ class SlotView:
         padded = start + torch.arange(ROW_WISE_MAX, device=slots.device)  # (R,): rows past T are padding
         self.positions = padded[:T]  # (T,)
         self.write = slots[self.positions]  # (T,)
-        seen = torch.arange(len(slots), device=slots.device)  # (S,)
-        hidden = seen.unsqueeze(0) > padded.unsqueeze(1)  # (R, S): a row sees positions <= its own
+        self._padded = padded
+        self._seen = torch.arange(len(slots), device=slots.device)  # (S,)
+        hidden = self._seen.unsqueeze(0) > padded.unsqueeze(1)  # (R, S): a row sees positions <= its own
         self.bias = torch.zeros(hidden.shape, device=slots.device).masked_fill(hidden, float("-inf"))  # (R, S)
+        self._windowed: dict[int, torch.Tensor] = {}  # window -> its bias, made on first use (inside the capture)
+
+    def _bias(self, window: int | None) -> torch.Tensor:
+        """(R, S): 0 where a row may look, -inf past it and, with a window, at or before its position - window."""
+        if window is None:
+            return self.bias
+        if window not in self._windowed:
+            early = self._seen.unsqueeze(0) <= self._padded.unsqueeze(1) - window  # (R, S)
+            self._windowed[window] = self.bias.masked_fill(early, float("-inf"))
+        return self._windowed[window]
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Store k, v (T, Hkv, D) and return K, V at every position (Hkv, S, D), in k's dtype."""
@@ -39,8 +50,9 @@ class SlotView:
         vc.index_copy_(1, self.write, v.transpose(0, 1).to(vc.dtype))
         return kc.index_select(1, self.slots).to(k.dtype), vc.index_select(1, self.slots).to(v.dtype)
 
-    def attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
-        """q (T, H, D) -> (T, H * D)."""
+    def attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, window: int | None = None,
+               scale: float | None = None) -> torch.Tensor:
+        """q (T, H, D) -> (T, H * D); a windowed layer's rows see the last `window` positions up to their own."""
         T = q.shape[0]
         padded = F.pad(q, (0, 0, 0, 0, 0, ROW_WISE_MAX - T))  # (R, H, D)
-        return padded_rows(padded, keys, values, self.bias)[:T]
+        return padded_rows(padded, keys, values, self._bias(window), scale)[:T]

@@ -374,7 +374,14 @@ def main(argv: list[str] | None = None) -> int:
                     "the API key from $SPECLENS_API_KEY)")
     ap.add_argument("--plain-server", metavar="URL", help="with --server: the same model served without a draft "
                     "(mode plain)")
+    ap.add_argument("--find-drafts", action="store_true", help="rank the local models and the n-gram drafter as "
+                    "drafts for --target instead, each measured (speclens-bench --find-drafts --help)")
     records.add_arguments(ap)
+    args = sys.argv[1:] if argv is None else argv
+    if "--find-drafts" in args:  # its own options: engine.tools.draft_finder
+        from engine.tools.draft_finder import main as find_drafts
+
+        return find_drafts([x for x in args if x != "--find-drafts"])
     a = ap.parse_args(argv)
     if a.server or a.plain_server:
         from engine.tools.bench_server import main_server

@@ -55,29 +55,31 @@ def test_charts_receive_points(panel):
 
 
 def test_speedup_shows_only_what_is_measured(panel):
-    """Before the session has a plain rate there is no measured speedup, only a plain word on what is missing;
-    once there is one (Run > Compare), the whole measured curve is drawn from it."""
+    """Before the reply has timed a plain step there is no measured speedup, a dash and a tooltip saying why; from
+    its first one-row target pass on, the measured curve is drawn against it."""
     for ev in rounds():
         panel.feed(ev)
     panel.flush(full=True)
-    title = panel.plots["speedup"].titleLabel.text
-    assert "theory" in title and " vs " not in title and "~" not in title
+    title = panel.plots["speedup"].titleLabel.item.toPlainText()
+    assert "Speedup \u2014 vs plain measured this reply" == title
     assert len(panel.curves["measured"].getData()[0] or []) == 0
-    assert "measured speedup: needs a plain run \u2014 Run \u203a Compare" in panel.speedup_note.toPlainText()
-    panel.set_plain_reference(20.0)  # 20 ms per plain token
+    assert "no plain step yet" in panel.plots["speedup"].toolTip().replace("timed no plain step yet", "no plain step yet")
+    panel.feed(make_round(5, (), (), "p", Origin.PLAIN, mode="plain", drafter=None, draft_ms=0.0, verify_ms=20.0))
+    panel.feed(make_round(6, ("a",), ("x",), "d", k=2, draft_ms=2.0, verify_ms=12.0))
     panel.flush(full=True)
     x, measured = panel.curves["measured"].getData()
-    spent = np.cumsum([14.0, 14.0, 14.0, 13.0])
-    committed = np.cumsum([4, 5, 1, 2])
-    assert list(x) == [1, 2, 3, 4] and np.allclose(measured, committed * 20.0 / spent)
+    spent = np.cumsum([14.0, 14.0, 14.0, 13.0, 14.0])
+    committed = np.cumsum([4, 5, 1, 2, 2])
+    assert list(x) == [5, 6] and np.isnan(measured[0])  # round 5 is the plain step: a break
+    assert measured[1] == pytest.approx(committed[-1] * 20.0 / spent[-1])
     title = panel.plots["speedup"].titleLabel.text
-    assert f"{measured[-1]:.2f}\u00d7</span> vs" in title and "theory" in title
-    assert "needs a plain run" not in panel.speedup_note.toPlainText()
+    assert f"{measured[-1]:.2f}\u00d7</span> vs plain measured this reply" in title
+    assert "20.0 ms a token" in panel.plots["speedup"].toolTip()
 
 
 def test_hybrid_rounds_show_each_drafters_inputs(panel):
     """Under the hybrid drafter the speedup note gives α, K and c per drafter, and the theory is their mix."""
-    panel.set_plain_reference(10.0)
+    panel.feed(make_round(0, (), (), "p", Origin.PLAIN, mode="plain", drafter=None, draft_ms=0.0, verify_ms=10.0))
     for ev in rounds():
         panel.feed(ev)
     panel.flush(full=True)
@@ -88,7 +90,8 @@ def test_hybrid_rounds_show_each_drafters_inputs(panel):
     assert note[0] == "draft model: \u03b1 0.53  K 3.8  c 0.10"  # 8 of 15 in 4 rounds, 15 ms over 15 drafts
     assert note[1] == "n-gram: \u03b1 1.00  K 6.0  c 0.00"
     _, theory = panel.curves["theoretical"].getData()
-    assert theory[-1] == pytest.approx(panel.buffer.totals.theoretical_speedup(10.0))
+    assert theory[-1] == pytest.approx(panel.buffer.reply.theoretical_speedup(10.0))
+    assert panel.legend_labels["theoretical"].text == f"theory {theory[-1]:.2f}\u00d7"
 
 
 def test_flush_only_redraws_on_change(panel):
@@ -115,28 +118,32 @@ def test_an_early_stop_shows_as_fewer_drafted_than_k(panel):
 
 
 def test_plain_reference_line(panel):
+    """The dashed plain line is the current reply's own plain step, and a new reply starts without one."""
     assert not panel.plain_line.isVisible()
     panel.feed(make_round(1, (), (), "p", Origin.PLAIN, mode="plain", draft_ms=0.0, verify_ms=20.0))
     panel.flush(full=True)
     assert panel.plain_line.isVisible() and panel.plain_line.value() == pytest.approx(50.0)
     assert np.isnan(panel.curves["k"].getData()[1][0])  # no K in plain mode
-    panel.set_plain_reference(10.0)  # a session-wide reference wins
-    panel.flush(full=True)
-    assert panel.plain_line.value() == pytest.approx(100.0)
-    assert "plain 100.0" in panel.plots["tokens"].titleLabel.text
-
-
-def test_clear_keeps_session_reference_and_marks_messages(panel):
-    panel.set_plain_reference(10.0)
+    assert "plain 50.0</span> this reply" in panel.plots["tokens"].titleLabel.text
     panel.start_message()
     panel.feed(rounds()[0])
+    panel.flush(full=True)
+    assert not panel.plain_line.isVisible() and "plain" not in panel.plots["tokens"].titleLabel.text
+    panel.feed(make_round(3, (), (), "p", Origin.PLAIN, mode="plain", draft_ms=0.0, verify_ms=10.0))
+    panel.flush(full=True)
+    assert panel.plain_line.value() == pytest.approx(100.0)
+
+
+def test_clear_forgets_the_basis_and_marks_messages(panel):
+    panel.start_message()
+    panel.feed(make_round(1, (), (), "p", Origin.PLAIN, mode="plain", draft_ms=0.0, verify_ms=20.0))
     panel.start_message()
     panel.feed(rounds()[1])
     panel.flush(full=True)
     assert len(panel._markers) == 4  # one boundary, drawn on the four per-round plots
     panel.clear()
     assert len(panel.curves["acceptance"].getData()[0] or []) == 0
-    assert panel._markers == [] and panel.plain_line.isVisible()
+    assert panel._markers == [] and not panel.plain_line.isVisible()
 
 
 def test_nice_ceiling():
@@ -185,14 +192,14 @@ def test_the_speedup_lines_break_across_plain_rounds(panel):
     ran flat across a speculation-off reply's rounds while the acceptance line broke there."""
     plain = [make_round(i, (), (), "p", Origin.PLAIN, mode="plain", drafter=None, draft_ms=0.0, verify_ms=20.0)
              for i in (3, 4)]
-    for ev in rounds()[:2] + plain + rounds()[2:]:
+    for ev in plain[:1] + rounds()[:2] + plain + rounds()[2:]:  # a plain step first: a basis from round 2 on
         panel.feed(ev)
     panel.flush(full=True)
     for name in ("measured", "theoretical"):
         curve = panel.curves[name]
         x, y = curve.getData()
-        assert list(x) == [1, 2, 3, 4, 5, 6], name
-        assert np.isnan(y[2]) and np.isnan(y[3]) and np.isfinite(y[[0, 1, 4, 5]]).all(), name
+        assert list(x) == [1, 2, 3, 4, 5, 6, 7], name
+        assert np.isnan(y[[0, 3, 4]]).all() and np.isfinite(y[[1, 2, 5, 6]]).all(), name
         assert curve.opts["connect"] == "finite", name
 
 
@@ -203,46 +210,63 @@ def test_positions_with_few_drafts_are_faded_and_counted(panel):
     opts = panel.bars["position"].opts
     assert list(opts["height"]) == [1.0] * 16
     assert all(b.alphaF() < 0.5 for b in opts["brushes"])
-    title = panel.plots["position"].titleLabel.item.toPlainText()  # as shown: the title is HTML
-    assert "n 1" in title and "faded < 5" in title
+    assert panel.plots["position"].titleLabel.item.toPlainText() == "Acceptance by draft position"
+    tip = panel.plots["position"].toolTip()  # the counts behind the bars, in words
+    assert "n 1:" in tip and "fewer than 5 drafts" in tip
     for i in range(2, 7):
         panel.feed(make_round(i, ("a",), ("x",), "q", k=2))
     panel.flush(full=True)
     opts = panel.bars["position"].opts
     assert opts["brushes"][0].alphaF() == 1.0 and opts["brushes"][1].alphaF() == 1.0  # 6 drafts each
     assert opts["brushes"][2].alphaF() < 0.5
-    assert "n 6\u20131" in panel.plots["position"].titleLabel.text
+    assert "n 6\u20131" in panel.plots["position"].toolTip()
 
 
 def _speedup_title(panel) -> str:
     return panel.plots["speedup"].titleLabel.text
 
 
-def test_theory_is_redone_when_the_plain_rate_arrives(panel):
-    """The live window kept the theory computed before the plain rate was known (1.04x) while
-    the reopened trace computed it after (1.06x). One computation: under the reference in force now."""
-    from engine.analysis.stats import SpeedTotals
+def test_a_plain_rate_from_other_minutes_does_not_move_the_speedup(panel):
+    """The chart divided each reply's rate by one plain rate averaged over the session: under a load that changes,
+    a fast plain rate from quiet minutes made a slow reply look 10x faster. Scripted: steps get three times slower
+    mid-session; each reply's speedup must follow its own plain steps."""
+    def reply(slow: float) -> list:
+        evs = []
+        for i in range(1, 41):
+            if i % 16 == 4:  # the reply's plain step
+                evs.append(make_round(i, (), (), "p", Origin.PLAIN, mode="plain", drafter=None, draft_ms=0.0,
+                                      verify_ms=20.0 * slow))
+            else:  # 2 drafts at 5 ms, one passes, a 24 ms verify: 2 tokens in 34 ms
+                evs.append(make_round(i, ("a",), ("x",), "d", k=2, draft_ms=10.0 * slow, verify_ms=24.0 * slow))
+        return evs
 
-    for ev in rounds():
+    same_minutes = 2 * 20.0 / 34.0  # tokens a ms speculative over plain, in any minute alike: 1.18x
+    panel.start_message()
+    for ev in reply(1.0):  # quiet minutes
         panel.feed(ev)
     panel.flush(full=True)
-    panel.set_plain_reference(7.0)  # Run > Compare finished after the reply
+    assert panel.buffer.reply.measured_speedup() == pytest.approx(same_minutes)
+    panel.start_message()
+    for ev in reply(3.0):  # a busy machine: every pass three times slower
+        panel.feed(ev)
     panel.flush(full=True)
-    totals = SpeedTotals()
-    expect = []
-    for ev in rounds():
-        totals.add(ev)
-        expect.append(totals.theoretical_speedup(7.0))
-    assert panel.buffer.theoretical == pytest.approx(expect)
-    assert f"theory {expect[-1]:.2f}\u00d7" in _speedup_title(panel)
+    assert panel.buffer.reply.measured_speedup() == pytest.approx(same_minutes)
+    assert f"{same_minutes:.2f}\u00d7" in _speedup_title(panel)
+    _, measured = panel.curves["measured"].getData()
+    assert measured[-1] == pytest.approx(same_minutes)
+    # The stale session-wide rate would have said this (the quiet minutes' plain steps over the busy reply)
+    stale = panel.buffer.totals.plain_ms_per_token
+    assert stale is not None and abs(2 * stale / (34.0 * 3) - same_minutes) > 0.2
 
 
-def test_a_trace_shows_the_theory_the_window_showed(qtbot):
+def test_a_trace_shows_the_speedup_the_window_showed(qtbot):
+    """A Compare replay in the trace enters neither side of the chat's charts, live or reopened."""
     from app.dialogs.trace_window import TraceWindow
     from app.session.trace import Trace
-    from engine.analysis.stats import MessageRecord, SpeedTotals
+    from engine.analysis.stats import MessageRecord
 
-    chat = MessageRecord(1, 1, "chat", "q", rounds(), None)
+    probe = make_round(5, (), (), "p", Origin.PLAIN, mode="plain", drafter=None, draft_ms=0.0, verify_ms=9.0)
+    chat = MessageRecord(1, 1, "chat", "q", rounds() + [probe], None)
     plain = [make_round(i, (), (), "p", Origin.PLAIN, mode="plain", drafter=None, draft_ms=0.0, verify_ms=6.0)
              for i in (1, 2)]
     compare = MessageRecord(1, 2, "compare-plain", "q", plain, None)  # after the last chat reply
@@ -250,15 +274,13 @@ def test_a_trace_shows_the_theory_the_window_showed(qtbot):
     qtbot.addWidget(viewer)
     live = ChartsPanel()
     qtbot.addWidget(live)
-    for ev in rounds():
+    live.start_message()
+    for ev in chat.rounds:
         live.feed(ev)
-    live.set_plain_reference(6.0)  # what the main window had once Compare was done
     live.flush(full=True)
-    totals = SpeedTotals()
-    for ev in rounds():
-        totals.add(ev)
-    expect = f"theory {totals.theoretical_speedup(6.0):.2f}\u00d7"
-    assert expect in _speedup_title(live) and expect in _speedup_title(viewer.charts)
+    viewer.charts.flush(full=True)
+    assert live.buffer.plain_ms == viewer.charts.buffer.plain_ms == pytest.approx(9.0)
+    assert _speedup_title(live) == _speedup_title(viewer.charts)
     assert viewer.charts.buffer.theoretical == pytest.approx(live.buffer.theoretical)
 
 
@@ -276,7 +298,6 @@ def test_a_narrow_panel_reflows_to_one_scrolled_column(qtbot):
     hybrid = [make_round(i, ("a", "b"), ("x",), "d", k=3, drafter="model" if i % 2 else "ngram") for i in range(1, 9)]
     for ev in hybrid:
         panel.feed(ev)
-    panel.set_plain_reference(9.0)
     for width, columns in ((360, 1), (700, 2), (360, 1)):
         panel.resize(width, 780)
         panel.show()

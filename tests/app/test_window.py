@@ -214,7 +214,7 @@ def test_cancel_load_from_dialog(qtbot, make_window, tmp_path):
 
 def test_menus_and_shortcuts(window):
     titles = [a.text() for a in window.menuBar().actions()]
-    assert titles == ["&File", "&Run", "&View", "&Help"]
+    assert titles == ["&File", "&Model", "&Run", "&View", "&Help"]
     assert window.new_action.shortcut().toString() == "Ctrl+N"
     assert window.quit_action.shortcut().toString() == "Ctrl+Q"
     assert window.stop_action.shortcut().toString() == "Esc"

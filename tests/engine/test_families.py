@@ -1,4 +1,4 @@
-"""engine.model.families: which families run, which are refused and why, and Mistral's sliding window made exact."""
+"""engine.model.families: which families run, which are refused and why, and Mistral's sliding window run exactly."""
 from __future__ import annotations
 
 import json
@@ -25,24 +25,29 @@ MISTRAL_TINY = dict(
 
 # --- the sliding window -----------------------------------------------------------------------------------------
 
-def test_mistral_context_is_capped_at_its_sliding_window():
+def test_mistral_windows_every_layer_and_keeps_its_context():
     c = ModelConfig.from_hf(MISTRAL_TINY)
-    assert (c.arch, c.max_position_embeddings, c.sliding_window) == ("mistral", WINDOW, WINDOW)
-    assert f"capped at {WINDOW} tokens" in c.context_note
-    wide = ModelConfig.from_hf(dict(MISTRAL_TINY, sliding_window=4096))  # a window past the context changes nothing
-    assert (wide.max_position_embeddings, wide.sliding_window, wide.context_note) == (512, None, "")
+    assert (c.arch, c.max_position_embeddings, c.sliding_window, c.window_layers) == ("mistral", 512, WINDOW,
+                                                                                       (True, True))
+    assert c.context_note == ""
+    wide = ModelConfig.from_hf(dict(MISTRAL_TINY, sliding_window=4096))  # a window past the context masks nothing
+    assert (wide.max_position_embeddings, wide.sliding_window, wide.context_note) == (512, 4096, "")
     unset = ModelConfig.from_hf(dict(MISTRAL_TINY, sliding_window=None))  # Mistral v0.2 on: no window
-    assert unset.max_position_embeddings == 512 and unset.sliding_window is None
+    assert unset.max_position_embeddings == 512 and unset.sliding_window is None and not any(unset.windowed)
 
 
-def test_a_config_longer_than_its_window_cannot_be_made():
-    with pytest.raises(ValueError, match="longer than the model's 24-token sliding window"):
-        ModelConfig(vocab_size=8, hidden_size=8, intermediate_size=8, num_layers=1, num_heads=1, num_kv_heads=1,
-                    max_position_embeddings=32, sliding_window=WINDOW)
+def test_window_flags_are_checked_when_a_config_is_made():
+    small = dict(vocab_size=8, hidden_size=8, intermediate_size=8, num_layers=2, num_heads=1, num_kv_heads=1)
+    with pytest.raises(ValueError, match="window_layers marks windowed layers but sliding_window is not set"):
+        ModelConfig(**small, window_layers=(True, False))
+    with pytest.raises(ValueError, match="window_layers has 1 flags for 2 layers"):
+        ModelConfig(**small, sliding_window=4, window_layers=(True,))
+    with pytest.raises(ValueError, match="sliding_window must be >= 1"):
+        ModelConfig(**small, sliding_window=0, window_layers=(True, True))
 
 
 def test_the_window_changes_transformers_output_past_it():
-    """What the cap guards against: past the window, transformers' Mistral differs from full attention."""
+    """What the real window is for: past it, transformers' Mistral differs from full attention."""
     hf = hf_model(MISTRAL_TINY, seed=0)
     ids = torch.randint(3, VOCAB, (1, 2 * WINDOW), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
@@ -53,57 +58,54 @@ def test_the_window_changes_transformers_output_past_it():
     assert (windowed[WINDOW:] - full[WINDOW:]).abs().max() > 1e-2
 
 
-def test_mistral_greedy_equals_transformers_within_the_window_and_never_runs_past_it():
+def test_mistral_greedy_equals_transformers_past_the_window_and_never_runs_past_the_context():
     hf = hf_model(MISTRAL_TINY, seed=0)
     cfg = ModelConfig.from_hf(MISTRAL_TINY)
     model = Transformer.from_state_dict(cfg, state_dict(hf), torch.float32, "cpu")
-    engine = Engine(model, tiny_tokenizer(), cache=CacheConfig(block_size=8, max_seq_len=cfg.max_position_embeddings),
-                    eos_ids=set())
-    assert engine.max_seq_len == WINDOW
+    context = 3 * WINDOW
+    engine = Engine(model, tiny_tokenizer(), cache=CacheConfig(block_size=8, max_seq_len=context), eos_ids=set())
+    assert engine.max_seq_len == context
     prompt = torch.randint(3, VOCAB, (8,), generator=torch.Generator().manual_seed(1)).tolist()
     *_, summary = engine.generate(prompt, SamplingParams(max_new_tokens=100), SpecParams(enabled=False))
-    assert len(prompt) + len(summary.token_ids) == WINDOW  # stopped by the context, not by max_new_tokens
+    assert len(prompt) + len(summary.token_ids) == context  # stopped by the context, not by max_new_tokens
     ref = list(prompt)
     with torch.no_grad():
-        while len(ref) < WINDOW:  # transformers' own greedy, windowed attention and all
+        while len(ref) < context:  # transformers' own greedy, windowed attention and all
             ref.append(int(hf(torch.tensor([ref])).logits[0, -1].argmax()))
     assert list(summary.token_ids) == ref[len(prompt):]
     with pytest.raises(ContextFullError):
         list(engine.generate(ref, SamplingParams(max_new_tokens=4), SpecParams(enabled=False)))
     with pytest.raises(ValueError, match="exceeds the target model's max_position_embeddings"):
-        Engine(model, tiny_tokenizer(), cache=CacheConfig(max_seq_len=2 * WINDOW))
+        Engine(model, tiny_tokenizer(), cache=CacheConfig(max_seq_len=1024))
 
 
-def test_loading_a_windowed_folder_says_why_its_context_is_short(tmp_path):
+def test_loading_a_windowed_folder_keeps_its_context(tmp_path):
     hf_model(MISTRAL_TINY, seed=0).save_pretrained(tmp_path)
     stages = []
     ck = load_checkpoint(tmp_path, lambda s, f: stages.append(s))
-    assert ck.config.max_position_embeddings == WINDOW
-    assert any("sliding window" in s for s in stages)
+    assert ck.config.max_position_embeddings == 512 and ck.config.sliding_window == WINDOW
+    assert not any("capped" in s for s in stages)
     from engine.io.hub import describe
 
-    listed = describe(tmp_path, "folder")  # the picker and speclens-models show the capped context, and why
-    assert listed.context_limit == WINDOW and "sliding window" in listed.note and listed.runnable
+    listed = describe(tmp_path, "folder")  # the picker and speclens-models show the whole context, with no caveat
+    assert listed.context_limit == 512 and listed.note == "" and listed.runnable
 
 
 def test_qwen2_window_counts_only_when_its_layers_use_it():
     base = dict(QWEN2_TINY, sliding_window=16, max_window_layers=1)
-    assert ModelConfig.from_hf(base).max_position_embeddings == 512  # use_sliding_window off: full attention
+    assert not any(ModelConfig.from_hf(base).windowed)  # use_sliding_window off: full attention
     windowed = ModelConfig.from_hf(dict(base, use_sliding_window=True))  # layer 1 of 2 is windowed
-    assert (windowed.max_position_embeddings, windowed.sliding_window) == (16, 16)
+    assert (windowed.max_position_embeddings, windowed.sliding_window, windowed.window_layers) == (512, 16,
+                                                                                                  (False, True))
     none_windowed = dict(base, use_sliding_window=True, max_window_layers=2)
     assert ModelConfig.from_hf(none_windowed).sliding_window is None
-    listed = dict(base, use_sliding_window=True, layer_types=["full_attention", "sliding_attention"])
-    assert ModelConfig.from_hf(listed).max_position_embeddings == 16
+    listed = dict(base, use_sliding_window=True, layer_types=["sliding_attention", "full_attention"])
+    assert ModelConfig.from_hf(listed).window_layers == (True, False)
 
 
 # --- refused families and fields ----------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("model_type, words", [
-    ("qwen3", "Qwen3 needs per-head q/k RMSNorm, which SpecLens does not implement yet"),
-    ("gemma3_text", "Gemma 3 needs RMSNorm scaled by (1 + weight)"),
-    ("gemma3", "Gemma 3 needs"),
-    ("phi3", "fused qkv_proj/gate_up_proj weights"),
     ("smollm3", "SmolLM3 needs layers without RoPE (NoPE)"),
     ("granite", "Granite needs scaling multipliers (embedding/attention/residual/logit)"),
 ])
@@ -114,21 +116,21 @@ def test_known_families_not_yet_runnable_are_refused_naming_what_they_lack(model
 
 
 def test_unknown_family_names_itself_and_what_runs():
-    with pytest.raises(ValueError, match=r"unsupported model_type 'gpt2': SpecLens runs llama, qwen2, mistral$"):
+    with pytest.raises(ValueError, match=r"unsupported model_type 'gpt2': SpecLens runs llama, qwen2, mistral, qwen3, gemma3_text, phi3$"):
         ModelConfig.from_hf(dict(LLAMA32_TINY, model_type="gpt2"))
 
 
 @pytest.mark.parametrize("change, words", [
     (dict(attention_bias=True), "attention_bias: Llama attention bias includes an output-projection (o_proj) bias"),
     (dict(mlp_bias=True), "mlp_bias: Llama needs MLP biases"),
-    (dict(hidden_act="gelu"), "hidden_act 'gelu': SpecLens implements the SiLU-gated MLP only"),
+    (dict(hidden_act="gelu"), "hidden_act 'gelu': SpecLens implements SiLU- and GELU(tanh)-gated MLPs only"),
     (dict(rope_scaling={"rope_type": "yarn", "factor": 4.0}),
-     "unsupported rope_scaling type 'yarn' (supported: llama3)"),
-    (dict(rope_scaling={"type": "linear", "factor": 2.0}), "unsupported rope_scaling type 'linear'"),
+     "unsupported rope_scaling type 'yarn' (supported: llama3, linear, longrope)"),
+    (dict(rope_scaling={"type": "longrope", "long_factor": [1.0] * 8}), "longrope short_factor must list 8 factors"),
     (dict(rope_scaling={"rope_type": "dynamic", "factor": 2.0}), "unsupported rope_scaling type 'dynamic'"),
     (dict(final_logit_softcapping=30.0), "final_logit_softcapping = 30.0: logit soft-capping"),
     (dict(attn_logit_softcapping=50.0), "attn_logit_softcapping = 50.0"),
-    (dict(partial_rotary_factor=0.5), "partial_rotary_factor = 0.5: SpecLens applies RoPE to whole heads only"),
+    (dict(partial_rotary_factor=0.5), "partial_rotary_factor = 0.5: Llama applies RoPE to whole heads"),
     (dict(model_type="mistral", sliding_window=0), "sliding_window must be a positive integer, got 0"),
 ])
 def test_fields_that_change_the_math_are_refused(change, words):
@@ -160,7 +162,7 @@ def test_a_tied_config_with_a_different_stored_head_is_refused(tmp_path):
 
 def test_the_table_runs_exactly_the_families_whose_features_are_all_implemented():
     runnable = {f.model_type for f in families.FAMILIES if f.runnable}
-    assert runnable == {"llama", "qwen2", "mistral"}
+    assert runnable == {"llama", "qwen2", "mistral", "qwen3", "gemma3_text", "phi3"}
     for fam in families.FAMILIES:
         assert fam.runnable == all(families.FEATURES[k].implemented for k in fam.features)
         if not fam.runnable:

@@ -1,0 +1,280 @@
+"""The families beyond Llama and Qwen2 on the torch path, from Hugging Face folders: tiny random models built with
+transformers' own classes, saved, read back by SpecLens's loader, and checked against transformers (fp32, atol 1e-4)
+for a long prefill, one-token steps and verify passes, deep enough to cross the sliding window; verify rows equal
+plain steps bit for bit, and greedy speculation equals plain greedy. Fields that change the math and are not
+implemented are refused by name."""
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from engine.api.config import CacheConfig, ModelConfig, SamplingParams, SpecParams
+from engine.io.weights import ModelLoadError, load_checkpoint
+from engine.model import families
+from engine.model.kv_cache import BlockManager, KVPool
+from engine.model.row_padding import pad_short_passes
+from engine.model.step_graphs import StepGraphs
+from engine.model.transformer import Transformer
+from engine.runtime.engine import Engine
+from tests.tiny import VOCAB, draft_weights, pass_and_steps, tiny_tokenizer
+
+ATOL = 1e-4  # fp32 against transformers: the same math, summed in other orders
+WINDOW = 8
+LENGTH = 40  # positions scored: five windows
+BASE = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=16, max_position_embeddings=256, bos_token_id=1, eos_token_id=2,
+            pad_token_id=0, tie_word_embeddings=False)
+FAMILIES = {
+    "qwen3": dict(BASE, model_type="qwen3", rms_norm_eps=1e-6, rope_theta=1e6),
+    "qwen3-windowed": dict(BASE, model_type="qwen3", use_sliding_window=True, sliding_window=WINDOW,
+                           max_window_layers=1),
+    # layers 0 and 2 windowed (pattern 2) with the local RoPE base; query_pre_attn_scalar not head_dim
+    "gemma3": dict(BASE, model_type="gemma3_text", sliding_window=WINDOW, sliding_window_pattern=2,
+                   rope_theta=1e6, rope_local_base_freq=1e4, query_pre_attn_scalar=24, tie_word_embeddings=True),
+    # as Gemma 3 4B and up: linear RoPE scaling on the global layers only
+    "gemma3-linear": dict(BASE, model_type="gemma3_text", sliding_window=WINDOW, sliding_window_pattern=3,
+                          rope_theta=1e6, rope_local_base_freq=1e4, query_pre_attn_scalar=16,
+                          rope_scaling={"rope_type": "linear", "factor": 8.0}, tie_word_embeddings=True),
+    "phi3": dict(BASE, model_type="phi3", num_key_value_heads=4, sliding_window=WINDOW),
+    # Phi-4-mini's shape: RoPE on 3/4 of each head, LongRoPE (short factors within original_max_position_embeddings)
+    "phi4-mini": dict(BASE, model_type="phi3", partial_rotary_factor=0.75, original_max_position_embeddings=64,
+                      rope_scaling={"type": "longrope", "short_factor": [1.0, 1.3, 1.9, 2.6, 4.0, 7.5],
+                                    "long_factor": [2.0, 3.0, 5.0, 8.0, 13.0, 21.0]}, tie_word_embeddings=True),
+    "mistral": dict(BASE, model_type="mistral", sliding_window=WINDOW),
+    "qwen2-windowed": dict(BASE, model_type="qwen2", use_sliding_window=True, sliding_window=WINDOW,
+                           max_window_layers=1),
+}
+
+
+def hf_model(cfg: dict, seed: int = 0):
+    """A transformers model of the family with random weights, norms included (so a norm offset left unfolded or a
+    q/k norm left out shows)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    conf = AutoConfig.for_model(**cfg)
+    model = AutoModelForCausalLM.from_config(conf, dtype=torch.float32, attn_implementation="eager").eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.add_(torch.randn_like(p) * 0.2)
+            else:
+                p.normal_(0.0, 0.5 if "embed" in name or "lm_head" in name else 0.3)
+    return model
+
+
+@pytest.fixture(scope="module", params=list(FAMILIES))
+def family(request, tmp_path_factory):
+    """(name, the transformers model, ours loaded from its saved folder)."""
+    hf = hf_model(FAMILIES[request.param])
+    folder = tmp_path_factory.mktemp(request.param)
+    hf.save_pretrained(folder)
+    ck = load_checkpoint(folder)
+    return request.param, hf, padded(Transformer.from_state_dict(ck.config, ck.tensors, torch.float32, "cpu", 256))
+
+
+def padded(model: Transformer) -> Transformer:
+    """The CPU's BLAS rounds a matmul by its row count, which the engine's CPU path avoids with its own kernels
+    (engine.cpu.dense); the torch path's rows are made independent of the count as on a GPU whose library needs it
+    (engine.model.row_padding), so what is tested is the rest: attention, windows, norms, RoPE."""
+    pad_short_passes(model, probe=False)
+    return model
+
+
+def ids(n: int = LENGTH, seed: int = 1) -> list[int]:
+    return torch.randint(3, VOCAB, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def pool_for(model: Transformer) -> KVPool:
+    c = model.cfg
+    pool = KVPool(c.num_layers, c.num_kv_heads, c.head_dim, BlockManager(32, 8, 256), torch.float32, "cpu")
+    pool.manager.allocate(0)
+    return pool
+
+
+def feed(model: Transformer, pool: KVPool, toks: list[int]) -> torch.Tensor:
+    start, end = pool.manager.append(0, len(toks))
+    return model(torch.tensor(toks), start, pool.view(0, start, end))  # (T, V)
+
+
+def ours_by_passes(model: Transformer) -> torch.Tensor:
+    """LENGTH positions scored as the engine scores them: a 20-token prefill (the fused path), ten one-token steps,
+    then two 5-token verify passes -> (LENGTH, V)."""
+    toks, pool = ids(), pool_for(model)
+    rows = [feed(model, pool, toks[:20])]
+    rows += [feed(model, pool, [t]) for t in toks[20:30]]
+    rows += [feed(model, pool, toks[30:35]), feed(model, pool, toks[35:40])]
+    return torch.cat(rows)
+
+
+def test_the_config_reads_the_family_features(family):
+    name, hf, model = family
+    c, hc = model.cfg, hf.config
+    windowed = [t == "sliding_attention" for t in getattr(hc, "layer_types", None) or []]
+    if name in ("mistral", "phi3"):
+        windowed = [True] * hc.num_hidden_layers
+    assert list(c.windowed) == (windowed or [False] * c.num_layers)
+    assert [b.attn.window for b in model.layers] == [WINDOW if w else None for w in c.windowed]
+    assert c.qk_norm == name.startswith(("qwen3", "gemma3")) and c.sandwich_norm == name.startswith("gemma3")
+    if name.startswith("gemma3"):
+        assert (c.norm_offset, c.activation, c.embedding_scale) == (1.0, "gelu_tanh", 8.0)
+        assert c.attn_scale == hc.query_pre_attn_scalar ** -0.5 and c.rope_local_theta == 1e4
+        assert model.rope_local is not None and not torch.equal(model.rope_local.cos, model.rope.cos)
+    else:
+        assert (c.norm_offset, c.activation, c.embedding_scale, c.rope_local_theta) == (0.0, "silu", 1.0, None)
+        assert model.rope_local is None and c.attn_scale == 1 / math.sqrt(16)
+    if name == "phi4-mini":
+        assert c.rotary_dim == 12 and model.rope.cos.shape[1] == 12
+        assert c.max_position_embeddings == 64  # where the short factors end
+        assert c.rope_scaling["attention_factor"] == pytest.approx(math.sqrt(1 + math.log(4) / math.log(64)))
+        assert "LongRoPE" in c.context_note
+    else:
+        assert c.rotary_dim == 16 and c.context_note == ""
+
+
+def test_logits_equal_transformers_across_the_window(family):
+    name, hf, model = family
+    with torch.no_grad():
+        ref = hf(torch.tensor([ids()])).logits[0]  # (LENGTH, V)
+    ours = ours_by_passes(model)
+    torch.testing.assert_close(ours, ref, atol=ATOL, rtol=0)
+    assert torch.equal(ours.argmax(-1), ref.argmax(-1))
+
+
+def test_verify_rows_equal_plain_steps_bit_for_bit(family):
+    *_, model = family
+    for n in (2, 5, 16):
+        together, steps = pass_and_steps(model, ids(20, seed=2), ids(n, seed=3))
+        assert torch.equal(together, steps), n
+
+
+def test_fixed_shape_passes_window_their_bias(family):
+    """The fixed-shape passes a CUDA graph replays (run uncaptured here) agree with transformers too, the window in
+    their bias, and their rows equal steps bit for bit."""
+    name, hf, model = family
+    model.graphs = StepGraphs(capture=False)
+    try:
+        with torch.no_grad():
+            ref = hf(torch.tensor([ids()])).logits[0]
+        torch.testing.assert_close(ours_by_passes(model), ref, atol=ATOL, rtol=0)
+        together, steps = pass_and_steps(model, ids(20, seed=2), ids(5, seed=3))
+        assert torch.equal(together, steps)
+    finally:
+        model.graphs = None
+
+
+def test_greedy_equals_transformers_and_speculation_equals_plain(family):
+    name, hf, model = family
+    cfg = model.cfg
+    sd = {k: v for k, v in hf.state_dict().items() if not (cfg.tie_word_embeddings and k == "lm_head.weight")}
+    draft = padded(Transformer.from_state_dict(cfg, draft_weights(sd, 0.03, 1), torch.float32, "cpu", 256))
+    engine = Engine(model, tiny_tokenizer(), draft, cache=CacheConfig(block_size=8, max_seq_len=64), eos_ids=set())
+    prompt, n = ids(6, seed=4), 30  # 36 positions: the window crossed four times over
+    greedy = SamplingParams(max_new_tokens=n)
+    *_, plain = engine.generate(prompt, greedy, SpecParams(enabled=False))
+    ref = list(prompt)
+    with torch.no_grad():
+        while len(ref) < len(prompt) + n:
+            ref.append(int(hf(torch.tensor([ref])).logits[0, -1].argmax()))
+    assert list(plain.token_ids) == ref[len(prompt):]
+    for k in (1, 4):
+        engine.reset()
+        *_, spec = engine.generate(prompt, greedy, SpecParams(k=k, drafter="model"))
+        assert spec.token_ids == plain.token_ids, k
+        assert spec.accepted > 0
+
+
+def test_the_window_changes_the_answer_past_it():
+    """What the real window guards against: the same weights with full attention differ past the window."""
+    hf = hf_model(FAMILIES["mistral"])
+    with torch.no_grad():
+        windowed = hf(torch.tensor([ids()])).logits[0]
+        hf.config.sliding_window = None
+        full = hf(torch.tensor([ids()])).logits[0]
+    torch.testing.assert_close(windowed[:WINDOW], full[:WINDOW], atol=1e-5, rtol=0)
+    assert (windowed[WINDOW:] - full[WINDOW:]).abs().max() > 1e-2
+
+
+# --- refusals -----------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name, change, words", [
+    ("gemma3", dict(hidden_activation="gelu"), "hidden_activation 'gelu': SpecLens implements SiLU- and GELU(tanh)"),
+    ("qwen3", dict(hidden_act="gelu_new"), "hidden_act 'gelu_new'"),
+    ("gemma3", dict(attn_logit_softcapping=50.0), "attn_logit_softcapping = 50.0: logit soft-capping"),
+    ("gemma3", dict(final_logit_softcapping=30.0), "final_logit_softcapping = 30.0: logit soft-capping"),
+    ("gemma3", dict(use_bidirectional_attention=True), "use_bidirectional_attention"),
+    ("gemma3", dict(attention_bias=True), "Gemma 3 attention bias includes an output-projection (o_proj) bias"),
+    ("qwen3", dict(attention_bias=True), "Qwen3 attention bias includes an output-projection (o_proj) bias"),
+    ("gemma3", dict(sliding_window=None), "Gemma 3 without a sliding_window"),
+    ("gemma3", dict(rope_parameters={"sliding_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4},
+                                     "full_attention": {"rope_type": "default", "rope_theta": 1e6}}),
+     "rope_type 'linear' on the sliding-window layers"),
+    ("gemma3", dict(layer_types=["sliding_attention", "chunked_attention", "full_attention"]),
+     "layer_types 'chunked_attention'"),
+    ("qwen3", dict(rope_scaling={"rope_type": "yarn", "factor": 4.0}), "unsupported rope_scaling type 'yarn'"),
+    ("phi3", dict(rope_scaling={"rope_type": "dynamic", "factor": 2.0}), "unsupported rope_scaling type 'dynamic'"),
+    ("phi4-mini", dict(partial_rotary_factor=1.5), "partial_rotary_factor must be in (0, 1]"),
+    ("phi4-mini", dict(rope_scaling={"type": "longrope", "short_factor": [1.0] * 8, "long_factor": [1.0] * 8}),
+     "longrope short_factor must list 6 factors"),
+])
+def test_fields_that_change_the_math_are_refused_by_name(name, change, words):
+    with pytest.raises(ValueError) as e:
+        ModelConfig.from_hf(dict(FAMILIES[name], **change))
+    assert words in str(e.value)
+
+
+def test_a_vision_language_gemma_folder_is_refused_as_such():
+    cfg = dict(model_type="gemma3", text_config=dict(FAMILIES["gemma3"]), vision_config={})
+    with pytest.raises(ValueError, match="holds a vision-language model; SpecLens runs text-only"):
+        ModelConfig.from_hf(cfg)
+
+
+@pytest.mark.parametrize("model_type, words", [
+    ("smollm3", "SmolLM3 needs layers without RoPE (NoPE)"),
+    ("granite", "Granite needs scaling multipliers"),
+])
+def test_families_not_implemented_stay_refused(model_type, words):
+    with pytest.raises(ValueError) as e:
+        ModelConfig.from_hf(dict(BASE, model_type=model_type))
+    assert words in str(e.value)
+
+
+def test_weights_the_engine_has_no_place_for_are_refused(tmp_path):
+    """An o_proj bias the config does not announce would be math left out: the folder is refused."""
+    from safetensors.torch import save_file
+
+    hf = hf_model(FAMILIES["qwen3"])
+    sd = {k: v.contiguous() for k, v in hf.state_dict().items()}
+    sd["model.layers.0.self_attn.o_proj.bias"] = torch.ones(64)
+    (tmp_path / "config.json").write_text(json.dumps(FAMILIES["qwen3"]))
+    save_file(sd, tmp_path / "model.safetensors")
+    with pytest.raises(ModelLoadError, match=r"unexpected model.layers.0.self_attn.o_proj.bias"):
+        load_checkpoint(tmp_path)
+
+
+def test_the_table_marks_the_new_families_runnable():
+    runnable = {f.model_type for f in families.FAMILIES if f.runnable}
+    assert runnable == {"llama", "qwen2", "mistral", "qwen3", "gemma3_text", "phi3"}
+
+
+def test_on_the_cpu_kernels_a_new_family_keeps_its_layers_in_torch(tmp_path):
+    """The C++ stack computes the Llama math only: a Gemma 3 folder placed on the CPU runs its matrices on the
+    kernels and its layers in torch, and still equals transformers."""
+    from engine.cpu import ext
+    from engine.io.loading import place, stack_computes
+
+    if ext.load() is None:
+        pytest.skip("the compiled kernels are not available here")
+    hf = hf_model(FAMILIES["gemma3"])
+    hf.save_pretrained(tmp_path)
+    ck = load_checkpoint(tmp_path)
+    assert not stack_computes(ck.config)
+    assert stack_computes(ModelConfig.from_hf(dict(BASE, model_type="llama")))
+    model = place(ck, torch.float32, torch.device("cpu"), 256, int8=False)
+    assert model.stack is None and type(model.layers[0].attn.qkv).__name__ == "QuantLinear"
+    with torch.no_grad():
+        ref = hf(torch.tensor([ids()])).logits[0]
+    torch.testing.assert_close(ours_by_passes(model), ref, atol=ATOL, rtol=0)
