@@ -4,13 +4,14 @@ a float64 reference written out here, and batch-invariant with windows crossing 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine.api.config import ModelConfig
 from engine.cpu import ext, kernels_available
 from engine.cpu.stack import QuantStack
 from engine.io.gguf_file import GGUFFile
@@ -20,8 +21,10 @@ from engine.model.transformer import RMSNorm, Transformer
 
 try:
     from isa import outputs_per_isa_and_threads
+    from test_gguf_families import IDS, converter, family
     from test_weights import make_hf_model, make_tokenizer, write_gguf
 except ImportError:  # tests/ imported as a package
+    from tests.engine.test_gguf_families import IDS, converter, family  # noqa: F401
     from tests.engine.test_weights import make_hf_model, make_tokenizer, write_gguf
     from tests.isa import outputs_per_isa_and_threads
 
@@ -324,3 +327,71 @@ def test_bad_features_raise_value_errors(gguf):
     with pytest.raises(ValueError, match="features for 1 layers"):
         kernels.Stack(**stack_args, features=[(None, None, None, None, 0, None, None)])
     assert torch.equal(run(stack, model, x, [4]), ok)
+
+
+# ---- the torch modules of engine.model.transformer, and real GGUFs of the families ---------------------------------
+def logits(model: Transformer, ids: list[int], widths: list[int], max_len: int = MAX_LEN) -> torch.Tensor:
+    """(T, V) of ids fed to the model in passes of the given widths."""
+    cfg = model.cfg
+    mgr = BlockManager(max_len // 16, 16, max_len)
+    pool = KVPool(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, mgr, torch.float32, "cpu")
+    mgr.allocate(0)
+    out, i = [], 0
+    for w in widths:
+        start, end = mgr.append(0, w)
+        out.append(model(torch.tensor(ids[i : i + w]), start, pool.view(0, start, end)))
+        i += w
+    return torch.cat(out)
+
+
+def featured(gguf, cfg_features: dict) -> Transformer:
+    """A Transformer built for a config with the features, holding the tiny GGUF's quantized layers and random
+    weights for the norms it adds."""
+    base = build_model(GGUFFile(gguf[0]), MAX_LEN, act="fp32")
+    cfg: ModelConfig = replace(base.cfg, **cfg_features)
+    model = Transformer(cfg, MAX_LEN)
+    gen = torch.Generator().manual_seed(11)
+    model.embed, model.lm_head, model.norm = base.embed, base.lm_head, base.norm
+    for new, old in zip(model.layers, base.layers):
+        new.attn_norm, new.mlp_norm = old.attn_norm, old.mlp_norm
+        new.attn.qkv, new.attn.o, new.mlp.gate_up, new.mlp.down = old.attn.qkv, old.attn.o, old.mlp.gate_up, old.mlp.down
+        for owner, name in ((new.attn, "q_norm"), (new.attn, "k_norm"), (new, "attn_post_norm"), (new, "mlp_post_norm")):
+            m = getattr(owner, name)
+            if m is not None:
+                m.weight = nn.Parameter(0.5 + torch.rand(m.weight.shape, generator=gen), requires_grad=False)
+    model.stack = QuantStack.of(model)
+    return model.eval()
+
+
+GEMMA3_LIKE = {"qk_norm": True, "sandwich_norm": True, "activation": "gelu_tanh", "sliding_window": 7,
+               "window_layers": (True, True, False), "rope_local_theta": 10.0, "attn_scale": 0.2}
+PHI_LIKE = {"rotary_dim": 12, "sliding_window": 5, "window_layers": (True, True, True)}
+
+
+@pytest.mark.parametrize("features", [GEMMA3_LIKE, PHI_LIKE], ids=["gemma3", "phi"])
+def test_the_stack_is_the_transformer_modules(gguf, features):
+    """engine.model.transformer's own modules for a config with the features: the stack's passes equal them up to the
+    order of sums, and equal their own one-token steps bit for bit."""
+    model = featured(gguf, features)
+    assert model.stack is not None
+    ids = torch.randint(0, gguf[1], (32,), generator=torch.Generator().manual_seed(2)).tolist()
+    fast = logits(model, ids, WIDTHS)
+    assert torch.equal(logits(model, ids, [1] * 32), fast)
+    model.stack = None
+    torch.testing.assert_close(fast, logits(model, ids, WIDTHS), rtol=1e-4, atol=1e-4)
+    assert fast.abs().max() > 1e-2
+
+
+def test_llama_cpp_converted_families_run_on_the_stack(family):
+    """Qwen3, Gemma 3 and Phi-3 GGUFs written by llama.cpp's converter (tests/engine/test_gguf_families.py): the stack
+    takes them, its passes are its steps bit for bit with windows crossing, and the torch modules agree."""
+    name, _, _, path = family
+    model = build_model(GGUFFile(path), 64, act="int8")
+    assert model.stack is not None, name
+    steps = logits(model, IDS, [1] * len(IDS), 64)
+    assert torch.equal(logits(model, IDS, [16, 16, 8], 64), steps), name
+    assert torch.equal(logits(model, IDS, [3, 9, 11, 2, 15], 64), steps), name
+    model = build_model(GGUFFile(path), 64, act="fp32")
+    fast = logits(model, IDS, [16, 16, 8], 64)
+    model.stack = None
+    torch.testing.assert_close(fast, logits(model, IDS, [16, 16, 8], 64), rtol=1e-4, atol=2e-4)
