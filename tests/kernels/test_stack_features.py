@@ -16,6 +16,8 @@ from engine.cpu import ext, kernels_available
 from engine.cpu.stack import QuantStack
 from engine.io.gguf_file import GGUFFile
 from engine.io.gguf_model import build_model
+from engine.io.loading import place
+from engine.io.weights import load_checkpoint
 from engine.model.kv_cache import BlockManager, KVPool
 from engine.model.transformer import RMSNorm, Transformer
 
@@ -24,6 +26,10 @@ try:
     from test_gguf_families import IDS, converter, family
     from test_weights import make_hf_model, make_tokenizer, write_gguf
 except ImportError:  # tests/ imported as a package
+    from tests.engine.test_families_hf import ATOL as HF_ATOL
+    from tests.engine.test_families_hf import FAMILIES as HF_FAMILIES
+    from tests.engine.test_families_hf import hf_model, ours_by_passes
+    from tests.engine.test_families_hf import ids as hf_ids
     from tests.engine.test_gguf_families import IDS, converter, family  # noqa: F401
     from tests.engine.test_weights import make_hf_model, make_tokenizer, write_gguf
     from tests.isa import outputs_per_isa_and_threads
@@ -395,3 +401,17 @@ def test_llama_cpp_converted_families_run_on_the_stack(family):
     fast = logits(model, IDS, [16, 16, 8], 64)
     model.stack = None
     torch.testing.assert_close(fast, logits(model, IDS, [16, 16, 8], 64), rtol=1e-4, atol=2e-4)
+
+
+@pytest.mark.parametrize("name", list(HF_FAMILIES))
+def test_transformers_families_on_the_dense_kernels_run_on_the_stack(name, tmp_path):
+    """Each family of tests/engine/test_families_hf.py as a folder on the kernels' F32 units (engine.cpu.dense) with
+    the stack: transformers' logits over a prefill, steps and verify passes crossing the windows."""
+    hf = hf_model(HF_FAMILIES[name])
+    hf.save_pretrained(tmp_path)
+    model = place(load_checkpoint(tmp_path), torch.float32, torch.device("cpu"), 256, int8=False)
+    model.stack = QuantStack.of(model)
+    assert model.stack is not None, name
+    with torch.no_grad():
+        ref = hf(torch.tensor([hf_ids()])).logits[0]
+    torch.testing.assert_close(ours_by_passes(model), ref, atol=HF_ATOL, rtol=0)
