@@ -82,7 +82,7 @@ def _features(model: Transformer, rotary_dim: int) -> list[tuple]:
         out.append((_norm(getattr(attn, "q_norm", None), cfg.head_dim), _norm(getattr(attn, "k_norm", None), cfg.head_dim),
                     _norm(getattr(block, "attn_post_norm", None), cfg.hidden_size),
                     _norm(getattr(block, "mlp_post_norm", None), cfg.hidden_size), int(window), cos, sin))
-    plain = all(f[:5] == (None, None, None, None, 0) and f[5] is None for f in out)
+    plain = all(all(t is None for t in (*f[:4], f[5])) and f[4] == 0 for f in out)
     return [] if plain else out
 
 
