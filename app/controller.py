@@ -8,6 +8,7 @@ request's record is up to date when theirs run). Neither talks to the host.
 Chat reply (the main window's conversation), in order for one reply:
 
     replyStarted(str, str)      the user's text, the title of the reply (the target's name)
+    prefillArrived(object)      PrefillProgress of a long prompt (the target's reading, the draft's catch-up)
     roundsArrived(list)         RoundEvents of the reply, in order
     then one of:
       replyDone(object)         its Summary (also for a cancelled reply)
@@ -73,6 +74,7 @@ class Request:
 
 class ChatController(QObject):
     replyStarted = Signal(str, str)
+    prefillArrived = Signal(object)
     roundsArrived = Signal(list)
     phaseArrived = Signal(object)
     replyDone = Signal(object)
@@ -174,6 +176,7 @@ class ChatController(QObject):
         req = Request(handle.id, kind, messages, sampling, spec, record, handle)
         self.requests[req.id] = req
         # Slots that name the request by id: the handle holds them, and must not hold the request in a circle
+        handle.prefill.connect(partial(self._on_prefill, req.id))
         handle.rounds.connect(partial(self._on_rounds, req.id))
         handle.phase.connect(partial(self._on_phase, req.id))
         handle.summary.connect(partial(self._on_summary, req.id))
@@ -350,6 +353,10 @@ class ChatController(QObject):
         self.stateChanged.emit()
 
     # ---- request and host signals --------------------------------------------------------------------------
+    def _on_prefill(self, rid: int, progress) -> None:
+        if self.requests[rid] is self.active:
+            self.prefillArrived.emit(progress)
+
     def _on_rounds(self, rid: int, events: list[RoundEvent]) -> None:
         req = self.requests[rid]
         req.record.rounds.extend(events)

@@ -211,7 +211,7 @@ class EngineHost(HostSignals):
         return handle
 
     def cancel(self, rid: int | None = None) -> None:
-        """Cancel one request (None: all of them); it stops between two rounds."""
+        """Cancel one request (None: all of them); it stops between two rounds, or two chunks of its prompt."""
         self.send(Cancel(rid))
 
     def cancel_all(self) -> None:

@@ -7,10 +7,17 @@ from __future__ import annotations
 from PySide6.QtCore import QObject, Signal
 
 from app.request_handle import RequestHandle
-from engine.api.protocol import Errored, Finished, PhaseReached, RequestSummary, Rounds
+from engine.api.protocol import (
+    Errored,
+    Finished,
+    PhaseReached,
+    Prefilling,
+    RequestSummary,
+    Rounds,
+)
 
-RequestMessage = Rounds | PhaseReached | RequestSummary | Errored | Finished
-REQUEST_MESSAGES: tuple[type, ...] = (Rounds, PhaseReached, RequestSummary, Errored, Finished)
+RequestMessage = Prefilling | Rounds | PhaseReached | RequestSummary | Errored | Finished
+REQUEST_MESSAGES: tuple[type, ...] = (Prefilling, Rounds, PhaseReached, RequestSummary, Errored, Finished)
 
 
 class HostSignals(QObject):

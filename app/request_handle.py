@@ -4,6 +4,8 @@ through its methods, so whoever sent it listens to it alone.
 
 Signals (GUI thread), in order for one request:
 
+    prefill(object)     PrefillProgress: how far a long prompt has been read (the target's, then the draft
+                        model's catch-up), after each chunk
     rounds(list)        RoundEvents in order (batched: at most ~60 signals a second)
     phase(object)       PhaseEvent: a stepping request now waits for step() or resume()
     summary(object)     its Summary, once it ran to a stop or a cancel ... or
@@ -30,6 +32,7 @@ from engine.api.protocol import (
     Errored,
     Finished,
     PhaseReached,
+    Prefilling,
     RequestSummary,
     Rounds,
     SetStepping,
@@ -41,6 +44,7 @@ Send = Callable[[object], bool]
 
 
 class RequestHandle(QObject):
+    prefill = Signal(object)
     rounds = Signal(list)
     phase = Signal(object)
     summary = Signal(object)
@@ -53,7 +57,8 @@ class RequestHandle(QObject):
         self._send = send
 
     def cancel(self) -> None:
-        """It stops between two rounds (or never starts, if it waits in the queue)."""
+        """It stops between two rounds or two chunks of its prompt's prefill (or never starts, if it waits in the
+        queue)."""
         self._send(Cancel(self.id))
 
     def update(self, sampling: SamplingParams, spec: SpecParams) -> None:
@@ -71,10 +76,12 @@ class RequestHandle(QObject):
     def set_stepping(self, on: bool) -> None:
         self._send(SetStepping(self.id, on))
 
-    def receive(self, message: Rounds | PhaseReached | RequestSummary | Errored | Finished) -> None:
+    def receive(self, message: Prefilling | Rounds | PhaseReached | RequestSummary | Errored | Finished) -> None:
         """What was sent for this request (by the engine process or, in the same typed messages, an attached
         server's stream), as the signal it stands for."""
         match message:
+            case Prefilling(progress=progress):
+                self.prefill.emit(progress)
             case Rounds(events=events):
                 self.rounds.emit(events)
             case PhaseReached(event=event):

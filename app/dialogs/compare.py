@@ -138,7 +138,7 @@ class CompareDialog(QDialog):
     def _on_summary(self, side: Side, s: Summary) -> None:
         side.summary = s
         side.view.finish(f"{s.new_tokens} tokens, {s.rounds} rounds, stop: {s.stop_reason}")
-        acc = f" \u00b7 acceptance {s.acceptance_rate:.0%}" if s.drafted else ""
+        acc = f" \u00b7 acceptance {s.acceptance_rate:.0%} (this replay)" if s.drafted else ""
         side.stats_label.setText(f"{s.tokens_per_s:.1f} tok/s \u00b7 {s.new_tokens} tokens \u00b7 "
                                  f"{s.mean_tokens_per_round:.2f} tokens/round{acc}")
 

@@ -13,7 +13,7 @@ import logging
 import threading
 from typing import Any
 
-from PySide6.QtCore import QObject, Qt, Signal
+from PySide6.QtCore import QObject, Qt, QTimer, Signal
 from PySide6.QtGui import QColor, QPalette
 from PySide6.QtWidgets import (
     QAbstractItemView,
@@ -38,6 +38,7 @@ COLUMNS = ("Draft", "Speedup", "Leviathan", "Best K", "\u03b1", "c", "Tokens/rou
 REJECTED_COLUMNS = ("Model", "Why not", "Family", "Source")
 MAX_NEW_TOKENS = 48
 TIME_BUDGET_S = 300.0
+NOISE = 1.05  # as the K tuner's: a best speedup under this is no clear win over plain decoding
 FINDER_FOR_WINDOW: Factory = FINDER  # what the menu's dialog runs (tests name a scripted finder here)
 
 
@@ -72,15 +73,13 @@ class FinderWorker(QObject):
         except (OSError, ValueError):  # already gone: the reader reports how
             pass
 
-    def stop(self, wait_s: float = 5.0) -> None:
-        """Cancel and end the process (killed if it does not stop in time): the dialog is going away."""
+    def stop(self, grace_ms: int = 3000) -> None:
+        """Cancel, and kill the process if it has not ended grace_ms later: the dialog is going away. Nothing
+        waits here (the GUI never freezes); the timer holds the process, not this worker, which may be gone."""
         self.cancel()
         proc = self.process
-        if proc is not None:
-            proc.join(wait_s)
-            if proc.exitcode is None:
-                proc.kill()
-                proc.join(wait_s)
+        if proc is not None and proc.exitcode is None:
+            QTimer.singleShot(grace_ms, lambda: proc.kill() if proc.exitcode is None else None)
 
     def _read(self, conn: Any) -> None:
         """Reader thread: touches no Qt object but the signal."""
@@ -173,6 +172,7 @@ class DraftFinderDialog(QDialog):
         self.table.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
         self.table.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
         self.table.verticalHeader().setVisible(False)
+        self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
         self.table.horizontalHeader().setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
         self.table.itemSelectionChanged.connect(self._update_load_button)
         self.table.itemDoubleClicked.connect(lambda _item: self.load_selected())
@@ -181,6 +181,7 @@ class DraftFinderDialog(QDialog):
         self.rejected.setHorizontalHeaderLabels(REJECTED_COLUMNS)
         self.rejected.setSelectionMode(QAbstractItemView.SelectionMode.NoSelection)
         self.rejected.verticalHeader().setVisible(False)
+        self.rejected.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
         self.rejected.horizontalHeader().setSectionResizeMode(1, QHeaderView.ResizeMode.Stretch)
         self.progress = QProgressBar()
         self.progress.setRange(0, 1000)
@@ -250,6 +251,9 @@ class DraftFinderDialog(QDialog):
                      f"({best['plain_tokens_per_s']:.1f} tok/s plain).")
             if best["speedup"] < 1.0:
                 head += " None beat plain decoding on these prompts: speculation does not pay here."
+            elif best["speedup"] < NOISE:
+                head += (" That is within a few percent of plain decoding, about how much single replays' rates vary: "
+                         "no draft clearly pays here.")
         self.status.setText(head)
         if self.table.rowCount():
             self.table.selectRow(0)
@@ -283,8 +287,6 @@ class DraftFinderDialog(QDialog):
                 self.rejected.setItem(row, col, c)
         self.rejected_label.setVisible(bool(turned_down))
         self.rejected.setVisible(bool(turned_down))
-        self.table.resizeColumnsToContents()
-        self.rejected.resizeColumnsToContents()
 
     def selected(self) -> dict | None:
         rows = self.table.selectionModel().selectedRows()
@@ -309,7 +311,7 @@ class DraftFinderDialog(QDialog):
 
     def closeEvent(self, event) -> None:  # Qt names it
         if self.running:
-            self.worker.stop(2.0)
+            self.worker.stop()
         super().closeEvent(event)
 
 

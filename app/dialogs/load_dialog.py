@@ -16,6 +16,7 @@ from PySide6.QtWidgets import QLabel, QProgressDialog, QWidget
 STEPS = 1000  # the bar's resolution
 ELLIPSIS = "\u2026"
 STILL_S = 1.5  # a stage unchanged for this long shows its elapsed time and a busy bar
+COMPILING = "Compiling the CPU kernels"  # how the engine's compile stage begins (engine/cpu/build.py's Ticker)
 
 
 def describe_target(target: str | None) -> str:
@@ -45,6 +46,11 @@ class LoadDialog(QProgressDialog):
         self._timer.setInterval(500)
         self._timer.timeout.connect(self._tick)
         self._timer.start()
+
+    @property
+    def compiling(self) -> bool:
+        """The engine is compiling the kernels now: a cancel leaves that compile running (until the app quits)."""
+        return self._stage.startswith(COMPILING)
 
     def show_progress(self, stage: str, fraction: float) -> None:
         """fraction in [0, 1], or < 0 for a stage of unknown length (a busy bar)."""

@@ -100,7 +100,8 @@ class TunerDialog(QDialog):
         self.result.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         buttons = QDialogButtonBox()
         self.cancel_button = QPushButton("Cancel")
-        self.cancel_button.setToolTip("Stop the sweep after the current round")
+        self.cancel_button.setToolTip("Stop the sweep after the current round, or the current chunk of a prompt "
+                                      "being read")
         self.cancel_button.clicked.connect(self.cancel)
         self.apply_button = QPushButton("Apply best K")
         self.apply_button.setEnabled(False)
@@ -131,7 +132,8 @@ class TunerDialog(QDialog):
         self.tuner.cancel()
         if not self.tuner.done:
             self.cancel_button.setEnabled(False)
-            self.status.setText("Cancelling\u2026 the running replay stops at its next round.")
+            self.status.setText("Cancelling\u2026 the running replay stops at its next round, or at the next chunk of "
+                                "the prompt it is reading.")
 
     # ---- tuner signals ---------------------------------------------------------------------------------------
     def _on_progress(self, done: float, total: int, label: str) -> None:

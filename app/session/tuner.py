@@ -14,7 +14,7 @@ from PySide6.QtCore import QObject, Signal
 
 from engine.analysis.sweep import KS, Sweep, SweepRun, plan, run_of
 from engine.api.config import SamplingParams, SpecParams
-from engine.api.events import RoundEvent, Summary
+from engine.api.events import PrefillProgress, RoundEvent, Summary
 
 from app.session.names import drafter_name
 
@@ -23,7 +23,8 @@ KIND = "tune"
 
 class KTuner(QObject):
     """One sweep. Signals (GUI thread): progressed(float done, int total, str label) with done counting finished
-    replays plus the running one's share of its token budget; runDone(SweepRun); finished(Sweep, bool complete),
+    replays plus the running one's share of its token budget, and the label saying how far a long prompt has been
+    read while the replay reads it (each replay starts from an empty cache, so each reads the whole prompt); runDone(SweepRun); finished(Sweep, bool complete),
     once, after the last replay, a cancel or a failure (`error` then says why)."""
 
     progressed = Signal(float, int, str)
@@ -63,7 +64,8 @@ class KTuner(QObject):
         self._next()
 
     def cancel(self) -> None:
-        """Stop the sweep: the running replay stops after its current round, and no other starts."""
+        """Stop the sweep: the running replay stops after its current round (or the current chunk of its prompt),
+        and no other starts."""
         if self.done:
             return
         self.cancelled = True
@@ -77,25 +79,34 @@ class KTuner(QObject):
             self._finish()
             return
         drafter, k = self.plan[len(self.runs)]
-        label = "plain decoding" if drafter is None else f"{drafter_name(drafter)} K={k}"
-        self.progressed.emit(float(len(self.runs)), len(self.plan), label)
+        self.progressed.emit(float(len(self.runs)), len(self.plan), self._label())
         self._summary, self._rounds = None, []
         self.controller.forget_cache()  # an empty cache, as a separate benchmark run starts with
         req = self.controller.submit(self.messages, self.sampling, self.spec_for(drafter, k), KIND)
         self._rid, self._message = req.id, req.record.message
+        req.handle.prefill.connect(self._on_prefill)
         req.handle.rounds.connect(self._on_rounds)
         req.handle.summary.connect(self._on_summary)
         req.handle.errored.connect(self._on_failed)
         req.handle.finished.connect(self._on_finished)
+
+    def _label(self) -> str:
+        drafter, k = self.plan[len(self.runs)]
+        return "plain decoding" if drafter is None else f"{drafter_name(drafter)} K={k}"
+
+    def _on_prefill(self, p: PrefillProgress) -> None:
+        if self.cancelled or p.done >= p.total:
+            return  # the rounds' progress follows at once
+        who = "reading the prompt" if p.model == "target" else "the draft model reading the prompt"
+        self.progressed.emit(float(len(self.runs)), len(self.plan),
+                             f"{self._label()}, {who} ({p.done:,} of {p.total:,} tokens)")
 
     def _on_rounds(self, events: list[RoundEvent]) -> None:
         if not events:
             return
         self._rounds.extend(events)
         share = min(1.0, events[-1].new_tokens / self.sampling.max_new_tokens)
-        drafter, k = self.plan[len(self.runs)]
-        label = "plain decoding" if drafter is None else f"{drafter_name(drafter)} K={k}"
-        self.progressed.emit(len(self.runs) + share, len(self.plan), label)
+        self.progressed.emit(len(self.runs) + share, len(self.plan), self._label())
 
     def _on_summary(self, s: Summary) -> None:
         self._summary = s

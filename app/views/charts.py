@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import ClassVar
 
 import numpy as np
 import pyqtgraph as pg
@@ -173,22 +174,13 @@ class ChartsPanel(QWidget):
         # A legend on every plot with more than one line, in its bottom right corner, one row
         self.legends: dict[str, pg.LegendItem] = {}
         self.legend_labels: dict[str, pg.LabelItem] = {}  # the entries whose text changes with the data
-        plain_sample = pg.PlotDataItem(pen=self.plain_line.pen)
-        for name, entries in (
-            ("acceptance", (("acceptance", "per round"), ("acceptance_mean", self._mean_label(ROLLING_WINDOW)))),
-            ("tokens", (("tokens", "per round"), ("tokens_mean", self._mean_label(ROLLING_WINDOW)),
-                        (plain_sample, "plain step"))),
-            ("speedup", (("measured", "measured"), ("theoretical", "theory"))),
-            ("k", (("k", "K (ceiling)"), ("drafted", "drafted"))),
-        ):
-            legend = pg.LegendItem(offset=(-4, -4), labelTextSize="8pt", colCount=len(entries), horSpacing=8,
-                                   verSpacing=-6)
+        self._plain_sample = pg.PlotDataItem(pen=self.plain_line.pen)
+        self._left_out: set[str] = set()  # per-round curves not drawn (past RAW_ROUNDS), so not in their legend
+        for name in self.LEGENDS:
+            legend = pg.LegendItem(offset=(-4, -4), labelTextSize="8pt", horSpacing=8, verSpacing=-6)
             legend.setParentItem(self.plots[name].vb)
-            for key, label in entries:
-                legend.addItem(self.curves[key] if isinstance(key, str) else key, label)
-                if isinstance(key, str):
-                    self.legend_labels[key] = legend.items[-1][1]
             self.legends[name] = legend
+            self._fill_legend(name)
         # Each plot's draw, by name (the full flush below draws every plot, so a missing one fails at once)
         self._drawers: dict[str, Callable[[ChartBuffer, np.ndarray, float], None]] = {
             "acceptance": self._draw_acceptance, "tokens": self._draw_tokens, "histogram": self._draw_histogram,
@@ -196,6 +188,38 @@ class ChartsPanel(QWidget):
         }
         self._restyle()
         self.flush(full=True)
+
+    # The legends' entries: (curve, label); "plain" is the tokens plot's dashed plain-step line
+    LEGENDS: ClassVar[dict[str, tuple[tuple[str, str], ...]]] = {
+        "acceptance": (("acceptance", "per round"), ("acceptance_mean", f"mean of {ROLLING_WINDOW} rounds")),
+        "tokens": (("tokens", "per round"), ("tokens_mean", f"mean of {ROLLING_WINDOW} rounds"),
+                   ("plain", "plain step")),
+        "speedup": (("measured", "measured"), ("theoretical", "theory")),
+        "k": (("k", "K (ceiling)"), ("drafted", "drafted")),
+    }
+
+    def _fill_legend(self, name: str) -> None:
+        """The plot's legend, one row, without the curves that are left out."""
+        legend = self.legends[name]
+        legend.clear()
+        entries = [(key, label) for key, label in self.LEGENDS[name] if key not in self._left_out]
+        legend.setColumnCount(len(entries))
+        for key, label in entries:
+            legend.addItem(self._plain_sample if key == "plain" else self.curves[key], label)
+            self.legend_labels[key] = legend.items[-1][1]
+            if legend.opts.get("labelTextColor") is not None:
+                legend.items[-1][1].setText(label, color=legend.opts["labelTextColor"])
+            self._shown.pop((key, "legend"), None)  # a new label: its text is set again at the next draw
+
+    def _legend_text(self, key: str, text: str) -> None:
+        """A legend entry's new text, in the legends' colour (LabelItem.setText would reset it)."""
+        legend = next(lg for lg in self.legends.values() if any(lb is self.legend_labels[key] for _, lb in lg.items))
+        self.legend_labels[key].setText(text, color=legend.opts["labelTextColor"])
+
+    def _leave_out(self, key: str, plot: str, out: bool) -> None:
+        if (key in self._left_out) != out:
+            (self._left_out.add if out else self._left_out.discard)(key)
+            self._fill_legend(plot)
 
     # ---- layout ----------------------------------------------------------------------------------------------
     def _build_view(self) -> None:
@@ -290,7 +314,7 @@ class ChartsPanel(QWidget):
         label = self._mean_label(window)
         if self._shown.get((key, "legend")) != label:
             self._shown[(key, "legend")] = label
-            self.legend_labels[key].setText(label)
+            self._legend_text(key, label)
 
     def _draw_acceptance(self, b: ChartBuffer, x: np.ndarray, x_hi: float) -> None:
         acc = np.asarray(b.acceptance, dtype=float)
@@ -304,6 +328,7 @@ class ChartsPanel(QWidget):
         raw = len(acc) <= RAW_ROUNDS
         self.curves["acceptance"].setData(x[keep] if raw else [], acc[keep] if raw else [])
         self.curves["acceptance"].setVisible(raw)
+        self._leave_out("acceptance", "acceptance", not raw)
         self.curves["acceptance_mean"].setData(x[keep], mean[keep])
         self._set_mean_label("acceptance_mean", window)
         self._range("acceptance", "x", 0, x_hi)
@@ -323,6 +348,7 @@ class ChartsPanel(QWidget):
         window = self._window(len(tps))
         self.curves["tokens"].setData(x if raw else [], tps if raw else [])
         self.curves["tokens"].setVisible(raw)
+        self._leave_out("tokens", "tokens", not raw)
         self.curves["tokens_mean"].setData(x, rolling_mean(tps, window))
         self._set_mean_label("tokens_mean", window)
         plain = b.plain_ms
@@ -389,7 +415,7 @@ class ChartsPanel(QWidget):
         label = f"theory {th:.2f}\u00d7" if th is not None else "theory"
         if self._shown.get(("theoretical", "legend")) != label:
             self._shown[("theoretical", "legend")] = label
-            self.legend_labels["theoretical"].setText(label)
+            self._legend_text("theoretical", label)
         self._tip("speedup", self._speedup_tip(b, m))
         inputs = self._speedup_inputs(b)
         if self._shown.get(("speedup", "note")) != inputs:
@@ -436,8 +462,9 @@ class ChartsPanel(QWidget):
         ref = t.reference_ms()
         c_word = "c " if b.plain_ms else "c\u2248"
         named = len(t.by_drafter) > 1  # the hybrid: one line per drafter
-        return "\n".join(f"{drafter_name(name) + ': ' if named else ''}\u03b1 {d.alpha:.2f}  K {d.mean_k:.1f}  "
-                         f"{c_word}{d.cost_ratio(ref):.2f}" for name, d in t.by_drafter.items())
+        lines = [f"{drafter_name(name) + ': ' if named else ''}\u03b1 {d.alpha:.2f}  K {d.mean_k:.1f}  "
+                 f"{c_word}{d.cost_ratio(ref):.2f}" for name, d in t.by_drafter.items()]
+        return "\n".join(lines) + " \u00b7 this reply"  # the scope, as the acceptance title gives it
 
     def _draw_k(self, b: ChartBuffer, x: np.ndarray, x_hi: float) -> None:
         ks = np.asarray(b.k, dtype=float)
@@ -517,6 +544,8 @@ class ChartsPanel(QWidget):
             legend.setBrush(pg.mkBrush(backdrop))
             legend.setPen(pg.mkPen(mix(base, text, 0.25)))
             legend.setLabelTextColor(mix(base, text, 0.8))
+            for _, label in legend.items:  # the labels already there take the colour at their next setText
+                label.setText(label.text, color=legend.opts["labelTextColor"])
         self._shown = {k: v for k, v in self._shown.items() if k[1] not in ("title", "label")}
         for plot, line in self._markers:
             plot.removeItem(line)

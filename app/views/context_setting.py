@@ -31,6 +31,7 @@ class ContextSetting(QWidget):
         self.note.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.wanted = DEFAULT_CONTEXT  # what the user chose; a pair with a lower limit shows less, not forgets it
         self._models: list[Any] = []
+        self.in_use: int | None = None  # the loaded pair's context while the picker shows it (0: not reported)
         row = QHBoxLayout()
         row.setContentsMargins(0, 0, 0, 0)
         row.addWidget(self.spin, 1)
@@ -54,6 +55,13 @@ class ContextSetting(QWidget):
         out)."""
         self._models = [m for m in models if m is not None]
         self._apply_limit()
+
+    def set_in_use(self, tokens: int | None) -> None:
+        """The picker shows the loaded pair, whose caches hold `tokens` (0: the engine did not say; None: it shows
+        another pair, or none is loaded)."""
+        if tokens != self.in_use:
+            self.in_use = tokens
+            self._describe()
 
     def limit(self) -> int | None:
         limits = [m.context_limit for m in self._models if getattr(m, "context_limit", 0)]
@@ -82,6 +90,11 @@ class ContextSetting(QWidget):
     def _describe(self) -> None:
         tokens, limit, cost = self.spin.value(), self.limit(), self.kv_bytes(self.spin.value())
         # Up to: on the CPU the caches' pages are only touched, so only paid for, as the conversation grows
-        memory = f"KV caches up to {cost / 1e9:.2f} GB" if cost is not None else "KV cache size unknown for this pair"
         ceiling = f" (this pair allows {limit:,})" if limit else ""
+        if self.in_use is not None:  # the loaded pair: what it holds, and a size only where a scan described it
+            held = f"Loaded with {self.in_use:,} tokens" if self.in_use else "Loaded"
+            memory = f"; KV caches up to {cost / 1e9:.2f} GB at {tokens:,}" if cost is not None else ""
+            self.note.setText(f"{held}{memory}{ceiling}; a change applies at the next Load.")
+            return
+        memory = f"KV caches up to {cost / 1e9:.2f} GB" if cost is not None else "KV cache size unknown for this pair"
         self.note.setText(f"{memory} at {tokens:,} tokens{ceiling}; applied at the next Load.")

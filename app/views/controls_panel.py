@@ -70,6 +70,9 @@ class ControlsPanel(QWidget):
         self._models: list[Any] = []
         self._named: list[str] = []  # paths a load named that the scan did not list (--target, Open model folder)
         self.saved_pair: tuple[str | None, str | None] = (None, None)  # the picker's choice last session
+        # The pair the engine has loaded now (paths; None: the embedded pair) and its context; None before a load
+        self.loaded_pair: tuple[str | None, str | None] | None = None
+        self.loaded_context = 0
         outer = QVBoxLayout(self)
         outer.setContentsMargins(6, 6, 6, 6)
         outer.setSpacing(8)
@@ -159,17 +162,19 @@ class ControlsPanel(QWidget):
         self.max_tokens_spin = QSpinBox()
         self.max_tokens_spin.setRange(1, 8192)
         self.max_tokens_spin.setValue(APP_DEFAULTS.max_new_tokens)
-        self.max_tokens_spin.setSingleStep(32)
-        self.max_tokens_spin.setToolTip("Fixed when a reply starts")
+        self.max_tokens_spin.setSingleStep(128)
+        self.max_tokens_spin.setSuffix(" tokens")
+        self.max_tokens_spin.setToolTip("The most tokens a reply may have (max new tokens); a reply that reaches it "
+                                        "stops mid-sentence. Fixed when a reply starts.")
         self.seed_spin = QSpinBox()
         self.seed_spin.setRange(SEED_RANDOM, 2**31 - 1)
         self.seed_spin.setValue(SEED_RANDOM if APP_DEFAULTS.seed is None else APP_DEFAULTS.seed)
         self.seed_spin.setSpecialValueText("random")
         self.seed_spin.setToolTip("Fixed when a reply starts; 'random' draws a new seed each time")
+        form.addRow("Reply length", self.max_tokens_spin)  # first: the setting most often changed
         form.addRow("Temperature", _with_value(self.temp_slider, self.temp_label))
         form.addRow("Top-p", _with_value(self.top_p_slider, self.top_p_label))
         form.addRow("Top-k", self.top_k_spin)
-        form.addRow("Max new tokens", self.max_tokens_spin)
         form.addRow("Seed", self.seed_spin)
         return box
 
@@ -274,13 +279,39 @@ class ControlsPanel(QWidget):
         self._update_context()
 
     def _update_context(self, *_: object) -> None:
-        """The context setting follows the chosen pair: its limit, and what its caches cost."""
+        """The context setting follows the chosen pair: its limit, what its caches cost, and whether it is the
+        loaded one."""
+        self._show_in_use()
         target, draft = self.target_combo.currentData(), self.draft_combo.currentData()
         if target is None:  # the embedded pair: both of its models, as the scan described them
             self.context.set_pair([m for m in self._models if getattr(m, "source", "") == "embedded"] or [_UNKNOWN])
             return
         by_path = {str(m.path): m for m in self._models}
         self.context.set_pair([by_path.get(p, _UNKNOWN) for p in (target, draft) if p is not None])
+
+    def _show_in_use(self) -> None:
+        """The context note speaks of the loaded pair while the picker shows it."""
+        shown = (self.target_combo.currentData(), self.draft_combo.currentData())
+        if self.target_combo.currentData() is None:
+            shown = (None, None)  # the embedded pair's draft is part of it
+        loaded = self.loaded_pair
+        self.context.set_in_use(self.loaded_context if loaded is not None and shown == loaded else None)
+
+    def show_loaded(self, target: str | None, draft: str | None, context: int) -> None:
+        """The engine loaded this pair: the picker shows it (also after a later load failed or a scan refilled
+        the list), and the context note speaks of it."""
+        self.loaded_pair = (target, None) if target is None else (target, draft)
+        self.loaded_context = context
+        self._named += [p for p in (target, draft) if p is not None and p not in self._named]
+        self.set_local_models(self._models)
+        self.select_pair(*self.loaded_pair)
+        self._show_in_use()
+
+    def show_current(self) -> None:
+        """Back to what is loaded (after a load failed or was cancelled); the embedded pair before any load."""
+        if self.loaded_pair is not None:
+            self.select_pair(*self.loaded_pair)
+        self._show_in_use()
 
     def context_tokens(self) -> int | None:
         """The context length the next load asks for; None: the default."""

@@ -256,7 +256,8 @@ class InspectorPanel(QWidget):
         if ev is not None:
             where.append(f"{ev.drafter} drafter, K {ev.k}" if ev.drafter else "plain decoding")
             where.append("greedy (T = 0)" if ev.temperature == 0 else f"T = {ev.temperature:g}")
-        self.where.setText(" \u00b7 ".join(where))
+        why = ev.reason if ev is not None else ""  # why this drafter drafted the round (the hybrid's policy)
+        self.where.setText(" \u00b7 ".join(where) + (f"\n{why}" if why else ""))
         if dist is None:
             self._show(self.note, "This round carries no distribution data (recorded by an engine or trace without "
                                   "the inspector); the tooltip still gives p(t) and q(t).")
@@ -337,6 +338,9 @@ class InspectorPanel(QWidget):
             self.show_token(self.info)
 
 
+MIN_WIDTH = 300
+
+
 class InspectorDock(QDockWidget):
     """The inspector as a side panel: hidden until a token is clicked, closable, movable."""
 
@@ -348,9 +352,10 @@ class InspectorDock(QDockWidget):
         scroll.setWidget(self.panel)
         scroll.setWidgetResizable(True)
         scroll.setFrameShape(QScrollArea.Shape.NoFrame)
-        scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         self.setWidget(scroll)
-        self.setMinimumWidth(380)
+        # With the side panel, the charts and the chat beside it, the window must still fit a 1280-px screen: the
+        # panel takes what room there is, and scrolls sideways below its natural width
+        self.setMinimumWidth(MIN_WIDTH)
         self.hide()
 
     def show_token(self, info: TokenInfo) -> None:

@@ -37,11 +37,13 @@ class ModelLoading(QObject):
         self.controller, self.controls, self.banner, self.status = controller, controls, banner, status
         self._show_error = show_error
         self.dialog: LoadDialog | None = None  # while a load runs
+        self.requested: tuple[str | None, str | None] | None = None  # the pair the running load asked for
 
     def load_models(self, target: str | None = None, draft: str | None = None, device: str | None = None) -> None:
         """Load in the background behind a progress dialog (None: the embedded pair)."""
         if self.controller.load(target, draft, device, self.controls.context_tokens()):
-            self.controls.show_requested(target, draft)  # a refused path stays in view, to retry or change
+            self.requested = (target, draft)
+            self.controls.show_requested(target, draft)  # in view while it loads; a failure goes back (on_load_failed)
             self._open_dialog(target)
 
     def reload_models(self) -> None:
@@ -50,6 +52,7 @@ class ModelLoading(QObject):
             return
         self.banner.hide()
         req = self.controller.reload()
+        self.requested = (req.target, req.draft)
         self._open_dialog(req.target)
 
     def open_model_folder(self) -> None:
@@ -93,6 +96,9 @@ class ModelLoading(QObject):
         self._close_dialog()
         self.banner.hide()
         self.controls.set_loaded(info.target_name, info.draft_name, info.device, info.dtype_name)
+        if self.requested is not None:  # a local load (an attached server's "load" asked for no pair)
+            self.controls.show_loaded(*self.requested, info.context)
+            self.requested = None
         pair = info.target_name + (f" + {info.draft_name}" if info.draft_name else "")
         context = f" \u00b7 context {info.context:,} tokens" if info.context else ""
         self.status.model.setText(f"{pair} \u00b7 {info.device} \u00b7 {info.dtype_name}{context}")
@@ -106,13 +112,21 @@ class ModelLoading(QObject):
 
     def on_load_failed(self, message: str) -> None:
         self._close_dialog()
+        self.requested = None
+        self.controls.show_current()  # the Target box shows what is loaded; the failed path stays listed, to retry
         self.status.bar.clearMessage()
         self._show_error("Could not load the model", message)
 
     def on_load_cancelled(self) -> None:
+        compiling = self.dialog is not None and self.dialog.compiling
         self._close_dialog()
-        self.status.bar.showMessage("Loading cancelled" + ("; the current model stays loaded."
-                                                           if self.controller.ready else "."), 5000)
+        self.requested = None
+        self.controls.show_current()
+        said = "Loading cancelled" + ("; the current model stays loaded." if self.controller.ready else ".")
+        if compiling:  # the compile runs on in the engine process (engine/cpu/build.py): say so, and why
+            said += (" The CPU kernels' compile goes on in the background, so the next load need not start it "
+                     "again; quitting SpecLens stops it.")
+        self.status.bar.showMessage(said, 15000 if compiling else 5000)
 
     def on_engine_died(self, sentence: str) -> None:
         """The window stays: one sentence in the banner and the status bar, and a way to reload."""
@@ -124,4 +138,7 @@ class ModelLoading(QObject):
 
     def on_models(self, models: list) -> None:
         self.controls.set_local_models(models)
-        self.controls.select_pair(*self.controls.saved_pair)
+        if self.controls.loaded_pair is not None:  # the list refilled: the Target box still shows what is loaded
+            self.controls.show_current()
+        else:
+            self.controls.select_pair(*self.controls.saved_pair)

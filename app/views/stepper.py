@@ -12,7 +12,15 @@ import html
 
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QAction, QKeySequence
-from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QPushButton, QVBoxLayout, QWidget
+from PySide6.QtWidgets import (
+    QFrame,
+    QHBoxLayout,
+    QLabel,
+    QPushButton,
+    QScrollArea,
+    QVBoxLayout,
+    QWidget,
+)
 
 from app.views.chat_view import ChatView
 from app.views.theme import OKABE_ITO, ORIGIN_HUE, REJECTED_HUE
@@ -101,11 +109,19 @@ class StepPanel(QFrame):
         font = self.title.font()
         font.setBold(True)
         self.title.setFont(font)
+        self.title.setWordWrap(True)  # a long round title wraps instead of widening the window
         self.note = QLabel()
         self.note.setWordWrap(True)
         self.detail = QLabel()
         self.detail.setTextFormat(Qt.TextFormat.RichText)
         self.detail.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        # The phase's table is as wide as its drafts: it scrolls sideways in the chat's column, which it would
+        # otherwise widen past the screen (with the inspector open, the window outgrew a 1600-px screen)
+        self.detail_scroll = QScrollArea()
+        self.detail_scroll.setWidget(self.detail)
+        self.detail_scroll.setWidgetResizable(True)
+        self.detail_scroll.setFrameShape(QFrame.Shape.NoFrame)
+        self.detail_scroll.setVerticalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
 
         self.toggle_action = self._action("Step &through", "F9", "Pause after each phase of every round: draft, "
                                           "verify, accept/reject (F9)", checkable=True)
@@ -114,7 +130,7 @@ class StepPanel(QFrame):
         self.toggle_action.toggled.connect(self.set_stepping)
         self.next_action.triggered.connect(controller.step)
         self.continue_action.triggered.connect(controller.resume)
-        self.next_button = QPushButton("Next phase (F10)")
+        self.next_button = QPushButton("Next (F10)")
         self.next_button.clicked.connect(controller.step)
         self.continue_button = QPushButton("Continue (F5)")
         self.continue_button.clicked.connect(controller.resume)
@@ -129,7 +145,7 @@ class StepPanel(QFrame):
         lay.setContentsMargins(10, 6, 10, 8)
         lay.addLayout(buttons)
         lay.addWidget(self.note)
-        lay.addWidget(self.detail)
+        lay.addWidget(self.detail_scroll)
 
         controller.phaseArrived.connect(self.show_phase)
         controller.roundsArrived.connect(lambda _events: chat.clear_provisional())
@@ -164,6 +180,9 @@ class StepPanel(QFrame):
             self.note.setText("Nothing was drafted this round: the target decoded one token by itself.")
         self.detail.setText(phase_html(ev))
         self.detail.setVisible(True)
+        self.detail_scroll.setVisible(True)
+        bar = self.detail_scroll.horizontalScrollBar().sizeHint().height()
+        self.detail_scroll.setFixedHeight(self.detail.sizeHint().height() + bar)
         self.chat.show_provisional(phase_pieces(ev, self.chat.show_rejected))
 
     def _idle(self) -> None:
@@ -172,6 +191,7 @@ class StepPanel(QFrame):
                           "(draft \u2192 verify \u2192 accept/reject).")
         self.detail.clear()
         self.detail.setVisible(False)
+        self.detail_scroll.setVisible(False)
 
     def _on_finished(self) -> None:
         self.chat.clear_provisional()

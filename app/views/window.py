@@ -13,7 +13,7 @@ from __future__ import annotations
 import sys
 import time
 
-from PySide6.QtCore import QByteArray, QSettings, Qt, QTimer
+from PySide6.QtCore import QByteArray, QSettings, QSize, Qt, QTimer
 from PySide6.QtGui import QCloseEvent, QGuiApplication
 from PySide6.QtWidgets import (
     QHBoxLayout,
@@ -44,17 +44,21 @@ from app.views.legend import OriginLegend
 from app.views.menus import Commands, MainMenus
 from app.views.model_loading import ModelLoading, StatusLine
 from app.views.prompt_edit import PromptEdit
-from app.views.reply_footer import reply_footer
+from app.views.reply_footer import reading, reply_footer
 from app.views.resources import app_icon
 from app.views.session_files import SessionFiles
 from app.views.stepper import StepPanel
 from app.views.theme import THEMES, apply_theme
-from engine.api.events import RoundEvent, Summary
+from engine.api.events import PrefillProgress, RoundEvent, Summary
 
 
 FRAME_MS = 50  # repaint timer, 20 Hz: one chart per frame within the charts' time budget ...
 TEXT_FRAME_S = 0.09  # ... and the chat at most every other frame (about 10 Hz) while rounds keep coming ...
 TEXT_ROUNDS_PER_FRAME = 24  # ... and at most this many rounds of text per frame: one frame's layout stays short
+# The least widths of the side panel and the charts: with the chat, the inspector (app/views/inspector_dock.py) and
+# step-through open, the window's least width stays under a 1280-px screen's
+CONTROLS_MIN_WIDTH, CHARTS_MIN_WIDTH = 260, 320
+FIRST_SIZE = (1480, 900)  # the first launch's window, cut to the screen
 
 
 class MainWindow(QMainWindow):
@@ -67,6 +71,8 @@ class MainWindow(QMainWindow):
         self.settings = settings if settings is not None else QSettings()
         self.last_round: RoundEvent | None = None
         self.summary: Summary | None = None  # of the last chat reply, once it arrives
+        self.prefill: PrefillProgress | None = None  # how far the running reply's prompt has been read
+        self.stopping = False  # Stop was pressed and the reply has not ended yet
         self.compare_dialog: CompareDialog | None = None
         self.tuner_dialog: TunerDialog | None = None
         self.theme = "system"
@@ -79,8 +85,8 @@ class MainWindow(QMainWindow):
 
         self.setWindowTitle("SpecLens")
         self.setWindowIcon(app_icon())
-        self.resize(1480, 900)
         self._build_ui()
+        self.resize(self._first_size())
         # The parts, each given what it uses
         self.model_loading = ModelLoading(self, controller, self.controls, self.banner,
                                           StatusLine(self.statusBar(), self.model_label, self.notice_label),
@@ -129,13 +135,13 @@ class MainWindow(QMainWindow):
         lay.addLayout(row)
 
         self.charts = ChartsPanel()
-        self.charts.setMinimumWidth(360)
+        self.charts.setMinimumWidth(CHARTS_MIN_WIDTH)
         self.controls = ControlsPanel()
         scroll = QScrollArea()
         scroll.setWidget(self.controls)
         scroll.setWidgetResizable(True)
         scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
-        scroll.setMinimumWidth(290)
+        scroll.setMinimumWidth(CONTROLS_MIN_WIDTH)
         scroll.setFrameShape(QScrollArea.Shape.NoFrame)
 
         self.splitter = QSplitter(Qt.Orientation.Horizontal)
@@ -150,6 +156,9 @@ class MainWindow(QMainWindow):
         self.setCentralWidget(self.splitter)
         self.inspector = InspectorDock(self)  # opens on a click on a token
         self.addDockWidget(Qt.DockWidgetArea.RightDockWidgetArea, self.inspector)
+        # Opening a panel may raise the window's least size: it then grows, but never past the screen
+        self.inspector.visibilityChanged.connect(lambda _on: QTimer.singleShot(0, self.fit_to_screen))
+        self.stepper.toggle_action.toggled.connect(lambda _on: QTimer.singleShot(0, self.fit_to_screen))
 
         bar = self.statusBar()
         self.round_label = QLabel("Idle")
@@ -193,6 +202,7 @@ class MainWindow(QMainWindow):
         self.controls.rescanRequested.connect(self.controller.scan_models)
         c = self.controller
         c.replyStarted.connect(self._on_reply_started)
+        c.prefillArrived.connect(self._on_prefill)
         c.roundsArrived.connect(self._on_rounds)
         c.replyDone.connect(self._on_summary)
         c.replyFailed.connect(self._on_error)
@@ -253,7 +263,8 @@ class MainWindow(QMainWindow):
         self.chat.add_user(text)
         self.chat.begin_assistant(title)
         self.charts.start_message()
-        self.last_round = self.summary = None
+        self.last_round = self.summary = self.prefill = None
+        self.stopping = False
         self._drafted = self._accepted = 0
         self.reuse_label.setText("")  # known when the reply's Summary arrives
         self.frame_timer.start()
@@ -264,8 +275,12 @@ class MainWindow(QMainWindow):
         self.controller.update_controls(self.controls.sampling_params(), self.controls.spec_params())
 
     def stop(self) -> None:
+        """Said at once, and kept until the engine confirms: the reply stops at its next round, or at the next
+        chunk of a prompt it is still reading."""
         if self.controller.stop():
-            self.statusBar().showMessage("Stopping after this round\u2026", 2000)
+            self.stopping = True
+            self._update_status()
+            self._update_actions()
 
     def new_chat(self) -> None:
         self.controller.new_chat()
@@ -288,9 +303,13 @@ class MainWindow(QMainWindow):
         self.last_round = events[-1]
         self._status_dirty = True
 
+    def _on_prefill(self, progress: PrefillProgress) -> None:
+        self.prefill = progress
+        self._update_status()  # one message a chunk at most: no need to wait for the frame timer
+
     def _on_summary(self, s: Summary) -> None:
         self.summary = s
-        self.chat.finish(reply_footer(s), s.text_tail)
+        self.chat.finish(reply_footer(s, self.prefill), s.text_tail)
         self.reuse_label.setText(f"reused {s.reused_prefix_tokens} prompt tokens")
         self.reuse_label.setToolTip(f"{s.reused_prefix_tokens} of this turn's {s.prompt_tokens} prompt tokens "
                                     "came from the previous turn's KV cache")
@@ -309,6 +328,7 @@ class MainWindow(QMainWindow):
         self.chat.finish("interrupted: the engine process stopped")
 
     def _on_finished(self) -> None:
+        self.stopping = False
         self._status_dirty = True
         self.repaint_frame()
         self.frame_timer.start()  # on until the last rounds are painted
@@ -336,6 +356,13 @@ class MainWindow(QMainWindow):
     def _update_status(self) -> None:
         ev, s, running = self.last_round, self.summary, self.controller.active is not None
         going = "Paused (step-through: F10 next phase)" if self.controller.paused is not None else "Generating"
+        if running and self.stopping:
+            self.round_label.setText("Stopping\u2026")
+            return
+        p = self.prefill
+        if running and p is not None and p.done < p.total:
+            self.round_label.setText(reading(p))
+            return
         if ev is None:
             self.round_label.setText(f"{going}\u2026" if running else "Idle")
             return
@@ -355,8 +382,8 @@ class MainWindow(QMainWindow):
         busy, ready = c.busy, c.ready
         self.send_button.setEnabled(ready and not busy)
         self.send_action.setEnabled(ready and not busy)
-        self.stop_button.setEnabled(busy)
-        self.stop_action.setEnabled(busy)
+        self.stop_button.setEnabled(busy and not self.stopping)
+        self.stop_action.setEnabled(busy and not self.stopping)
         self.compare_action.setEnabled(ready and not busy and c.last_request is not None)
         self.tune_action.setEnabled(ready and not busy and c.last_request is not None)
         self.banner.reload_button.setEnabled(not c.loading)
@@ -407,6 +434,37 @@ class MainWindow(QMainWindow):
         self.statusBar().showMessage(f"K set to {k} ({drafter_name(drafter)})", 5000)
 
     # ---- look + persistence --------------------------------------------------------------------------------
+    def _available(self):
+        screen = self.screen() or QGuiApplication.primaryScreen()
+        return screen.availableGeometry() if screen is not None else None
+
+    def _first_size(self) -> QSize:
+        room = self._available()
+        w, h = FIRST_SIZE
+        return QSize(min(w, room.width()), min(h, room.height())) if room is not None else QSize(w, h)
+
+    def showEvent(self, event) -> None:  # noqa: N802 - Qt naming
+        super().showEvent(event)
+        QTimer.singleShot(0, self.fit_to_screen)  # the window manager's frame is known once shown
+
+    def fit_to_screen(self) -> None:
+        """Keep the whole window on its screen's available area: a panel that opened (the inspector, step-through)
+        may have grown it past the edge, and a saved geometry may come from a larger screen."""
+        room = self._available()
+        if room is None or self.isMaximized() or self.isFullScreen():
+            return
+        frame = self.frameGeometry()
+        if room.contains(frame):
+            return
+        extra_w, extra_h = frame.width() - self.width(), frame.height() - self.height()  # the window manager's frame
+        w = max(min(self.width(), room.width() - extra_w), self.minimumSizeHint().width())
+        h = max(min(self.height(), room.height() - extra_h), self.minimumSizeHint().height())
+        self.resize(w, h)
+        frame = self.frameGeometry()
+        x = min(max(frame.x(), room.x()), room.right() + 1 - frame.width())
+        y = min(max(frame.y(), room.y()), room.bottom() + 1 - frame.height())
+        self.move(max(x, room.x()), max(y, room.y()))
+
     def set_theme(self, mode: str) -> None:
         self.theme = mode if mode in THEMES else "system"
         self.theme_actions[self.theme].setChecked(True)
@@ -434,6 +492,7 @@ class MainWindow(QMainWindow):
         geometry = s.value("window/geometry")
         if isinstance(geometry, QByteArray) and not geometry.isEmpty():
             self.restoreGeometry(geometry)
+            self.fit_to_screen()
         state = s.value("window/splitter")
         if isinstance(state, QByteArray) and not state.isEmpty():
             self.splitter.restoreState(state)

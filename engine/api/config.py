@@ -105,6 +105,15 @@ class ModelConfig:
                              f"{orig} tokens up to which LongRoPE uses its short factors")
 
     @property
+    def llama_math(self) -> bool:
+        """Whether the layers use only what Llama's do (no q/k or sandwich norms, SiLU, no window, one RoPE table on
+        whole heads, attention scaled by 1/sqrt(head_dim)): the math the C++ stack (engine.cpu.stack) was written
+        for. A model with more keeps its layers in torch on the CPU until the stack computes them."""
+        return (not self.qk_norm and not self.sandwich_norm and self.activation == "silu" and not any(self.windowed)
+                and self.rope_local_theta is None and self.rotary_dim == self.head_dim
+                and math.isclose(self.attn_scale, self.head_dim ** -0.5, rel_tol=1e-12))
+
+    @property
     def windowed(self) -> tuple[bool, ...]:
         """One flag per layer: whether it attends through the sliding window."""
         return self.window_layers or (False,) * self.num_layers
@@ -253,7 +262,8 @@ def _stop_strings(stop: str | tuple[str, ...] | list[str]) -> tuple[str, ...]:
     return tuple(s for s in items if s)
 
 
-Drafter = Literal["model", "ngram", "hybrid"]  # hybrid: the n-gram drafter when its lookup is likely to pass, else the model
+# hybrid: each round the draft model, the n-gram lookup or no draft, whichever pays most (engine/spec/policy.py)
+Drafter = Literal["model", "ngram", "hybrid"]
 DRAFTERS: tuple[str, ...] = get_args(Drafter)
 NEEDS_DRAFT_MODEL = ("model", "hybrid")  # the drafters that cannot run without a draft model
 
@@ -327,7 +337,7 @@ class AppDefaults:
     temperature: float = 0.0  # greedy: the reply is then identical with and without speculation
     top_p: float = 1.0
     top_k: int = 0
-    max_new_tokens: int = 256
+    max_new_tokens: int = 1024  # a coding answer with its explanation fits (256 cut them mid-function)
     seed: int | None = None  # a new one per reply
 
     def __post_init__(self) -> None:

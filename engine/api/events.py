@@ -64,6 +64,9 @@ class RoundEvent:
     # The inspector's view of each verify row (engine/api/dists.py): row i is drafted[i] and committed[i]; the last
     # row is the bonus (or plain) token's. Empty when the engine did not record it.
     positions: tuple[PositionDist, ...] = ()
+    # Why this drafter and K made the round, in words (the hybrid's policy: its estimates and the alternatives);
+    # "" when the drafter was not chosen round by round.
+    reason: str = ""
 
     @property
     def accepted(self) -> int:
@@ -100,6 +103,28 @@ class Summary:
     prefill_s: float = 0.0  # target prefill of the uncached prompt suffix
     draft_prefill_ms: float = 0.0  # summed draft-model prefill (excluded from draft_ms)
     text_tail: str = ""  # text released at a cancel that no RoundEvent carried: text == deltas + text_tail
+
+
+@dataclass(frozen=True)
+class PrefillProgress:
+    """A long prompt being read into a model's cache, after each chunk (engine/model/forward.py): `done` of the
+    `total` tokens this prefill feeds, past the `reused` ones whose KV was already cached. The target reads the
+    prompt before the first round; the draft model catches up with it in the first round that drafts with it.
+
+    It goes to `Controls.on_prefill`, not through generate()'s yields, as PhaseEvent goes to `on_phase`: the
+    reading happens inside the prefill and inside the first round's draft, where nothing can be yielded."""
+
+    model: str  # "target" or "draft"
+    done: int  # tokens read so far by this prefill
+    total: int  # tokens this prefill reads
+    reused: int = 0  # prompt tokens before them whose KV came from the cache
+
+    def __post_init__(self) -> None:
+        if self.model not in ("target", "draft"):
+            raise ValueError(f"model must be 'target' or 'draft', got {self.model!r}")
+        if not 0 <= self.done <= self.total or self.reused < 0:
+            raise ValueError(f"a prefill reads 0 <= done <= total tokens past reused >= 0; got {self.done} of "
+                             f"{self.total} past {self.reused}")
 
 
 # ---- step-through (optional: only a request with stepping on produces these) ------------------------------------

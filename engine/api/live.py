@@ -63,6 +63,7 @@ class Controls:
         self.cancelled = False
         self.gate = StepGate()  # step-through: see StepGate
         self.on_phase: Callable[[Any], None] | None = None  # receives each engine.api.events.PhaseEvent while stepping
+        self.on_prefill: Callable[[Any], None] | None = None  # each engine.api.events.PrefillProgress of a long prompt
 
     def cancel(self) -> None:
         self.cancelled = True

@@ -24,6 +24,7 @@ Events (engine -> window):
     Loaded(EngineInfo) | LoadFailed(message) | LoadCancelled()
     ModelsListed(models)               answers Scan
     Rounds(rid, events)                in order; batched to at most ~60 messages/s
+    Prefilling(rid, progress)          a long prompt's reading, after each chunk (at most ~10/s, the last always)
     PhaseReached(rid, event)           step-through only: the request now waits for a command; every round
                                        before it was sent first
     RequestSummary(rid, summary)       once per request that reached a stop or a cancel ...
@@ -48,7 +49,7 @@ from dataclasses import dataclass, fields, is_dataclass
 from typing import Any
 
 from engine.api.config import SamplingParams, SpecParams
-from engine.api.events import PhaseEvent, RoundEvent, Summary
+from engine.api.events import PhaseEvent, PrefillProgress, RoundEvent, Summary
 
 # A change either side would misread bumps this; the window checks the engine's in Started.
 PROTOCOL_VERSION = 1
@@ -192,6 +193,12 @@ class Rounds(_Checked):
 
 
 @dataclass(frozen=True)
+class Prefilling(_Checked):
+    rid: int
+    progress: PrefillProgress
+
+
+@dataclass(frozen=True)
 class PhaseReached(_Checked):
     rid: int
     event: PhaseEvent
@@ -236,7 +243,7 @@ class CommandError(_Checked):
 
 
 EVENTS: tuple[type, ...] = (Started, LoadProgress, Loaded, LoadFailed, LoadCancelled, ModelsListed, Rounds,
-                            PhaseReached, RequestSummary, Errored, Finished, EngineStatus, Fatal, CommandError)
+                            Prefilling, PhaseReached, RequestSummary, Errored, Finished, EngineStatus, Fatal, CommandError)
 
 
 # ---- checking ------------------------------------------------------------------------------------------------
@@ -264,9 +271,10 @@ def field_problem(message: object) -> str | None:
     return None
 
 
-# Settings whose __post_init__ checks their values. Unpickling skips __init__, so a received one is checked again
-# here: SpecParams(k=0) built past its check would otherwise reach a round and fail there.
-_SELF_CHECKED = (SamplingParams, SpecParams)
+# Values whose __post_init__ checks them. Unpickling skips __init__, so a received one is checked again here:
+# SpecParams(k=0) built past its check would otherwise reach a round and fail there, and a prefill's progress past
+# its total would reach the window's status line.
+_SELF_CHECKED = (SamplingParams, SpecParams, PrefillProgress)
 
 
 def _settings_problem(value: Any) -> str | None:

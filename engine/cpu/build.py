@@ -3,8 +3,12 @@ the record that keeps a failed build from being retried on every start.
 
 The compile runs in a child process (`child`: torch.utils.cpp_extension with ninja) so
 that the engine can bound it, cancel it, report its elapsed time every second and read its output for the cause.
-The child holds the build lock too (see buildlock.py), so a build whose app was closed finishes on its own and a
-later start loads it; a build that was killed outright leaves no lock, and the next start builds again from scratch.
+A cancelled load stops waiting for its build but leaves it running, so a load that follows finds it done. The
+build ends with the process that started it when that one quits (`stop_builds`, from the engine process's exit):
+closing the app ends its compile rather than leave a compiler running a minute with no window. The child holds
+the build lock too (see buildlock.py), so a build whose starter was killed outright (kill -9, a crash) finishes on
+its own and a later start loads it; a build that was killed leaves no lock, and the next start builds again from
+scratch.
 
 `write_prebuilt` puts a module and its key side by side (`python -m engine.cpu prebuilt DIR` for the
 PyInstaller bundle, setup.py for a binary wheel): a prebuilt module loads only where its key is the key here.
@@ -187,12 +191,25 @@ def preflight() -> str | None:
     return None
 
 
+_started: list[subprocess.Popen] = []  # this process's build children, while they may still run
+
+
+def stop_builds() -> int:
+    """End every build this process started that still runs (a cancelled load's, left to finish), with its
+    compilers; for a process about to quit. Returns how many were running."""
+    running = [c for c in _started if c.poll() is None]
+    for c in running:
+        _kill(c)
+    _started.clear()
+    return len(running)
+
+
 def compile_module(folder: Path, lock_fd: int | None, progress: Progress | None = None,
                    cancelled: Callable[[], bool] | None = None, timeout_s: float = BUILD_TIMEOUT_S) -> Path:
     """Build into `folder` (emptied first: what a killed build left there is not trusted) in a child process and
     return the module's path; BuildError with the cause otherwise. The caller holds the build lock; `lock_fd` is
     handed to the child so the lock lasts as long as the build. A cancel stops waiting and leaves the build
-    running (it finishes, and the next load finds it)."""
+    running (it finishes, and the next load finds it), until `stop_builds` at this process's exit."""
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True, exist_ok=True)
     tick = Ticker(progress, "Compiling the CPU kernels (once; about a minute on 2 cores)")
@@ -203,6 +220,7 @@ def compile_module(folder: Path, lock_fd: int | None, progress: Progress | None 
             stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
             env=dict(os.environ, PATH=_child_path()),
             pass_fds=(lock_fd,) if lock_fd is not None and POSIX else (), start_new_session=POSIX)
+    _started[:] = [c for c in _started if c.poll() is None] + [child]
     while True:
         try:
             rc = child.wait(timeout=0.25)

@@ -618,6 +618,12 @@ class GGUFFile:
             return "GGUF"
 
     @property
+    def completes_text(self) -> bool:
+        """A base model: no chat template in the file, so a message is completed as plain text after BOS (the load
+        info says so, rather than a chat the model was never trained for)."""
+        return not isinstance(self.metadata.get("tokenizer.chat_template"), str)
+
+    @property
     def num_params(self) -> int:
         return sum(t.numel for n, t in self.tensors.items() if n not in _IGNORED)
 

@@ -1,7 +1,6 @@
 """Build an Engine from checkpoints: load, check the pair is compatible, place on the device."""
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -171,12 +170,9 @@ def place(ckpt: Checkpoint, dtype: torch.dtype, dev: torch.device, max_len: int,
 
 
 def stack_computes(cfg: ModelConfig) -> bool:
-    """Whether the C++ stack computes this config's layers: the Llama math it was written for. A model of a family
-    with more (q/k or sandwich norms, GELU, windows, a local or partial RoPE, another attention scale) keeps its
-    layers in torch, on the kernels' batch-invariant matrices, until the stack learns them."""
-    return (not cfg.qk_norm and not cfg.sandwich_norm and cfg.activation == "silu" and not any(cfg.windowed)
-            and cfg.rope_local_theta is None and cfg.rotary_dim == cfg.head_dim
-            and math.isclose(cfg.attn_scale, cfg.head_dim ** -0.5, rel_tol=1e-12))
+    """Whether the C++ stack computes this config's layers: the Llama math it was written for (ModelConfig.llama_math).
+    A model of a family with more keeps its layers in torch, on the kernels' batch-invariant matrices."""
+    return cfg.llama_math
 
 
 def without_unfit_stack(model: Transformer) -> Transformer:

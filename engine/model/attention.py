@@ -5,10 +5,11 @@ speculative output to equal plain greedy exactly (not merely up to near-ties), e
 produce the same bits either way. A fused kernel over T queries does not promise that: its blocking and its
 masked softmax depend on T. So short passes (decode steps and verify passes) attend one query at a time,
 each over exactly the keys it may see, with tensors of the same shapes whatever T is. Long passes (prompt
-prefill, identical in both modes) use the fused kernel. A windowed layer's row sees only the keys in its window, in
-the row-wise passes by slicing (so its shapes depend on the window, never on T), in the fused one by a band mask. A captured CUDA graph fixes every shape, so there each row
-attends over all the positions the cache can hold, with those it may not see masked out, and a pass's rows are
-padded to ROW_WISE_MAX so that one matmul scores them all (`padded_rows`).
+prefill, identical in both modes) use the fused kernel. A windowed layer's row sees only the keys in its window: in
+the row-wise passes by slicing (its shapes then depend on the window, never on T), in the fused one by a band mask.
+A captured CUDA graph fixes every shape, so there each row attends over all the positions the cache can hold, with
+those it may not see (past it, or before its window) masked out, and a pass's rows are padded to ROW_WISE_MAX so
+that one matmul scores them all (`padded_rows`).
 """
 from __future__ import annotations
 

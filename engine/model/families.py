@@ -3,9 +3,10 @@
 The engine (engine.model.transformer) is one decoder: RMSNorm (its weights offset at load where a family stores
 w - 1), RoPE (plain, Llama 3, linear or LongRoPE scaled, on whole heads or part of each), grouped-query attention with
 optional q/k/v biases, per-head q/k norms and a sliding window on chosen layers (with their own RoPE base), a SiLU- or
-GELU(tanh)-gated MLP, optional sandwich norms, a scaled embedding and an optional tied head. A family runs when every feature of
-its row is one the engine implements; otherwise it is refused by name, with the features it lacks, before any
-weight is read. Adding a family is adding a row (and, when it needs one, implementing a feature), never a path.
+GELU(tanh)-gated MLP, optional sandwich norms, a scaled embedding and an optional tied head. A family runs when
+every feature of its row is one the engine implements; otherwise it is refused by name, with the features it lacks,
+before any weight is read. Adding a family is adding a row (and, when it needs one, implementing a feature), never
+a path.
 
 Both readers consult this table: the Hugging Face config.json path (engine.api.config.ModelConfig.from_hf, by
 model_type) and the GGUF path (engine.io.gguf_file, by general.architecture, as llama.cpp names it).
@@ -59,7 +60,8 @@ ROPE_KINDS = {"llama3": "rope_llama3", "linear": "rope_linear", "dynamic": "rope
               "longrope": "rope_longrope", "su": "rope_longrope"}
 ROPE_ALIASES = {"su": "longrope"}  # older configs' names
 # what the engine runs, by their current names
-ROPE_SCALINGS = tuple(kind for kind, key in ROPE_KINDS.items() if FEATURES[key].implemented and kind not in ROPE_ALIASES)
+ROPE_SCALINGS = tuple(kind for kind, key in ROPE_KINDS.items()
+                      if FEATURES[key].implemented and kind not in ROPE_ALIASES)
 
 Choice = Literal["never", "always", "config"]  # a bias the family never has, always has, or takes from config.json
 # no window; every layer when sliding_window is set (Mistral, Phi-3); the layers layer_types or max_window_layers mark,

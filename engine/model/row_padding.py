@@ -64,7 +64,8 @@ def pad_short_passes(model: nn.Module, rows: int = ROW_WISE_MAX, probe: bool = T
 
     for block in model.layers:
         block.attn_norm, block.mlp_norm = pad(block.attn_norm), pad(block.mlp_norm)
-        block.attn_post_norm, block.mlp_post_norm = pad_optional(block.attn_post_norm), pad_optional(block.mlp_post_norm)
+        block.attn_post_norm = pad_optional(block.attn_post_norm)
+        block.mlp_post_norm = pad_optional(block.mlp_post_norm)
         block.attn.q_norm, block.attn.k_norm = pad_optional(block.attn.q_norm), pad_optional(block.attn.k_norm)
         block.attn.qkv, block.attn.o = pad(block.attn.qkv), pad(block.attn.o)
         block.mlp.gate_up, block.mlp.down = pad(block.mlp.gate_up), pad(block.mlp.down)

@@ -275,7 +275,8 @@ def hf_sources(cfg: ModelConfig) -> dict[str, Source]:
             return take(name)
         return lambda sd: sd[name].float() + cfg.norm_offset
 
-    out: dict[str, Source] = {"embed.weight": take("model.embed_tokens.weight"), "norm.weight": norm("model.norm.weight")}
+    out: dict[str, Source] = {"embed.weight": take("model.embed_tokens.weight"),
+                              "norm.weight": norm("model.norm.weight")}
     if not cfg.tie_word_embeddings:
         out["lm_head.weight"] = take("lm_head.weight")
     for i in range(cfg.num_layers):
@@ -295,6 +296,7 @@ def hf_sources(cfg: ModelConfig) -> dict[str, Source]:
             out[own + "attn.q_norm.weight"] = norm(a + "q_norm.weight")
             out[own + "attn.k_norm.weight"] = norm(a + "k_norm.weight")
         out[own + "attn.o.weight"] = take(a + "o_proj.weight")
-        out[own + "mlp.gate_up.weight"] = fused(m + "gate_up_proj.weight", [m + "gate_proj.weight", m + "up_proj.weight"])
+        out[own + "mlp.gate_up.weight"] = fused(m + "gate_up_proj.weight",
+                                                [m + "gate_proj.weight", m + "up_proj.weight"])
         out[own + "mlp.down.weight"] = take(m + "down_proj.weight")
     return out

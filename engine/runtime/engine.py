@@ -9,10 +9,10 @@ import torch
 
 from engine.api.config import NEEDS_DRAFT_MODEL, CacheConfig, SamplingParams, SpecParams
 from engine.api.errors import ContextFullError
-from engine.api.events import DraftToken, RoundEvent, Summary
+from engine.api.events import DraftToken, PrefillProgress, RoundEvent, Summary
 from engine.api.live import Controls
 from engine.api.messages import check_messages, check_prompt_ids
-from engine.model.forward import common_prefix, forward_chunked
+from engine.model.forward import chunk_tokens, common_prefix, forward_chunked
 from engine.model.kv_cache import BlockManager, KVPool
 from engine.model.pages import HugePages
 from engine.model.transformer import Transformer
@@ -140,8 +140,10 @@ class Engine:
             )
         return prompt
 
-    def _prefill(self, prompt: list[int], stop: Callable[[], bool] | None = None) -> int:
+    def _prefill(self, prompt: list[int], stop: Callable[[], bool] | None = None,
+                 progress: Reporter | None = None) -> int:
         """Bring the target cache to prompt[:-1], reusing the longest cached prefix. Returns tokens reused.
+        `progress` hears (tokens read, tokens to read, tokens reused) before the first chunk and after each.
 
         If the forward pass fails (e.g. out of memory on a long paste), `ids` is cut back to what the cache
         really holds, so a retry recomputes the rest instead of reusing positions that were never written.
@@ -151,8 +153,13 @@ class Engine:
         reused = min(common_prefix(self.ids[: m.length(0)], prompt), len(prompt) - 1)
         m.truncate_to(0, reused)
         feed = prompt[reused:-1]
+        read = None
+        if progress is not None and feed:
+            progress(0, len(feed), reused)
+            read = lambda done: progress(done, len(feed), reused)
         try:
-            if feed and forward_chunked(self.target, self.target_pool, 0, feed, self.device, stop) is None:
+            if feed and forward_chunked(self.target, self.target_pool, 0, feed, self.device, stop, False,
+                                        read) is None:
                 self.ids = list(prompt[: m.length(0) + 1])
                 return reused
         except BaseException:
@@ -203,10 +210,14 @@ class Engine:
         gen.manual_seed(sampling.seed if sampling.seed is not None else secrets.randbits(63))  # global RNG untouched
         for drafter in self.drafters:
             drafter.start()
+        if self.hybrid_drafter is not None:  # its policy's estimates of this request start over too
+            self.hybrid_drafter.start_policy()
         if self.model_drafter is not None:  # its lazy prefill of a long prompt stops between chunks too
             self.model_drafter.stop = lambda: controls.cancelled
+            self.model_drafter.progress = reporter(controls, "draft", self.device)
         t0 = self.clock.now()
-        reused = self._prefill(prompt_ids, lambda: controls.cancelled)  # a long prompt stops between its chunks
+        # a long prompt stops between its chunks, and says how far it has read after each
+        reused = self._prefill(prompt_ids, lambda: controls.cancelled, reporter(controls, "target", self.device))
         tally = RoundTally(len(prompt_ids), reused, self.clock.now() - t0, prefilled=len(prompt_ids) - 1 > reused)
         transcript = Transcript(self.tokenizer, self.ids, sampling.stop, self.eos_ids, sampling.max_new_tokens,
                                 self.max_seq_len)
@@ -263,7 +274,7 @@ class Engine:
             committed=tuple(committed), text_delta="".join(c.text for c in committed),
             draft_ms=max(0.0, (t_drafted - t_round) * 1e3 - prefill_ms), verify_ms=(t_verified - t_drafted) * 1e3,
             elapsed_s=self.clock.now() - t0, new_tokens=transcript.generated, stop_reason=stop,
-            draft_prefill_ms=prefill_ms, positions=positions,
+            draft_prefill_ms=prefill_ms, positions=positions, reason=proposal.reason if proposal is not None else "",
         )
         tally.add(event, t_verified - t0)
         if drafter is not None:
@@ -310,6 +321,23 @@ class Engine:
         m.truncate_to(0, max(0, min(m.length(0), len(self.ids) - 1)))
         if self.model_drafter:
             self.model_drafter.rollback(self.ids)
+
+
+Reporter = Callable[[int, int, int], None]  # (tokens read, tokens to read, tokens reused) of one prefill
+
+
+def reporter(controls: Controls, model: str, device: torch.device) -> Reporter | None:
+    """What a prefill of `model` tells `controls.on_prefill`: a PrefillProgress per chunk, for prefills of more than
+    one chunk (a shorter one is over before a word about it could be read). None when nobody listens."""
+    listener = controls.on_prefill
+    if listener is None:
+        return None
+
+    def report(done: int, total: int, reused: int) -> None:
+        if total > chunk_tokens(device):
+            listener(PrefillProgress(model, done, total, reused))
+
+    return report
 
 
 def check_context(role: str, model: Transformer, max_seq_len: int) -> None:

@@ -51,12 +51,30 @@ def serve(conn: Any, loader: Factory = DEFAULT_LOADER, lister: Factory = DEFAULT
     exit_now(conn)
 
 
+def _stop_builds() -> None:
+    """engine.cpu.build's stop_builds, if this process ever imported it (a process that loaded no model did not:
+    importing it now would only cost time)."""
+    build = sys.modules.get("engine.cpu.build")
+    if build is None:
+        return
+    try:
+        stopped = build.stop_builds()
+    except Exception:  # noqa: BLE001 - quitting goes on: the build then finishes on its own, as after a kill
+        log.warning("could not stop the kernel build:\n%s", traceback.format_exc())
+        return
+    if stopped:
+        log.info("stopped the kernel build this process started (the app is closing; the next start builds again)")
+
+
 def exit_now(conn: Any) -> None:
     """End the process once the loop has ended on Shutdown, skipping the interpreter's teardown. That teardown
     unloads torch and walks every object the models made: far longer than the loop takes to end (within a
     round), and on a machine whose cores are busy long enough to outlast the GUI's wait, which then killed the
     process. Nothing in here needs it: the replies, traces and exports are the GUI's to write, the models
-    and KV pages are memory the OS takes back, and the kernel build's lock is released where it is taken."""
+    and KV pages are memory the OS takes back, and the kernel build's lock is released where it is taken. A kernel
+    build this process started and still runs (a load cancelled mid-compile) ends with it: the app that asked
+    for it is closing."""
+    _stop_builds()
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
         try:

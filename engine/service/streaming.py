@@ -6,9 +6,16 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from engine.api.events import PhaseEvent, RoundEvent, Summary
+from engine.api.events import PhaseEvent, PrefillProgress, RoundEvent, Summary
 from engine.api.live import Controls
-from engine.api.protocol import Errored, Generate, PhaseReached, RequestSummary, Rounds
+from engine.api.protocol import (
+    Errored,
+    Generate,
+    PhaseReached,
+    Prefilling,
+    RequestSummary,
+    Rounds,
+)
 from engine.service.describe import describe_error, log_failure
 
 log = logging.getLogger(__name__)
@@ -16,6 +23,7 @@ log = logging.getLogger(__name__)
 Send = Callable[[object], None]
 
 BATCH_S = 0.016  # at most ~60 round messages a second: each one wakes the GUI thread
+PREFILL_S = 0.1  # at most ~10 prefill messages a second (a chunk of a small model's prompt takes a few ms)
 
 
 class RoundBatcher:
@@ -41,9 +49,26 @@ class RoundBatcher:
             self.send(Rounds(self.rid, waiting))
 
 
+class PrefillNews:
+    """A request's prefill progress, sent at most every PREFILL_S: always its start and its end, and a new model's
+    first word (the draft's catch-up follows the target's reading)."""
+
+    def __init__(self, rid: int, send: Send) -> None:
+        self.rid, self.send = rid, send
+        self.sent = float("-inf")
+        self.model: str | None = None
+
+    def __call__(self, progress: PrefillProgress) -> None:
+        now = time.monotonic()
+        edge = progress.done in (0, progress.total) or progress.model != self.model
+        if edge or now - self.sent >= PREFILL_S:
+            self.sent, self.model = now, progress.model
+            self.send(Prefilling(self.rid, progress))
+
+
 def stream(engine: Any, cmd: Generate, controls: Controls, send: Send) -> None:
-    """Run the request and send its rounds and its phases (step-through), then its summary or its error. The
-    caller sends Finished."""
+    """Run the request and send its prefill's progress, its rounds and its phases (step-through), then its summary
+    or its error. The caller sends Finished."""
     rounds = RoundBatcher(cmd.rid, send)
 
     def on_phase(event: PhaseEvent) -> None:  # step-through: the rounds so far go first, then the pause
@@ -57,6 +82,7 @@ def stream(engine: Any, cmd: Generate, controls: Controls, send: Send) -> None:
             raise RuntimeError("no model is loaded yet")
         ids = engine.encode_chat(cmd.messages)
         controls.on_phase = on_phase
+        controls.on_prefill = PrefillNews(cmd.rid, send)
         for item in engine.generate(ids, cmd.sampling, cmd.spec, controls):
             if isinstance(item, Summary):
                 rounds.flush()

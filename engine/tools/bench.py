@@ -33,7 +33,9 @@ class Result:
     mode: str
     k: int
     temperature: float
-    tokens_per_s: float  # decode rate: the target's and the draft's prompt prefills left out, as llama.cpp does
+    # decode rate: the target's and the draft's prompt prefills left out, as llama.cpp does; the draft model's later
+    # catch-ups on text other drafters committed stay in (specbench.decode_seconds)
+    tokens_per_s: float
     new_tokens: int
     acceptance_rate: float  # accepted / drafted
     mean_accepted_length: float  # tokens committed per round (accepted drafts + correction/bonus)
@@ -139,6 +141,7 @@ def run_mode(engine: Engine, prompts: list[list[int]] | list[Question], mode: st
     model's own answer to the one before, reusing the conversation's cache as the app does)."""
     spec = mode_spec(mode, k, stop_below, adaptive)
     outputs, summaries, rounds, seconds = [], [], [], 0.0
+    replies: list[list[RoundEvent]] = []  # each reply's rounds
     categories: dict[str, Tally] = {}
     for prompt in prompts:
         engine.reset()  # no cross-prompt prefix reuse: every prompt pays its own prefill
@@ -155,12 +158,13 @@ def run_mode(engine: Engine, prompts: list[list[int]] | list[Question], mode: st
             events = [e for e in events if isinstance(e, RoundEvent)]
             outputs.append(list(s.token_ids))
             summaries.append(s)
+            replies.append(events)
             rounds += events
             if question is not None:
                 categories.setdefault(question.category, Tally()).add(events, s)
                 messages.append({"role": "assistant", "content": s.text})
     new = sum(s.new_tokens for s in summaries)
-    decode_s = sum(s.total_s - s.prefill_s - s.draft_prefill_ms / 1e3 for s in summaries)
+    decode_s = sum(specbench.decode_seconds(e, s) for e, s in zip(replies, summaries))
     drafted, accepted = sum(s.drafted for s in summaries), sum(s.accepted for s in summaries)
     spec_rounds = [e for e in rounds if e.drafted]
     rejections = sum(e.accepted < len(e.drafted) for e in spec_rounds)

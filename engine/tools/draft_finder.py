@@ -248,7 +248,8 @@ def static_checks(target: LocalModel, models: Iterable[LocalModel],
             continue
         if m.vocab_size != target.vocab_size:
             rejected.append(Rejected(cand, f"a different vocabulary size ({m.vocab_size} tokens, the target "
-                                           f"{target.vocab_size}): it cannot propose the target's tokens"))
+                                           f"{target.vocab_size}): SpecLens pairs models whose vocabularies match "
+                                           "in size and in every token"))
             continue
         try:
             if target_vocab is None:
@@ -342,8 +343,9 @@ class _Clock:
         if self.stop_now():
             raise _Stop(self.why)
 
-    def tell(self, stage: str) -> None:
-        self.progress(stage, min(1.0, self.done / self.total) if self.total else 1.0)
+    def tell(self, stage: str, part: float = 0.0) -> None:
+        """part: how much of the running replay is done, so a slow replay still moves the bar."""
+        self.progress(stage, min(1.0, (self.done + part) / self.total) if self.total else 1.0)
 
 
 def _spec(drafter: str | None, k: int) -> SpecParams:
@@ -354,11 +356,12 @@ def _spec(drafter: str | None, k: int) -> SpecParams:
 
 
 def _replay(engine, prompts: list[list[int]], drafter: str | None, k: int, sampling: SamplingParams,
-            clock: _Clock) -> tuple[SweepRun, list[tuple[int, ...]]]:
+            clock: _Clock, stage: str) -> tuple[SweepRun, list[tuple[int, ...]]]:
     """Every prompt decoded once from an empty cache: the totals as one SweepRun, and each reply's tokens."""
     parts: list[SweepRun] = []
-    for ids in prompts:
+    for i, ids in enumerate(prompts):
         clock.check()
+        clock.tell(f"{stage} (prompt {i + 1} of {len(prompts)})", i / len(prompts))
         engine.reset()  # an empty cache, as a separate benchmark run starts with
         controls = _Watched(sampling, _spec(drafter, k), clock.stop_now)
         rounds: list[RoundEvent] = []
@@ -400,9 +403,8 @@ def _measure(engine, cand: Candidate, prompts: list[list[int]], plain: SweepRun,
     identical = True
     note = ""
     for k in cfg.ks:
-        clock.tell(f"{cand.name}: K={k}")
         try:
-            run, out = _replay(engine, prompts, cand.drafter, k, sampling, clock)
+            run, out = _replay(engine, prompts, cand.drafter, k, sampling, clock, f"{cand.name}: K={k}")
         except _Stop:
             if runs:
                 note = f"{clock.why} after K={runs[-1].k}; larger K not tried"
@@ -457,8 +459,7 @@ def measure_all(target: str, candidates: list[Candidate], prompts: Sequence[Mess
             ids = [engine.encode_chat(list(m)) for m in prompts]
             for _ in engine.generate(ids[0], sampling.with_(max_new_tokens=4), SpecParams(enabled=False)):
                 pass  # first-call allocations stay out of the timings
-            clock.tell(f"{name}: plain decoding")
-            plain, plain_out = _replay(engine, ids, None, 0, sampling, clock)
+            plain, plain_out = _replay(engine, ids, None, 0, sampling, clock, f"{name}: plain decoding")
             clock.done += 1
             for c in riders:
                 m = _measure(engine, c, ids, plain, plain_out, cfg, sampling, clock)

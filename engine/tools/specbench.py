@@ -82,6 +82,14 @@ def read_questions(path: str | Path) -> list[Question]:
     return out
 
 
+def decode_seconds(events: Iterable[RoundEvent], summary: Summary) -> float:
+    """A reply's decoding time: its wall time less the prompt's prefills, the target's and the draft model's. The
+    draft model's prompt prefill is its first catch-up of the reply (lazy, inside the first round it drafts); every
+    later catch-up (text another drafter's rounds committed) is paid to decode and stays in."""
+    prompt_draft_ms = next((e.draft_prefill_ms for e in events if e.draft_prefill_ms > 0), 0.0)
+    return summary.total_s - summary.prefill_s - prompt_draft_ms / 1e3
+
+
 @dataclass
 class Tally:
     """One mode's counts over some replies (a category, or all)."""
@@ -95,8 +103,9 @@ class Tally:
     position_accepted: list[int] = field(default_factory=list)
 
     def add(self, events: Iterable[RoundEvent], summary: Summary) -> None:
+        events = list(events)
         self.new_tokens += summary.new_tokens
-        self.decode_s += summary.total_s - summary.prefill_s - summary.draft_prefill_ms / 1e3
+        self.decode_s += decode_seconds(events, summary)
         for e in events:
             self.add_round(e)
 

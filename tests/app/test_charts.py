@@ -88,7 +88,7 @@ def test_hybrid_rounds_show_each_drafters_inputs(panel):
     panel.flush(full=True)
     note = panel.speedup_note.toPlainText().splitlines()
     assert note[0] == "draft model: \u03b1 0.53  K 3.8  c 0.10"  # 8 of 15 in 4 rounds, 15 ms over 15 drafts
-    assert note[1] == "n-gram: \u03b1 1.00  K 6.0  c 0.00"
+    assert note[1] == "n-gram: \u03b1 1.00  K 6.0  c 0.00 \u00b7 this reply"
     _, theory = panel.curves["theoretical"].getData()
     assert theory[-1] == pytest.approx(panel.buffer.reply.theoretical_speedup(10.0))
     assert panel.legend_labels["theoretical"].text == f"theory {theory[-1]:.2f}\u00d7"

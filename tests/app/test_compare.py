@@ -26,6 +26,7 @@ def test_compare_replays_last_prompt_off_then_on(qtbot, window, engine_log):
     assert "identical" in dlg.verdict_label.text() and "speedup" in dlg.verdict_label.text()
     assert plain.view.reply_text() == spec.view.reply_text() == CODE_REPLY
     assert "tok/s" in plain.stats_label.text() and "acceptance" in spec.stats_label.text()
+    assert "(this replay)" in spec.stats_label.text()  # its scope, beside the chart's "this reply"
     # Both runs are in the session stats, labelled; the chat's charts count neither side (each reply's speedup
     # stands on its own plain steps, never on a replay's rate from other minutes).
     stats = window.controller.stats

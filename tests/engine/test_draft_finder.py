@@ -13,7 +13,7 @@ from engine.io import hub
 from engine.io.loading import load_engine
 from engine.tools import bench
 from engine.tools import draft_finder as df
-from tests.engine.test_model_dirs import header_gguf
+from tests.engine.test_model_dirs import header_gguf, home, put  # noqa: F401 - home: a fixture
 from tests.engine.test_weights import make_hf_model, make_tokenizer, write_gguf
 
 CFG = df.FinderConfig(max_new_tokens=8, ks=(1, 2), time_budget_s=120)
@@ -106,6 +106,31 @@ def test_the_ranking_is_measured_sorted_and_exact(zoo):
     assert fractions == sorted(fractions) and fractions[-1] == 1.0  # progress only moves forward
     data = json.loads(json.dumps(result.to_json()))  # plain JSON
     assert [m["name"] for m in data["measured"]] == names and data["target"]["name"] == "target"
+
+
+def test_by_default_the_candidates_are_the_models_the_listing_finds(zoo, home):  # noqa: F811 - the fixture
+    put(zoo["draft-q8"], home / ".lmstudio" / "models" / "me" / "tiny-GGUF" / "draft-q8.gguf")
+    put(zoo["other"], home / ".cache" / "llama.cpp" / "other.gguf")
+    result = df.find_drafts(str(zoo["target"]), None, PROMPTS[:1], df.FinderConfig(max_new_tokens=4, ks=(1,)),
+                            ngram=False, loader=no_eos_loader)
+    assert [(m.candidate.name, m.candidate.source) for m in result.measured] == [("me/tiny-GGUF/draft-q8.gguf",
+                                                                                 "lm-studio")]
+    assert [(r.candidate.name, r.reason.split(":")[0]) for r in result.rejected] == [
+        ("other.gguf", "SpecLens cannot run it")]
+
+
+def test_the_figures_are_the_ones_a_separate_speclens_bench_run_gives(zoo):
+    """Counts, not timings: alpha and the mean accepted length of a K equal bench.run_mode's on the same pair."""
+    result = df.find_drafts(str(zoo["target"]), [str(zoo["draft"])], PROMPTS, df.FinderConfig(max_new_tokens=8, ks=(2,)),
+                            ngram=False, loader=no_eos_loader)
+    (m,) = result.measured
+    engine = no_eos_loader(str(zoo["target"]), str(zoo["draft"]))
+    ids = [engine.encode_chat(p) for p in PROMPTS]
+    sampling = df.SamplingParams(temperature=0.0, max_new_tokens=8, seed=0)
+    spec, plain = (bench.run_mode(engine, ids, mode, 2, sampling) for mode in ("draft", "plain"))
+    assert m.alpha is not None and spec.drafted_tokens > 0
+    assert m.alpha == pytest.approx(spec.alpha) and m.mean_accepted_length == pytest.approx(spec.mean_accepted_length)
+    assert spec.outputs == plain.outputs and m.identical_to_plain
 
 
 def test_a_draft_that_fails_to_load_is_reported_and_the_others_measured(zoo):

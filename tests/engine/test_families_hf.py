@@ -24,9 +24,9 @@ from tests.tiny import VOCAB, draft_weights, pass_and_steps, tiny_tokenizer
 ATOL = 1e-4  # fp32 against transformers: the same math, summed in other orders
 WINDOW = 8
 LENGTH = 40  # positions scored: five windows
-BASE = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
-            num_key_value_heads=2, head_dim=16, max_position_embeddings=256, bos_token_id=1, eos_token_id=2,
-            pad_token_id=0, tie_word_embeddings=False)
+BASE = {"vocab_size": VOCAB, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 3,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "max_position_embeddings": 256,
+        "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0, "tie_word_embeddings": False}
 FAMILIES = {
     "qwen3": dict(BASE, model_type="qwen3", rms_norm_eps=1e-6, rope_theta=1e6),
     "qwen3-windowed": dict(BASE, model_type="qwen3", use_sliding_window=True, sliding_window=WINDOW,
@@ -136,7 +136,7 @@ def test_the_config_reads_the_family_features(family):
 
 
 def test_logits_equal_transformers_across_the_window(family):
-    name, hf, model = family
+    _, hf, model = family
     with torch.no_grad():
         ref = hf(torch.tensor([ids()])).logits[0]  # (LENGTH, V)
     ours = ours_by_passes(model)
@@ -154,7 +154,7 @@ def test_verify_rows_equal_plain_steps_bit_for_bit(family):
 def test_fixed_shape_passes_window_their_bias(family):
     """The fixed-shape passes a CUDA graph replays (run uncaptured here) agree with transformers too, the window in
     their bias, and their rows equal steps bit for bit."""
-    name, hf, model = family
+    _, hf, model = family
     model.graphs = StepGraphs(capture=False)
     try:
         with torch.no_grad():
@@ -167,7 +167,7 @@ def test_fixed_shape_passes_window_their_bias(family):
 
 
 def test_greedy_equals_transformers_and_speculation_equals_plain(family):
-    name, hf, model = family
+    _, hf, model = family
     cfg = model.cfg
     sd = {k: v for k, v in hf.state_dict().items() if not (cfg.tie_word_embeddings and k == "lm_head.weight")}
     draft = padded(Transformer.from_state_dict(cfg, draft_weights(sd, 0.03, 1), torch.float32, "cpu", 256))
@@ -201,23 +201,23 @@ def test_the_window_changes_the_answer_past_it():
 # --- refusals -----------------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("name, change, words", [
-    ("gemma3", dict(hidden_activation="gelu"), "hidden_activation 'gelu': SpecLens implements SiLU- and GELU(tanh)"),
-    ("qwen3", dict(hidden_act="gelu_new"), "hidden_act 'gelu_new'"),
-    ("gemma3", dict(attn_logit_softcapping=50.0), "attn_logit_softcapping = 50.0: logit soft-capping"),
-    ("gemma3", dict(final_logit_softcapping=30.0), "final_logit_softcapping = 30.0: logit soft-capping"),
-    ("gemma3", dict(use_bidirectional_attention=True), "use_bidirectional_attention"),
-    ("gemma3", dict(attention_bias=True), "Gemma 3 attention bias includes an output-projection (o_proj) bias"),
-    ("qwen3", dict(attention_bias=True), "Qwen3 attention bias includes an output-projection (o_proj) bias"),
-    ("gemma3", dict(sliding_window=None), "Gemma 3 without a sliding_window"),
-    ("gemma3", dict(rope_parameters={"sliding_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4},
-                                     "full_attention": {"rope_type": "default", "rope_theta": 1e6}}),
+    ("gemma3", {"hidden_activation": "gelu"}, "hidden_activation 'gelu': SpecLens implements SiLU- and GELU(tanh)"),
+    ("qwen3", {"hidden_act": "gelu_new"}, "hidden_act 'gelu_new'"),
+    ("gemma3", {"attn_logit_softcapping": 50.0}, "attn_logit_softcapping = 50.0: logit soft-capping"),
+    ("gemma3", {"final_logit_softcapping": 30.0}, "final_logit_softcapping = 30.0: logit soft-capping"),
+    ("gemma3", {"use_bidirectional_attention": True}, "use_bidirectional_attention"),
+    ("gemma3", {"attention_bias": True}, "Gemma 3 attention bias includes an output-projection (o_proj) bias"),
+    ("qwen3", {"attention_bias": True}, "Qwen3 attention bias includes an output-projection (o_proj) bias"),
+    ("gemma3", {"sliding_window": None}, "Gemma 3 without a sliding_window"),
+    ("gemma3", {"rope_parameters": {"sliding_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4},
+                                     "full_attention": {"rope_type": "default", "rope_theta": 1e6}}},
      "rope_type 'linear' on the sliding-window layers"),
-    ("gemma3", dict(layer_types=["sliding_attention", "chunked_attention", "full_attention"]),
+    ("gemma3", {"layer_types": ["sliding_attention", "chunked_attention", "full_attention"]},
      "layer_types 'chunked_attention'"),
-    ("qwen3", dict(rope_scaling={"rope_type": "yarn", "factor": 4.0}), "unsupported rope_scaling type 'yarn'"),
-    ("phi3", dict(rope_scaling={"rope_type": "dynamic", "factor": 2.0}), "unsupported rope_scaling type 'dynamic'"),
-    ("phi4-mini", dict(partial_rotary_factor=1.5), "partial_rotary_factor must be in (0, 1]"),
-    ("phi4-mini", dict(rope_scaling={"type": "longrope", "short_factor": [1.0] * 8, "long_factor": [1.0] * 8}),
+    ("qwen3", {"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "unsupported rope_scaling type 'yarn'"),
+    ("phi3", {"rope_scaling": {"rope_type": "dynamic", "factor": 2.0}}, "unsupported rope_scaling type 'dynamic'"),
+    ("phi4-mini", {"partial_rotary_factor": 1.5}, "partial_rotary_factor must be in (0, 1]"),
+    ("phi4-mini", {"rope_scaling": {"type": "longrope", "short_factor": [1.0] * 8, "long_factor": [1.0] * 8}},
      "longrope short_factor must list 6 factors"),
 ])
 def test_fields_that_change_the_math_are_refused_by_name(name, change, words):
@@ -227,7 +227,7 @@ def test_fields_that_change_the_math_are_refused_by_name(name, change, words):
 
 
 def test_a_vision_language_gemma_folder_is_refused_as_such():
-    cfg = dict(model_type="gemma3", text_config=dict(FAMILIES["gemma3"]), vision_config={})
+    cfg = {"model_type": "gemma3", "text_config": dict(FAMILIES["gemma3"]), "vision_config": {}}
     with pytest.raises(ValueError, match="holds a vision-language model; SpecLens runs text-only"):
         ModelConfig.from_hf(cfg)
 
@@ -278,3 +278,26 @@ def test_on_the_cpu_kernels_a_new_family_keeps_its_layers_in_torch(tmp_path):
     with torch.no_grad():
         ref = hf(torch.tensor([ids()])).logits[0]
     torch.testing.assert_close(ours_by_passes(model), ref, atol=ATOL, rtol=0)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("name", ["gemma3", "mistral", "phi4-mini"])
+@pytest.mark.parametrize("graphs", [True, False], ids=["graphs", "eager"])
+def test_on_a_gpu_windowed_rows_equal_steps_and_speculation_equals_plain(name, graphs):
+    """bf16 on a GPU, short passes replayed as CUDA graphs (the window in their bias) or eager."""
+    hf = hf_model(FAMILIES[name])
+    cfg = ModelConfig.from_hf(FAMILIES[name])
+    sd = {k: v for k, v in hf.state_dict().items() if not (cfg.tie_word_embeddings and k == "lm_head.weight")}
+    model = Transformer.from_state_dict(cfg, sd, torch.bfloat16, "cuda", 64)
+    draft = Transformer.from_state_dict(cfg, draft_weights(sd, 0.03, 1), torch.bfloat16, "cuda", 64)
+    if not graphs:
+        model.graphs = draft.graphs = None
+    for n in (2, 5, 16):
+        together, steps = pass_and_steps(model, ids(20, seed=2), ids(n, seed=3))
+        assert together.device.type == "cuda" and torch.equal(together, steps), n
+    engine = Engine(model, tiny_tokenizer(), draft, cache=CacheConfig(block_size=8, max_seq_len=64), eos_ids=set())
+    greedy = SamplingParams(max_new_tokens=30)
+    *_, plain = engine.generate(ids(6, seed=4), greedy, SpecParams(enabled=False))
+    engine.reset()
+    *_, spec = engine.generate(ids(6, seed=4), greedy, SpecParams(k=4, drafter="model"))
+    assert spec.token_ids == plain.token_ids

@@ -63,7 +63,7 @@ MALFORMED = [
 def samples() -> list:
     """One message of every type."""
     from engine.api import protocol as p
-    from engine.api.events import Phase, PhaseEvent
+    from engine.api.events import Phase, PhaseEvent, PrefillProgress
 
     rid, sampling, spec = 1, SamplingParams(), SpecParams()
     phase = PhaseEvent(1, Phase.DRAFTED, "model", 1, (5,), ("a",), (0.5,))
@@ -73,7 +73,7 @@ def samples() -> list:
         p.Continue(rid), p.SetStepping(rid, False), p.Shutdown(),
         p.Started(2), p.LoadProgress("Loading", 1), p.Loaded(p.EngineInfo("t", None, "cpu", "float32")),
         p.LoadFailed("no"), p.LoadCancelled(), p.ModelsListed(["m"]), p.Rounds(rid, [make_round()]),
-        p.PhaseReached(rid, phase), p.RequestSummary(rid, make_summary([make_round()])), p.Errored(rid, "no"),
+        p.Prefilling(rid, PrefillProgress("target", 512, 2048, 3)), p.PhaseReached(rid, phase), p.RequestSummary(rid, make_summary([make_round()])), p.Errored(rid, "no"),
         p.Finished(rid), p.EngineStatus(2, 3, False, None, None, 4, 5), p.Fatal("no"), p.CommandError("no"),
     ]
 

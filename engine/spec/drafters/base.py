@@ -22,6 +22,7 @@ class Proposal:
     prefill_s: float = 0.0  # part of the propose() time spent catching the drafter's cache up (prompt prefill)
     logits: torch.Tensor | None = None  # (n, V) under greedy, where q is a point mass: what the inspector shows
     source: str | None = None  # the name of the drafter that made it, when that is not the one asked (hybrid)
+    reason: str = ""  # why this drafter and K drafted the round (the hybrid's policy), for the round's record
 
 
 @dataclass(frozen=True)

@@ -35,12 +35,19 @@ class ModelDrafter(OwnK):
         self.seq = 0
         pool.manager.allocate(self.seq)
         self.cached: list[int] = []  # ids whose KV is in the draft cache
+        self.last_catchup: tuple[int, float] = (0, 0.0)  # (ids, seconds) the latest propose prefilled first
         self.stop_below = 0.0  # SpecParams.stop_below: see propose
         self.stop: Callable[[], bool] | None = None  # asked between the chunks of a long prefill (a cancel)
+        self.progress: Callable[[int, int, int], None] | None = None  # a prefill's (read, to read, reused) per chunk
         self.start()
 
     def configure(self, spec: SpecParams) -> None:
         self.stop_below = spec.stop_below
+
+    def catchup_tokens(self, ids: list[int]) -> int:
+        """Committed ids the next propose(ids) would prefill before drafting (0 when a round's feed covers them)."""
+        behind = len(ids) - 1 - min(common_prefix(self.cached, ids), len(ids) - 1)
+        return behind if behind > MAX_ROUND_LAG else 0
 
     def _sync(self, ids: list[int]) -> None:
         keep = min(common_prefix(self.cached, ids), len(ids) - 1)
@@ -50,16 +57,22 @@ class ModelDrafter(OwnK):
     def _prefill(self, ids: list[int]) -> float:
         """Bring the draft cache up to ids[:-1] when it lags by more than a round leaves; returns seconds."""
         behind = ids[len(self.cached) : -1]
+        self.last_catchup = (0, 0.0)
         if len(behind) <= MAX_ROUND_LAG:
             return 0.0  # fed together with the last token, as part of drafting
         t0 = time.perf_counter()
-        if forward_chunked(self.model, self.pool, self.seq, behind, self.device, self.stop) is None:
+        report, reused, read = self.progress, len(self.cached), None
+        if report is not None:
+            report(0, len(behind), reused)
+            read = lambda done: report(done, len(behind), reused)
+        if forward_chunked(self.model, self.pool, self.seq, behind, self.device, self.stop, progress=read) is None:
             self.cached.extend(behind[: self.pool.manager.length(self.seq) - len(self.cached)])  # the chunks done
             raise DraftStopped
         self.cached.extend(behind)
         if self.device.type == "cuda":  # kernels run asynchronously: time them, not their launch
             torch.cuda.synchronize(self.device)
-        return time.perf_counter() - t0
+        self.last_catchup = (len(behind), time.perf_counter() - t0)
+        return self.last_catchup[1]
 
     def propose(self, ids: list[int], k: int, params: SamplingParams, gen: torch.Generator | None) -> Proposal:
         """Up to k tokens; fewer when stop_below > 0 and the product of the draft's confidences in its tokens

@@ -55,12 +55,21 @@ class NGramDrafter(OwnK):
         """Estimated chance that a continuation token after an n-token match passes (Laplace prior 1/2)."""
         return (self.hits.get(n, 0.0) + 1.0) / (self.trials.get(n, 0.0) + 2.0)
 
+    def pooled_pass_rate(self, n: int) -> float:
+        """pass_rate(n) shrunk towards every match length's rate together rather than towards 1/2: a length seen
+        rarely (long matches are) borrows what the text's other lookups say, so one lucky prior cannot outbid a
+        measured drafter. The pool itself starts from the Laplace prior."""
+        pooled = (sum(self.hits.values()) + 1.0) / (sum(self.trials.values()) + 2.0)
+        return (self.hits.get(n, 0.0) + 2.0 * pooled) / (self.trials.get(n, 0.0) + 2.0)
+
     def expected_passes(self, n_tokens: int) -> float:
         """Expected passing tokens of the last lookup's first n_tokens: sum of a_n^i for i = 1..n_tokens."""
         a = self.pass_rate(self._pending[1]) if self._pending else 0.0
         return sum(a ** (i + 1) for i in range(n_tokens))
 
-    def propose(self, ids: list[int], k: int, params: SamplingParams, gen: torch.Generator | None) -> Proposal:
+    def lookup(self, ids: list[int], k: int) -> tuple[int, list[int]]:
+        """(match length, up to k tokens that followed the longest match), (0, []) when nothing matches. The lookup
+        is remembered and scored against the committed text at the next rollback, whether or not it is drafted."""
         self._index(ids)
         n, cont = 0, []
         for m in range(min(self.n_max, len(ids)), self.n_min - 1, -1):
@@ -69,11 +78,19 @@ class NGramDrafter(OwnK):
                 n, cont = m, ids[j : j + k]
                 break
         self._pending = (len(ids), n, cont) if cont else None
+        return n, cont
+
+    def tokens(self, cont: list[int]) -> Proposal:
+        """A proposal of these continuation tokens: a point mass on each."""
+        t = torch.tensor(cont, dtype=torch.long, device=self.device)
+        return Proposal(t, point_mass(t, self.vocab))
+
+    def propose(self, ids: list[int], k: int, params: SamplingParams, gen: torch.Generator | None) -> Proposal:
+        n, cont = self.lookup(ids, k)
         a, take = self.pass_rate(n), 0
         while take < len(cont) and a ** (take + 1) >= self.MIN_PASS:
             take += 1
-        t = torch.tensor(cont[:take], dtype=torch.long, device=self.device)
-        return Proposal(t, point_mass(t, self.vocab))
+        return self.tokens(cont[:take])
 
     def rollback(self, ids: list[int]) -> None:
         """Score the last lookup's continuation against what the target committed (the table itself holds

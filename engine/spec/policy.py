@@ -1,0 +1,213 @@
+"""The hybrid drafter's policy: each round, the draft model (at a K up to the ceiling), the n-gram lookup's offer or no
+draft, whichever is expected to commit the most tokens per second on this conversation.
+
+Leviathan's arithmetic with measured costs. A round that drafts j tokens commits E_j tokens on average (accepted
+drafts plus the correction or bonus) and costs its drafting plus one verify pass of width j + 1, so it makes
+E_j / cost_j tokens per second; a plain step makes 1 / t(1). Everything is priced in plain steps, t(1): the verify
+pass of width w costs t(w) / t(1) steps (a line fitted to the pass times measured at each width), a draft-model token
+c steps (its measured drafting time over t(1)), and a draft model that lags the committed text pays its catch-up pass
+spread over the rounds it is then expected to draft. The estimates are this request's own, decayed so that they follow
+the text; pass times, a property of the machine and the pair, carry over from earlier requests.
+
+Exploration is bounded: a drafter that has not drafted for EXPLORE_EVERY rounds drafts one round, so a
+draft model out of favour is re-measured at most once every EXPLORE_EVERY rounds. The n-gram lookup needs none: its
+continuations are scored against the committed text every round, drafted or not.
+
+Only the choice lives here (pure functions of a PolicyState); the drafters draft, and each proposal is verified
+against the q of the drafter that made it, so exactness is the drafters' own.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from engine.analysis.theory import expected_tokens
+
+MODEL, NGRAM, NONE = "model", "ngram", "none"
+
+EXPLORE_EVERY = 16  # rounds a drafter may go unused before it drafts one round to refresh its estimates
+FIRST_TRIES = 3  # a request's first draft-model rounds, drafted whatever the estimates say: one round is no measure
+DECAY = 0.8  # weight of the past in the acceptance estimate per round: the text's predictability changes within a reply
+PASS_EMA = 0.3  # weight of a new pass time in its running mean (pass times are steady: smooth out scheduling noise)
+# A catch-up pass is paid once and then the draft model drafts several rounds in a row, so a round is charged this
+# share of it. Larger values would keep a drafter that lost its lead drafting after the text turned predictable.
+CATCHUP_ROUNDS = 4.0
+CATCHUP_MAX_TOKENS = 64  # a longer catch-up is a prompt's prefill, paid once whichever drafter runs: not a round cost
+# Priors, each worth a few rounds, for what has not been measured yet on this machine or in this request.
+PRIOR_ALPHA, PRIOR_TRIALS = 0.6, 4.0
+PRIOR_C = 0.3  # a draft-model token in plain steps
+PRIOR_ROW = 0.05  # what each verify row past the first adds, in plain steps (the batched kernels make it small)
+PRIOR_CATCHUP = 2.0  # a catch-up pass in draft-model tokens
+
+
+@dataclass
+class PolicyState:
+    """What the policy knows: measured costs (seconds) and this request's acceptance."""
+
+    pass_s: dict[int, float] = field(default_factory=dict)  # verify pass width -> running mean seconds
+    model_token_s: float | None = None  # the draft model's drafting seconds per drafted token
+    catchup_s: float | None = None  # one catch-up pass of the draft model's cache
+    lookup_s: float = 0.0  # the n-gram lookup (paid every round, whatever is chosen)
+    hits: float = PRIOR_ALPHA * PRIOR_TRIALS  # the draft model's decayed accepted tokens ...
+    trials: float = PRIOR_TRIALS  # ... over its decayed trials (accepted + 1 per rejection)
+    round: int = 0
+    last_used: dict[str, int] = field(default_factory=dict)  # drafter -> the last round it drafted
+    model_rounds: int = 0  # rounds the draft model drafted in this request
+
+    def start(self) -> None:
+        """A new request: acceptance and exploration start over, the measured costs stay."""
+        self.hits, self.trials, self.round, self.last_used = PRIOR_ALPHA * PRIOR_TRIALS, PRIOR_TRIALS, 0, {}
+        self.model_rounds = 0
+
+    @property
+    def alpha(self) -> float:
+        """The draft model's per-token acceptance on this request."""
+        return min(self.hits / self.trials, 0.999)
+
+
+@dataclass(frozen=True)
+class Offer:
+    """The n-gram lookup's continuation this round: `tokens` of them after a `match`-token match, each passing with
+    probability `pass_rate` (the lookup's own estimate for that match length)."""
+
+    tokens: int
+    match: int
+    pass_rate: float
+
+
+@dataclass(frozen=True)
+class Choice:
+    drafter: str  # MODEL, NGRAM or NONE
+    k: int  # tokens to draft (the draft model's ceiling; the n-gram offer's prefix); 0 for NONE
+    tokens: float  # expected tokens committed
+    steps: float  # expected cost in plain steps
+    reason: str
+
+    @property
+    def speedup(self) -> float:
+        return self.tokens / self.steps
+
+
+def _ema(old: float | None, new: float, weight: float = PASS_EMA) -> float:
+    return new if old is None else (1 - weight) * old + weight * new
+
+
+def observe_pass(state: PolicyState, width: int, seconds: float) -> None:
+    """A verify pass of `width` rows (drafted + 1) took `seconds`."""
+    if seconds > 0 and width >= 1:
+        state.pass_s[width] = _ema(state.pass_s.get(width), seconds)
+
+
+def observe_model(state: PolicyState, drafted: int, accepted: int, draft_s: float) -> None:
+    """A draft-model round: its acceptance (a round that stopped at a rejection made accepted + 1 trials, one that
+    passed whole made `drafted`) and its drafting time per token."""
+    if drafted < 1:
+        return
+    state.hits = state.hits * DECAY + accepted
+    state.trials = state.trials * DECAY + accepted + (1 if accepted < drafted else 0)
+    if draft_s > 0:
+        state.model_token_s = _ema(state.model_token_s, draft_s / drafted)
+
+
+def observe_catchup(state: PolicyState, tokens: int, seconds: float) -> None:
+    """The draft model caught up with `tokens` committed ids in one pass of `seconds`."""
+    if 0 < tokens <= CATCHUP_MAX_TOKENS and seconds > 0:
+        state.catchup_s = _ema(state.catchup_s, seconds)
+
+
+def observe_lookup(state: PolicyState, seconds: float) -> None:
+    state.lookup_s = _ema(state.lookup_s or None, max(seconds, 0.0))
+
+
+def pass_steps(state: PolicyState, width: int) -> tuple[float, float]:
+    """(t(width) / t(1), t(1) seconds or 0 when nothing is measured): the least-squares line through the measured
+    widths; with one width measured, that width's time and the prior slope; with none, the prior alone."""
+    widths = sorted(state.pass_s)
+    if not widths:
+        return 1.0 + PRIOR_ROW * (width - 1), 0.0
+    if len(widths) == 1:
+        (w0,) = widths
+        step = state.pass_s[w0] / (1.0 + PRIOR_ROW * (w0 - 1))
+        return 1.0 + PRIOR_ROW * (width - 1), step
+    ts = [state.pass_s[w] for w in widths]
+    mw, mt = sum(widths) / len(widths), sum(ts) / len(ts)
+    slope = sum((w - mw) * (t - mt) for w, t in zip(widths, ts)) / sum((w - mw) ** 2 for w in widths)
+    step = mt + slope * (1 - mw)  # the line at width 1
+    if step <= 0:  # noise made the line nonsense: the prior slope through the narrowest measured pass
+        step = state.pass_s[widths[0]] / (1.0 + PRIOR_ROW * (widths[0] - 1))
+        return 1.0 + PRIOR_ROW * (width - 1), step
+    # A row never costs more than a pass of its own: past that the fit is scheduling noise, not the kernels.
+    return 1.0 + min(max(slope, 0.0) / step, 1.0) * (width - 1), step
+
+
+def _steps_of(state: PolicyState, seconds: float | None, prior_steps: float) -> float:
+    step = pass_steps(state, 1)[1]
+    return seconds / step if seconds is not None and step > 0 else prior_steps
+
+
+def model_options(state: PolicyState, k_max: int, lag: int) -> list[Choice]:
+    """The draft model at each K in 1..k_max; lag: committed ids it must prefill before drafting (a catch-up)."""
+    c = _steps_of(state, state.model_token_s, PRIOR_C)
+    catchup = 0.0
+    if 0 < lag <= CATCHUP_MAX_TOKENS:
+        catchup = _steps_of(state, state.catchup_s, PRIOR_CATCHUP * c) / CATCHUP_ROUNDS
+    lookup = _steps_of(state, state.lookup_s, 0.0)
+    a = state.alpha
+    out = []
+    for k in range(1, k_max + 1):
+        tokens = expected_tokens(a, k)
+        steps = pass_steps(state, k + 1)[0] + k * c + catchup + lookup
+        why = f"K {k}, \u03b1 {a:.2f}, c {c:.2f}" + (f", catch-up {catchup * CATCHUP_ROUNDS:.2f} steps" if catchup else "")
+        out.append(Choice(MODEL, k, tokens, steps, why))
+    return out
+
+
+def ngram_options(state: PolicyState, offer: Offer | None) -> list[Choice]:
+    """The first j tokens of the lookup's continuation, each j: sum of pass_rate^i for i <= j pass on average."""
+    if offer is None or offer.tokens < 1:
+        return []
+    lookup = _steps_of(state, state.lookup_s, 0.0)
+    out = []
+    for j in range(1, offer.tokens + 1):
+        tokens = 1.0 + sum(offer.pass_rate ** i for i in range(1, j + 1))
+        why = f"{offer.match}-token match, {j} of {offer.tokens} tokens at pass rate {offer.pass_rate:.2f}"
+        out.append(Choice(NGRAM, j, tokens, pass_steps(state, j + 1)[0] + lookup, why))
+    return out
+
+
+def choose(state: PolicyState, offer: Offer | None, k_max: int, model_lag: int, have_model: bool = True) -> Choice:
+    """This round's drafter, K and why. Advances the round counter; the caller reports the outcome with observe_*."""
+    state.round += 1
+    lookup = _steps_of(state, state.lookup_s, 0.0)
+    plain = Choice(NONE, 0, 1.0, 1.0 + lookup, "")
+    models = model_options(state, k_max, model_lag) if have_model and k_max >= 1 else []
+    ngrams = ngram_options(state, offer)
+    best = max([plain, *models, *ngrams], key=lambda ch: ch.speedup)  # ties: plain first, then the model
+    explored = ""
+    last, tries = state.last_used.get(MODEL), state.model_rounds
+    if models and best.drafter != MODEL and (tries < FIRST_TRIES or state.round - last >= EXPLORE_EVERY):
+        explored = (f"first tries, {tries + 1} of {FIRST_TRIES}" if tries < FIRST_TRIES
+                    else f"re-try after {state.round - last - 1} rounds unused")
+        best = max(models, key=lambda ch: ch.speedup)
+    if best.drafter != NONE:
+        state.last_used[best.drafter] = state.round
+    if best.drafter == MODEL:
+        state.model_rounds += 1
+    return _explain(best, plain, models, ngrams, explored)
+
+
+def _explain(best: Choice, plain: Choice, models: list[Choice], ngrams: list[Choice], explored: str) -> Choice:
+    """The choice with its reason: what it is expected to make, and the best of each alternative."""
+    def rate(chs: list[Choice]) -> float | None:
+        return max((c.speedup for c in chs), default=None) if chs else None
+
+    others = [f"{name} {r / plain.speedup:.2f}x" for name, chs in (("model", models), ("n-gram", ngrams), ("plain", [plain]))
+              if chs and best not in chs and (r := rate(chs)) is not None]
+    est = f"est {best.tokens:.1f} tok/round at {best.steps:.2f} steps = {best.speedup / plain.speedup:.2f}x plain"
+    if best.drafter == NONE:
+        head = "no draft: neither drafter pays"
+        reason = f"{head} ({', '.join(others)})" if others else "no draft: no drafter available"
+    else:
+        label = "model" if best.drafter == MODEL else "ngram"
+        tried = f" ({explored})" if explored else ""
+        reason = f"{label}{tried}: {best.reason}, {est}" + (f"; {', '.join(others)}" if others else "")
+    return Choice(best.drafter, best.k, best.tokens, best.steps, reason)

@@ -1,0 +1,249 @@
+"""The hybrid drafter's policy (engine.spec.policy): on scripted cost and acceptance streams it picks the drafter
+that makes the most tokens per second, follows the stream when it changes, decodes plainly when nothing pays and
+re-tries a drafter out of favour at a bounded rate; through the real engine the output stays exact with it on."""
+from __future__ import annotations
+
+import pytest
+
+from engine.api.config import SamplingParams, SpecParams
+from engine.api.events import DraftToken, RoundEvent, Summary
+from engine.spec import policy
+from engine.spec.policy import MODEL, NGRAM, NONE, Choice, Offer, PolicyState
+from engine.tools.specbench import Tally, decode_seconds
+from tests.engine.test_exactness import (
+    PROMPTS,
+    assert_exact_distribution,
+    run,
+    small_pair,
+)
+from tests.tiny import tiny_engine
+
+STEP_S = 0.010  # a plain step on the scripted machine
+
+
+def machine(row: float = 0.05, c: float = 0.2) -> PolicyState:
+    """A state whose pass times were measured at widths 1-5: t(w) = STEP_S (1 + row (w - 1)), and whose draft model
+    costs c steps a token."""
+    state = PolicyState()
+    for _ in range(3):
+        for w in range(1, 6):
+            policy.observe_pass(state, w, STEP_S * (1 + row * (w - 1)))
+    state.model_token_s = c * STEP_S
+    return state
+
+
+def model_round(state: PolicyState, k: int, accepted: int, c: float = 0.2) -> None:
+    policy.observe_model(state, k, accepted, k * c * STEP_S)
+
+
+def test_pass_times_fit_a_line_in_plain_steps():
+    state = machine(row=0.1)
+    steps, step_s = policy.pass_steps(state, 5)
+    assert step_s == pytest.approx(STEP_S)
+    assert steps == pytest.approx(1.4)
+
+
+def test_the_better_drafter_is_picked_on_a_scripted_stream():
+    """The model accepts ~90% at c = 0.2: it beats a weak n-gram offer; a long, sure n-gram offer (free drafting)
+    beats the model."""
+    state = machine()
+    state.model_rounds, state.last_used[MODEL] = policy.FIRST_TRIES, 0
+    for _ in range(10):
+        model_round(state, 4, 4 if state.round % 10 else 3)
+    weak = Offer(tokens=2, match=1, pass_rate=0.3)
+    ch = policy.choose(state, weak, 4, model_lag=0)
+    assert ch.drafter == MODEL and ch.k >= 3, ch
+    assert ch.reason.startswith("model: K ")
+    sure = Offer(tokens=4, match=4, pass_rate=0.97)
+    ch = policy.choose(state, sure, 4, model_lag=0)
+    assert ch.drafter == NGRAM and ch.k == 4, ch
+    assert ch.reason.startswith("ngram: 4-token match") and "x plain" in ch.reason
+
+
+def test_the_cheaper_drafter_wins_at_equal_acceptance():
+    """The same acceptance from both: the n-gram lookup drafts for free, so it wins while the model costs c > 0."""
+    state = machine(c=0.3)
+    state.model_rounds, state.last_used[MODEL] = policy.FIRST_TRIES, 0
+    for _ in range(20):
+        model_round(state, 3, 2, c=0.3)  # alpha ~ 2/3
+    ch = policy.choose(state, Offer(tokens=3, match=2, pass_rate=state.alpha), 3, model_lag=0)
+    assert ch.drafter == NGRAM, ch
+
+
+def test_the_choice_follows_the_stream_when_it_changes():
+    """The model passes almost everything, then nothing: within a few rounds the policy leaves it."""
+    state = machine()
+    offer = Offer(tokens=2, match=2, pass_rate=0.5)
+    picks = []
+    for r in range(40):
+        ch = policy.choose(state, offer, 4, model_lag=0)
+        picks.append(ch.drafter)
+        if ch.drafter == MODEL:
+            model_round(state, ch.k, ch.k if r < 20 else 0)
+    assert picks[:20] == [MODEL] * 20, picks
+    left = picks.index(NGRAM)
+    assert 20 < left <= 25, picks  # a few rejected rounds are enough to leave
+    assert picks[left : left + policy.EXPLORE_EVERY - 1] == [NGRAM] * (policy.EXPLORE_EVERY - 1), picks
+
+
+def test_nothing_pays_so_nothing_is_drafted():
+    """An expensive draft model that is mostly wrong and no n-gram match: a plain step, said so."""
+    state = machine(c=1.0)
+    state.model_rounds, state.last_used[MODEL] = policy.FIRST_TRIES, 0
+    for _ in range(10):
+        model_round(state, 2, 0, c=1.0)
+    ch = policy.choose(state, None, 4, model_lag=0)
+    assert ch.drafter == NONE and ch.k == 0
+    assert ch.reason.startswith("no draft: neither drafter pays (model 0.")
+    # and a hopeless n-gram offer does not pay either: each verify row costs more than it is expected to commit
+    ch = policy.choose(machine(row=0.5), Offer(1, 1, 0.05), 4, model_lag=0, have_model=False)
+    assert ch.drafter == NONE
+
+
+def test_a_drafter_out_of_favour_is_re_tried_at_a_bounded_rate():
+    state = machine(c=1.0)
+    picks, reasons = [], []
+    for _ in range(100):
+        ch = policy.choose(state, None, 4, model_lag=0)
+        picks.append(ch.drafter)
+        reasons.append(ch.reason)
+        if ch.drafter == MODEL:
+            model_round(state, ch.k, 0, c=1.0)
+    tries = [i for i, p in enumerate(picks) if p == MODEL]
+    first = policy.FIRST_TRIES
+    assert tries[:first] == list(range(first))  # a request's first rounds measure the model
+    assert reasons[0].startswith(f"model (first tries, 1 of {first}): ")
+    gaps = [b - a for a, b in zip(tries[first - 1 :], tries[first:])]
+    assert len(gaps) >= 5 and all(g == policy.EXPLORE_EVERY for g in gaps), tries
+    assert reasons[tries[-1]].startswith(f"model (re-try after {policy.EXPLORE_EVERY - 1} rounds unused): ")
+    assert all(r.startswith("no draft: neither drafter pays") for r, p in zip(reasons, picks) if p == NONE)
+
+
+def test_a_catch_up_is_charged_to_the_model():
+    """The same model, behind the committed text by 20 ids: its round costs its share of a catch-up pass."""
+    state = machine()
+    state.catchup_s = 0.5 * STEP_S
+    near = policy.model_options(state, 2, lag=0)
+    far = policy.model_options(state, 2, lag=20)
+    assert far[1].steps == pytest.approx(near[1].steps + 0.5 / policy.CATCHUP_ROUNDS)
+    assert policy.model_options(state, 2, lag=5000)[1].steps == pytest.approx(near[1].steps)  # a prompt's prefill
+
+
+def test_k_follows_acceptance_within_the_ceiling():
+    low, high = machine(), machine()
+    for _ in range(20):
+        model_round(low, 4, 0)
+        model_round(high, 4, 4)
+    k_low = max(policy.model_options(low, 8, 0), key=lambda c: c.speedup).k
+    k_high = max(policy.model_options(high, 8, 0), key=lambda c: c.speedup).k
+    assert k_low < k_high <= 8
+
+
+# --- through the real engine ------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def engine():
+    return tiny_engine()
+
+
+@pytest.mark.parametrize("k", [1, 4])
+def test_greedy_output_is_plain_with_the_policy_on(engine, k):
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=40)
+    for messages in PROMPTS:
+        prompt = engine.encode_chat(messages)
+        engine.reset()
+        plain = run(engine, prompt, greedy, SpecParams(enabled=False))
+        engine.reset()
+        events = list(engine.generate(prompt, greedy, SpecParams(k=k, drafter="hybrid", stop_below=0.7)))
+        assert events[-1].token_ids == plain.token_ids, messages
+        rounds = [e for e in events if isinstance(e, RoundEvent)]
+        assert rounds[0].drafter == "model" and "(first tries, 1 of 3)" in rounds[0].reason
+        for e in rounds:
+            if e.drafted:
+                assert e.reason.startswith(f"{e.drafter}"), e.reason
+            elif e.mode == "speculative":
+                assert e.reason.startswith("no draft"), e.reason
+
+
+def scripted(order: list[str]):
+    """A policy that cycles through `order` (the n-gram lookup only when it has an offer), so n-gram, model and
+    empty rounds interleave whatever the costs: the model's cache catches up on text it did not draft."""
+    def choose(state, offer, k_max, model_lag, have_model=True):
+        state.round += 1
+        want = order[(state.round - 1) % len(order)]
+        if want == NGRAM and offer is None:
+            want = MODEL
+        k = {MODEL: k_max, NGRAM: offer.tokens if offer else 0, NONE: 0}[want]
+        return Choice(want, k, 1.0, 1.0, f"{want}: scripted")
+    return choose
+
+
+def test_greedy_output_is_plain_when_the_policy_mixes_drafters(engine, monkeypatch):
+    monkeypatch.setattr(policy, "choose", scripted([NGRAM, MODEL, NONE, NGRAM, NGRAM, MODEL]))
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=40)
+    kinds: dict[str, int] = {}
+    for messages in PROMPTS:
+        prompt = engine.encode_chat(messages)
+        engine.reset()
+        plain = run(engine, prompt, greedy, SpecParams(enabled=False))
+        engine.reset()
+        events = list(engine.generate(prompt, greedy, SpecParams(k=3, drafter="hybrid")))
+        assert events[-1].token_ids == plain.token_ids, messages
+        for e in events[:-1]:
+            if e.mode == "plain":  # no room left for a draft: the engine decoded the last token itself
+                continue
+            kind = e.drafter if e.drafted else "none"
+            kinds[kind] = kinds.get(kind, 0) + 1
+            assert e.reason == f"{kind}: scripted"
+    assert min(kinds.get(x, 0) for x in ("model", "ngram", "none")) >= 5, kinds
+
+
+def test_sampling_is_exact_with_the_policy_on():
+    """The real policy: its first round is the draft model's (so the checks of the model's first draft apply),
+    later ones whatever the measured costs say."""
+    assert_exact_distribution(*small_pair(), "model", 1.0, 1.0, SpecParams(k=2, drafter="hybrid"))
+
+
+def test_sampling_is_exact_when_the_policy_switches_drafters(monkeypatch):
+    """The n-gram lookup drafts the first round, the model (after catching up on the correction) the next."""
+    monkeypatch.setattr(policy, "choose", scripted([NGRAM, MODEL]))
+    assert_exact_distribution(*small_pair(), "ngram", 1.0, 1.0, SpecParams(k=1, drafter="hybrid"))
+
+
+# --- the benchmark's decode rate --------------------------------------------------------------------------------
+
+
+def _round(n: int, prefill_ms: float) -> RoundEvent:
+    return RoundEvent(round=n, mode="speculative", drafter="model", k=1, temperature=0.0,
+                      drafted=(DraftToken(5, "x", 0.5, 0.5, True),), committed=(), text_delta="", draft_ms=1.0,
+                      verify_ms=2.0, elapsed_s=0.0, new_tokens=n, draft_prefill_ms=prefill_ms)
+
+
+def test_the_decode_rate_keeps_the_draft_models_catch_ups():
+    """The draft model's first prefill of a reply is the prompt's (left out, as the target's is); a later catch-up
+    on text the n-gram rounds committed is a cost of decoding."""
+    events = [_round(1, 300.0), _round(2, 0.0), _round(3, 40.0), _round(4, 60.0)]
+    s = Summary(new_tokens=10, rounds=4, target_forwards=5, drafted=4, accepted=4, acceptance_rate=1.0,
+                mean_tokens_per_round=2.5, per_position_acceptance=(1.0,), tokens_per_s=0.0, ttft_s=0.0, total_s=2.0,
+                prompt_tokens=50, reused_prefix_tokens=0, draft_ms=4.0, verify_ms=8.0, stop_reason="length", text="",
+                prefill_s=0.5, draft_prefill_ms=400.0)
+    assert decode_seconds(events, s) == pytest.approx(2.0 - 0.5 - 0.3)
+    t = Tally()
+    t.add(events, s)
+    assert t.tokens_per_s == pytest.approx(10 / 1.2)
+
+
+def test_an_unseen_match_length_borrows_the_texts_pass_rate():
+    """A rare long match does not start at the optimistic 1/2 the n-gram drafter's own rule uses: the hybrid's
+    offer prices it at what the text's other lookups passed."""
+    import torch
+
+    from engine.spec.drafters import NGramDrafter
+
+    ngram = NGramDrafter(vocab=16, device=torch.device("cpu"))
+    ngram.hits, ngram.trials = {1: 2.0}, {1: 20.0}  # short matches pass 10% of the time
+    assert ngram.pass_rate(4) == 0.5
+    assert ngram.pooled_pass_rate(4) == pytest.approx(3 / 22)
+    ngram.hits[4], ngram.trials[4] = 90.0, 100.0
+    assert ngram.pooled_pass_rate(4) == pytest.approx((90 + 2 * 93 / 122) / 102)

