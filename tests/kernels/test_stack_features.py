@@ -410,7 +410,6 @@ def test_transformers_families_on_the_dense_kernels_run_on_the_stack(name, tmp_p
     hf = hf_model(HF_FAMILIES[name])
     hf.save_pretrained(tmp_path)
     model = place(load_checkpoint(tmp_path), torch.float32, torch.device("cpu"), 256, int8=False)
-    model.stack = QuantStack.of(model)
     assert model.stack is not None, name
     with torch.no_grad():
         ref = hf(torch.tensor([hf_ids()])).logits[0]
