@@ -90,10 +90,10 @@ class ControlsPanel(QWidget):
         form = QFormLayout(box)
         self.target_combo = QComboBox()
         self.target_combo.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
-        self.target_combo.setMinimumContentsLength(18)
+        self.target_combo.setMinimumContentsLength(12)  # the panel fits beside the inspector at 1280 px
         self.draft_combo = QComboBox()
         self.draft_combo.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
-        self.draft_combo.setMinimumContentsLength(18)
+        self.draft_combo.setMinimumContentsLength(12)  # the panel fits beside the inspector at 1280 px
         self.load_button = QPushButton("Load")
         self.load_button.setToolTip("Load the chosen pair in the background")
         self.rescan_button = QToolButton()

@@ -137,12 +137,13 @@ class StepPanel(QFrame):
         self.stop_button = QPushButton("Stop (Esc)")
         self.stop_button.clicked.connect(controller.stop)
 
-        buttons = QHBoxLayout()
-        buttons.addWidget(self.title, 1)
+        buttons = QHBoxLayout()  # under the title: beside it, a narrow chat column squeezed the title to a sliver
+        buttons.addStretch(1)
         for b in (self.next_button, self.continue_button, self.stop_button):
             buttons.addWidget(b)
         lay = QVBoxLayout(self)
         lay.setContentsMargins(10, 6, 10, 8)
+        lay.addWidget(self.title)
         lay.addLayout(buttons)
         lay.addWidget(self.note)
         lay.addWidget(self.detail_scroll)
@@ -178,6 +179,8 @@ class StepPanel(QFrame):
             self.note.setText(PHASE_NOTE[ev.phase])
         else:
             self.note.setText("Nothing was drafted this round: the target decoded one token by itself.")
+        if ev.reason:  # the hybrid's policy says why this drafter (or none) made the round
+            self.note.setText(f"{self.note.text()}\n{ev.reason}")
         self.detail.setText(phase_html(ev))
         self.detail.setVisible(True)
         self.detail_scroll.setVisible(True)

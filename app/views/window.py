@@ -141,7 +141,9 @@ class MainWindow(QMainWindow):
         scroll.setWidget(self.controls)
         scroll.setWidgetResizable(True)
         scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
-        scroll.setMinimumWidth(CONTROLS_MIN_WIDTH)
+        # Never narrower than its content (fonts differ between desktops): a narrower one clipped its right edge
+        scroll.setMinimumWidth(max(CONTROLS_MIN_WIDTH, self.controls.minimumSizeHint().width()
+                                   + scroll.verticalScrollBar().sizeHint().width()))
         scroll.setFrameShape(QScrollArea.Shape.NoFrame)
 
         self.splitter = QSplitter(Qt.Orientation.Horizontal)

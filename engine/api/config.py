@@ -89,13 +89,18 @@ class ModelConfig:
                                  f"{', '.join(families.ROPE_SCALINGS)})")
             if kind == "longrope":
                 self._check_longrope()
+            if kind == "linear":
+                factor = self.rope_scaling.get("factor")
+                if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not factor > 0:
+                    raise ValueError(f"linear rope_scaling needs a positive factor, got {factor!r}")
 
     def _check_longrope(self) -> None:
         rs = self.rope_scaling
         short, orig = rs.get("short_factor"), rs.get("original_max_position_embeddings")
-        if not isinstance(short, (list, tuple)) or len(short) != self.rotary_dim // 2:
-            raise ValueError(f"longrope short_factor must list {self.rotary_dim // 2} factors (one per rotary "
-                             f"frequency), got {short!r}")
+        if not isinstance(short, (list, tuple)) or len(short) != self.rotary_dim // 2 or not all(
+                isinstance(f, (int, float)) and not isinstance(f, bool) and f > 0 for f in short):
+            raise ValueError(f"longrope short_factor must list {self.rotary_dim // 2} positive factors (one per "
+                             f"rotary frequency), got {short!r}")
         if not isinstance(orig, int) or orig < 1:
             raise ValueError(f"longrope needs original_max_position_embeddings, got {orig!r}")
         if self.max_position_embeddings > orig:

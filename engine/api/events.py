@@ -183,6 +183,7 @@ class PhaseEvent:
     accepted: int | None = None  # drafts kept, from DECIDED on
     committed: tuple[CommittedToken, ...] = ()  # DECIDED: the accepted drafts, then the correction or bonus
     rollback: tuple[CacheRollback, ...] = ()  # DECIDED: the target's cache, and the draft model's if any
+    reason: str = ""  # why this drafter and K made the round, as its RoundEvent will carry it
 
     def __post_init__(self) -> None:
         n = len(self.tokens)

@@ -199,7 +199,7 @@ def stop_builds() -> int:
     compilers; for a process about to quit. Returns how many were running."""
     running = [c for c in _started if c.poll() is None]
     for c in running:
-        _kill(c)
+        _kill(c, grace_s=1.0)  # the app waits a few seconds for this process to quit before it kills it
     _started.clear()
     return len(running)
 
@@ -244,7 +244,7 @@ def compile_module(folder: Path, lock_fd: int | None, progress: Progress | None 
     return Path(built[-1])
 
 
-def _kill(child: subprocess.Popen) -> None:
+def _kill(child: subprocess.Popen, grace_s: float = 5.0) -> None:
     """The child and the compilers it started. ninja puts each compile in a process group of its own, so a signal
     to the child's group does not reach them: SIGTERM first (ninja then interrupts its compiles), then SIGKILL to
     whatever is left in the child's session."""
@@ -256,7 +256,7 @@ def _kill(child: subprocess.Popen) -> None:
         return
     try:
         os.killpg(child.pid, signal.SIGTERM)
-        child.wait(timeout=5)
+        child.wait(timeout=grace_s)
     except (OSError, subprocess.TimeoutExpired):
         pass
     for pid in _session(child.pid) + [child.pid]:

@@ -28,6 +28,14 @@ PRE_TOKENIZERS: dict[str, tuple[str, bool]] = {
     "llama-bpe": (_CONTRACTIONS + r"\p{N}{1,3}" + _TAIL, True),  # Llama 3.x
 }
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED = 1, 2, 3, 4  # tokenizer.ggml.token_type values
+# End-of-generation tokens llama.cpp finds by their text and makes control tokens whatever the file says (its
+# llama-vocab.cpp): text spelling one is then that one token, never its characters
+EOG_TEXTS = frozenset({"<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>", "<|calls|>",
+                       "<end_of_turn>", "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]", "[EOS]",
+                       "<|end_of_text|>", "<end_of_utterance>", "<eos>", "<turn|>", "<|tool_response>"})
+# A base model's file has no chat template: a conversation is then completed as plain text after BOS (its messages'
+# text run together), which is what such a model was trained on; GGUFFile.completes_text tells the load info.
+PLAIN_COMPLETION = "{{ bos_token or '' }}{% for m in messages %}{{ m['content'] }}{% endfor %}"
 
 
 def tokenizer_from_gguf(path: Path, metadata: dict[str, Any]) -> ChatTokenizer | PreTrainedTokenizerBase:
@@ -53,7 +61,7 @@ def _byte_level_bpe(meta: dict[str, Any], pattern: str, ignore_merges: bool) -> 
     )
 
     tokens: list[str] = meta["tokenizer.ggml.tokens"]
-    types: list[int] = meta.get("tokenizer.ggml.token_type") or [1] * len(tokens)
+    types = _types(meta, tokens)
     merges = [tuple(m.split(" ", 1)) for m in meta.get("tokenizer.ggml.merges", [])]
     bpe = models.BPE({t: i for i, t in enumerate(tokens)}, merges, ignore_merges=ignore_merges)
     tk = Tokenizer(bpe)
@@ -74,7 +82,7 @@ def _byte_level_bpe(meta: dict[str, Any], pattern: str, ignore_merges: bool) -> 
         tk.post_processor = processors.TemplateProcessing(single=f"{bos} $A", pair=f"{bos} $A {bos} $B",
                                                           special_tokens=[(bos, tokens.index(bos))])
     return ChatTokenizer(tk, bos_token=bos, eos_token=token("eos"), pad_token=token("padding"),
-                         unk_token=token("unknown"), chat_template=meta.get("tokenizer.chat_template"))
+                         unk_token=token("unknown"), chat_template=_template(meta))
 
 
 def _sentencepiece_bpe(meta: dict[str, Any]) -> ChatTokenizer:
@@ -94,7 +102,7 @@ def _sentencepiece_bpe(meta: dict[str, Any]) -> ChatTokenizer:
 
     tokens: list[str] = list(meta["tokenizer.ggml.tokens"])
     scores: list[float] = meta["tokenizer.ggml.scores"]
-    types: list[int] = meta.get("tokenizer.ggml.token_type") or [1] * len(tokens)
+    types = _types(meta, tokens)
     if len(scores) != len(tokens) or len(types) != len(tokens):
         raise ModelLoadError("GGUF tokenizer metadata: tokens, scores and token types differ in length")
     # Gemma stores its runs of spaces as spaces; as pieces they are spelled with "▁", like every other space
@@ -130,7 +138,18 @@ def _sentencepiece_bpe(meta: dict[str, Any]) -> ChatTokenizer:
         tk.post_processor = processors.TemplateProcessing(single=f"{bos} $A", pair=f"{bos} $A {bos} $B",
                                                           special_tokens=[(bos, tokens.index(bos))])
     return ChatTokenizer(tk, bos_token=bos, eos_token=token("eos"), pad_token=token("padding"),
-                         unk_token=token("unknown"), chat_template=meta.get("tokenizer.chat_template"))
+                         unk_token=token("unknown"), chat_template=_template(meta))
+
+
+def _types(meta: dict[str, Any], tokens: list[str]) -> list[int]:
+    """tokenizer.ggml.token_type, with llama.cpp's end-of-generation tokens made control tokens."""
+    types = list(meta.get("tokenizer.ggml.token_type") or [NORMAL] * len(tokens))
+    return [CONTROL if ty == NORMAL and t in EOG_TEXTS else ty for t, ty in zip(tokens, types)]
+
+
+def _template(meta: dict[str, Any]) -> str:
+    template = meta.get("tokenizer.chat_template")
+    return template if isinstance(template, str) and template else PLAIN_COMPLETION
 
 
 def _via_transformers(path: Path, meta: dict[str, Any]) -> PreTrainedTokenizerBase:

@@ -124,10 +124,15 @@ class Family:
 
 
 FAMILIES: tuple[Family, ...] = (
-    Family("llama", "Llama", "llama", qkv_bias="config", o_bias="config", mlp_bias="config", rope_scaling=("llama3",)),
-    Family("qwen2", "Qwen2", "qwen2", qkv_bias="always", window="layers"),
-    Family("mistral", "Mistral", None, window="all"),
-    Family("qwen3", "Qwen3", "qwen3", qk_norm=True, qkv_bias="config", o_bias="config", window="layers"),
+    Family("llama", "Llama", "llama", qkv_bias="config", o_bias="config", mlp_bias="config", rope_scaling=("llama3",),
+           hf_defaults=(("rms_norm_eps", 1e-6), ("max_position_embeddings", 2048))),
+    Family("qwen2", "Qwen2", "qwen2", qkv_bias="always", window="layers",
+           hf_defaults=(("rms_norm_eps", 1e-6), ("max_position_embeddings", 32768), ("sliding_window", 4096))),
+    Family("mistral", "Mistral", None, window="all",
+           hf_defaults=(("rms_norm_eps", 1e-6), ("max_position_embeddings", 131_072), ("sliding_window", 4096))),
+    Family("qwen3", "Qwen3", "qwen3", qk_norm=True, qkv_bias="config", o_bias="config", window="layers",
+           hf_defaults=(("rms_norm_eps", 1e-6), ("head_dim", 128), ("max_position_embeddings", 32768),
+                        ("sliding_window", 4096))),
     Family("gemma3_text", "Gemma 3", "gemma3", norm_offset=1.0, qk_norm=True, qkv_bias="config", o_bias="config",
            activation="gelu_pytorch_tanh", window="pattern", embedding_scale=True, rope_scaling=("linear",),
            extra=("sandwich_norm", "local_rope"),
@@ -136,7 +141,7 @@ FAMILIES: tuple[Family, ...] = (
                         ("query_pre_attn_scalar", 256), ("sliding_window", 4096), ("sliding_window_pattern", 6),
                         ("max_position_embeddings", 131_072), ("tie_word_embeddings", True))),
     Family("phi3", "Phi-3", "phi3", window="all", partial_rotary=True, rope_scaling=("longrope",),
-           extra=("fused_qkv",)),
+           extra=("fused_qkv",), hf_defaults=(("rms_norm_eps", 1e-5), ("max_position_embeddings", 4096))),
     Family("smollm3", "SmolLM3", "smollm3", qkv_bias="config", o_bias="config", mlp_bias="config",
            extra=("nope_layers",)),
     Family("granite", "Granite", "granite", o_bias="config", mlp_bias="config", extra=("multipliers",)),
@@ -270,6 +275,9 @@ def check_hf_config(cfg: Mapping[str, Any]) -> Family:
             raise ValueError(f"{key} = {cfg[key]}: {FEATURES['logit_softcap'].phrase} is not implemented in SpecLens")
     if cfg.get("use_bidirectional_attention"):
         raise ValueError("use_bidirectional_attention: SpecLens runs causal decoders only")
+    scalar = cfg.get("query_pre_attn_scalar")
+    if scalar is not None and (isinstance(scalar, bool) or not isinstance(scalar, (int, float)) or not scalar > 0):
+        raise ValueError(f"query_pre_attn_scalar must be a positive number, got {scalar!r}")
     factor = partial_rotary_factor(cfg)
     if factor != 1.0 and not fam.partial_rotary:  # its transformers code turns whole heads whatever the field says
         raise ValueError(f"partial_rotary_factor = {factor}: {fam.title} applies RoPE to whole heads; SpecLens will "

@@ -21,7 +21,7 @@ from engine.model.row_padding import pad_short_passes
 from engine.model.slot_view import SlotView
 from engine.model.step_graphs import StepGraphs, exact_graphs, graphs_wanted
 
-Angles = tuple[torch.Tensor, torch.Tensor]  # cos and the signed sin at a pass's positions, each (T, 1, D)
+Angles = tuple[torch.Tensor, torch.Tensor]  # cos and the signed sin at a pass's positions, each (T, 1, rotary_dim)
 
 
 def rope_frequencies(cfg: ModelConfig, local: bool = False) -> torch.Tensor:

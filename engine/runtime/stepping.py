@@ -48,9 +48,11 @@ class RoundSteps(NoSteps):
             self.tokens = tuple(tokens)
             self.texts = tuple(text_of(tok) for tok in tokens)
             self.q = tuple(_at(proposal.q, tokens)) if tokens else ()
+            self.reason = proposal.reason if proposal is not None else ""  # why this drafter drafted (hybrid)
 
     def _event(self, phase: Phase, **kw: Any) -> PhaseEvent:
-        return PhaseEvent(self.round, phase, self.drafter, self.k, self.tokens, self.texts, self.q, **kw)
+        return PhaseEvent(self.round, phase, self.drafter, self.k, self.tokens, self.texts, self.q, reason=self.reason,
+                          **kw)
 
     def _pause(self, make: Callable[[], PhaseEvent]) -> None:
         gate = self.controls.gate

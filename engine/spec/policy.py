@@ -9,9 +9,16 @@ c steps (its measured drafting time over t(1)), and a draft model that lags the 
 spread over the rounds it is then expected to draft. The estimates are this request's own, decayed so that they follow
 the text; pass times, a property of the machine and the pair, carry over from earlier requests.
 
-Exploration is bounded: a drafter that has not drafted for EXPLORE_EVERY rounds drafts one round, so a
-draft model out of favour is re-measured at most once every EXPLORE_EVERY rounds. The n-gram lookup needs none: its
+Exploration is bounded: the draft model drafts a request's first FIRST_TRIES rounds at the K ceiling, and once out of
+favour it drafts one round after EXPLORE_EVERY unused ones, so it is re-measured at most once every EXPLORE_EVERY
+rounds. The n-gram lookup needs none: its
 continuations are scored against the committed text every round, drafted or not.
+
+Costs are measured only while decoding greedily (`PolicyState.measuring`). A sampled reply must come out the same
+from the same seed (step-through, the comparison and the tuner rely on it), and each choice changes how many random
+numbers a round draws; so under sampling the choice reads only the seeded outcomes and costs fixed before the reply
+(those greedy replies measured, or the priors), never its own timings. Greedy output is the target's whatever the
+choices.
 
 Only the choice lives here (pure functions of a PolicyState); the drafters draft, and each proposal is verified
 against the q of the drafter that made it, so exactness is the drafters' own.
@@ -49,6 +56,7 @@ class PolicyState:
     lookup_s: float = 0.0  # the n-gram lookup (paid every round, whatever is chosen)
     hits: float = PRIOR_ALPHA * PRIOR_TRIALS  # the draft model's decayed accepted tokens ...
     trials: float = PRIOR_TRIALS  # ... over its decayed trials (accepted + 1 per rejection)
+    measuring: bool = True  # this round's timings may update the costs (greedy decoding: see the module's note)
     round: int = 0
     last_used: dict[str, int] = field(default_factory=dict)  # drafter -> the last round it drafted
     model_rounds: int = 0  # rounds the draft model drafted in this request
@@ -93,7 +101,7 @@ def _ema(old: float | None, new: float, weight: float = PASS_EMA) -> float:
 
 def observe_pass(state: PolicyState, width: int, seconds: float) -> None:
     """A verify pass of `width` rows (drafted + 1) took `seconds`."""
-    if seconds > 0 and width >= 1:
+    if state.measuring and seconds > 0 and width >= 1:
         state.pass_s[width] = _ema(state.pass_s.get(width), seconds)
 
 
@@ -104,18 +112,19 @@ def observe_model(state: PolicyState, drafted: int, accepted: int, draft_s: floa
         return
     state.hits = state.hits * DECAY + accepted
     state.trials = state.trials * DECAY + accepted + (1 if accepted < drafted else 0)
-    if draft_s > 0:
+    if state.measuring and draft_s > 0:
         state.model_token_s = _ema(state.model_token_s, draft_s / drafted)
 
 
 def observe_catchup(state: PolicyState, tokens: int, seconds: float) -> None:
     """The draft model caught up with `tokens` committed ids in one pass of `seconds`."""
-    if 0 < tokens <= CATCHUP_MAX_TOKENS and seconds > 0:
+    if state.measuring and 0 < tokens <= CATCHUP_MAX_TOKENS and seconds > 0:
         state.catchup_s = _ema(state.catchup_s, seconds)
 
 
 def observe_lookup(state: PolicyState, seconds: float) -> None:
-    state.lookup_s = _ema(state.lookup_s or None, max(seconds, 0.0))
+    if state.measuring:
+        state.lookup_s = _ema(state.lookup_s or None, max(seconds, 0.0))
 
 
 def pass_steps(state: PolicyState, width: int) -> tuple[float, float]:
@@ -184,9 +193,10 @@ def choose(state: PolicyState, offer: Offer | None, k_max: int, model_lag: int, 
     best = max([plain, *models, *ngrams], key=lambda ch: ch.speedup)  # ties: plain first, then the model
     explored = ""
     last, tries = state.last_used.get(MODEL), state.model_rounds
-    if models and best.drafter != MODEL and (tries < FIRST_TRIES or state.round - last >= EXPLORE_EVERY):
-        explored = (f"first tries, {tries + 1} of {FIRST_TRIES}" if tries < FIRST_TRIES
-                    else f"re-try after {state.round - last - 1} rounds unused")
+    if models and tries < FIRST_TRIES:  # at the ceiling: each round then measures every draft position
+        explored, best = f"first tries, {tries + 1} of {FIRST_TRIES}", models[-1]
+    elif models and best.drafter != MODEL and state.round - last >= EXPLORE_EVERY:
+        explored = f"re-try after {state.round - last - 1} rounds unused"
         best = max(models, key=lambda ch: ch.speedup)
     if best.drafter != NONE:
         state.last_used[best.drafter] = state.round

@@ -96,9 +96,11 @@ def test_quitting_the_engine_process_ends_the_compile_it_started(tmp_path, sleep
                 assert time.monotonic() < end
             time.sleep(0.5)
             assert all(running(p) for p in started)
+        t0 = time.monotonic()
         conn.send(Shutdown())  # what the window sends when it closes
         proc.join(15)
         assert proc.exitcode == 0, "the engine process did not quit by itself"
+        print(f"the engine process quit {time.monotonic() - t0:.1f} s after Shutdown, its compile ended")
         wait_for(lambda: not any(running(p) for p in started), 10)
     finally:
         if proc.exitcode is None:

@@ -247,3 +247,50 @@ def test_an_unseen_match_length_borrows_the_texts_pass_rate():
     assert ngram.pooled_pass_rate(4) == pytest.approx(3 / 22)
     ngram.hits[4], ngram.trials[4] = 90.0, 100.0
     assert ngram.pooled_pass_rate(4) == pytest.approx((90 + 2 * 93 / 122) / 102)
+
+
+def test_step_through_says_why_each_round_drafted(engine):
+    """Every phase of a stepped round carries the reason its RoundEvent records."""
+    from tests.engine.test_stepping import stepping_controls
+
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=12)
+    spec = SpecParams(k=3, drafter="hybrid")
+    controls, seen = stepping_controls(greedy, spec)
+    engine.reset()
+    prompt = engine.encode_chat(PROMPTS[2])
+    rounds = {e.round: e for e in engine.generate(prompt, greedy, spec, controls) if isinstance(e, RoundEvent)}
+    assert seen
+    for ph in seen:
+        assert ph.reason == rounds[ph.round].reason
+    assert any(ph.reason.startswith("model (first tries") for ph in seen)
+
+
+def test_a_sampled_reply_is_reproducible_from_its_seed(engine):
+    """Under sampling the policy reads no timing of its own, so the same seed makes the same choices and the same
+    reply, before and after a greedy reply has measured the costs; the greedy reply did measure them."""
+    sampled = SamplingParams(temperature=0.9, top_p=0.95, seed=7, max_new_tokens=30)
+    spec = SpecParams(k=3, drafter="hybrid")
+    prompt = engine.encode_chat(PROMPTS[1])
+
+    def reply(params):
+        engine.reset()
+        events = list(engine.generate(prompt, params, spec))
+        return events[-1].token_ids, [e.reason for e in events[:-1]]
+
+    state = engine.hybrid_drafter.state
+    first = reply(sampled)
+    costs = (dict(state.pass_s), state.model_token_s, state.catchup_s, state.lookup_s)
+    assert reply(sampled) == first
+    assert (dict(state.pass_s), state.model_token_s, state.catchup_s, state.lookup_s) == costs
+    reply(SamplingParams(temperature=0.0, max_new_tokens=30))
+    assert dict(state.pass_s) != costs[0]  # greedy rounds measured the passes
+    moved = dict(state.pass_s)
+    again = reply(sampled)
+    assert dict(state.pass_s) == moved
+    assert again[0] and all(r for r in again[1][:3])
+
+
+def test_the_first_tries_draft_at_the_ceiling():
+    state = machine(c=2.0)  # the model does not pay: only the first tries draft with it
+    picks = [policy.choose(state, None, 5, model_lag=0) for _ in range(policy.FIRST_TRIES + 1)]
+    assert [(p.drafter, p.k) for p in picks] == [(MODEL, 5)] * policy.FIRST_TRIES + [(NONE, 0)]

@@ -113,6 +113,9 @@ def ours_by_passes(model: Transformer) -> torch.Tensor:
 def test_the_config_reads_the_family_features(family):
     name, hf, model = family
     c, hc = model.cfg, hf.config
+    # the folder's config.json is in transformers 5's form (rope_parameters, per layer type for Gemma 3); FAMILIES
+    # holds the older one (rope_theta, rope_scaling, rope_local_base_freq) that most published folders use
+    assert ModelConfig.from_hf(FAMILIES[name]) == c
     windowed = [t == "sliding_attention" for t in getattr(hc, "layer_types", None) or []]
     if name in ("mistral", "phi3"):
         windowed = [True] * hc.num_hidden_layers
@@ -218,7 +221,11 @@ def test_the_window_changes_the_answer_past_it():
     ("phi3", {"rope_scaling": {"rope_type": "dynamic", "factor": 2.0}}, "unsupported rope_scaling type 'dynamic'"),
     ("phi4-mini", {"partial_rotary_factor": 1.5}, "partial_rotary_factor must be in (0, 1]"),
     ("phi4-mini", {"rope_scaling": {"type": "longrope", "short_factor": [1.0] * 8, "long_factor": [1.0] * 8}},
-     "longrope short_factor must list 6 factors"),
+     "longrope short_factor must list 6 positive factors"),
+    ("phi4-mini", {"rope_scaling": {"type": "longrope", "short_factor": [1.0] * 5 + ["x"]}},
+     "longrope short_factor must list 6 positive factors"),
+    ("gemma3", {"query_pre_attn_scalar": "256"}, "query_pre_attn_scalar must be a positive number, got '256'"),
+    ("gemma3", {"rope_scaling": {"rope_type": "linear"}}, "linear rope_scaling needs a positive factor, got None"),
 ])
 def test_fields_that_change_the_math_are_refused_by_name(name, change, words):
     with pytest.raises(ValueError) as e:

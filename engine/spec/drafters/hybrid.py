@@ -58,6 +58,7 @@ class HybridDrafter:
     def propose(self, ids: list[int], k: int, params: SamplingParams, gen: torch.Generator | None) -> Proposal:
         if self.MIN_EXPECTED is not None:
             return self._fixed_rule(ids, k, params, gen)
+        self.state.measuring = params.greedy  # a sampled reply's choices must not read its own timings
         t0 = time.perf_counter()
         match, cont = self.ngram.lookup(ids, k)
         policy.observe_lookup(self.state, time.perf_counter() - t0)
