@@ -125,7 +125,7 @@ def build_model(gf: GGUFFile, max_len: int, act: Act = "int8", head_rows: np.nda
         model.embed = QuantEmbedding.tied(model.lm_head)
     if head_rows is not None:
         model.head = HeadPart(torch.from_numpy(np.asarray(head_rows, dtype=np.int64)), cfg.vocab_size)
-    model.stack = QuantStack.of(model) if cfg.llama_math else None  # the stack computes the Llama math only
+    model.stack = QuantStack.of(model)  # None where the stack cannot compute the layers: they run in torch
     # As llama.cpp's default cache: half the memory a long chat holds and half the bytes the stack's attention reads
     model.kv_dtype = torch.float16  # GGUF_KV_BYTES (engine.api.config): what the app counts a context at
     model.weights = arena.taken() if arena is not None else None

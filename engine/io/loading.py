@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import torch
 
-from engine.api.config import DEFAULT_CONTEXT, CacheConfig, ModelConfig
+from engine.api.config import DEFAULT_CONTEXT, CacheConfig
 from engine.cpu import ext
 from engine.cpu.dense import run_on_kernels
 from engine.cpu.formats import T
@@ -161,21 +161,11 @@ def place(ckpt: Checkpoint, dtype: torch.dtype, dev: torch.device, max_len: int,
     if dev.type != "cpu":
         return model
     if requant is not None and run_on_kernels(model, requant):  # a draft re-quantized (Q4_0) on the kernels
-        return without_unfit_stack(model)
+        return model
     if int8 and int8_supported():
         return swap_linears(model, Int8Linear)
     if run_on_kernels(model):  # batch-invariant, so greedy speculation stays exact (engine.cpu.dense)
-        return without_unfit_stack(model)
+        return model
     return swap_linears(model, PackedLinear) if packed_supported() else model
 
 
-def stack_computes(cfg: ModelConfig) -> bool:
-    """Whether the C++ stack computes this config's layers: the Llama math it was written for (ModelConfig.llama_math).
-    A model of a family with more keeps its layers in torch, on the kernels' batch-invariant matrices."""
-    return cfg.llama_math
-
-
-def without_unfit_stack(model: Transformer) -> Transformer:
-    if model.stack is not None and not stack_computes(model.cfg):
-        model.stack = None
-    return model

@@ -267,21 +267,18 @@ def test_the_table_marks_the_new_families_runnable():
     assert runnable == {"llama", "qwen2", "mistral", "qwen3", "gemma3_text", "phi3"}
 
 
-def test_on_the_cpu_kernels_a_new_family_keeps_its_layers_in_torch(tmp_path):
-    """The C++ stack computes the Llama math only: a Gemma 3 folder placed on the CPU runs its matrices on the
-    kernels and its layers in torch, and still equals transformers."""
+def test_on_the_cpu_kernels_a_new_family_runs_on_the_stack(tmp_path):
+    """A Gemma 3 folder placed on the CPU runs its matrices on the kernels and its short passes on the C++ stack
+    (q/k and sandwich norms, GELU, windows with their local RoPE), and equals transformers."""
     from engine.cpu import ext
-    from engine.io.loading import place, stack_computes
+    from engine.io.loading import place
 
     if ext.load() is None:
         pytest.skip("the compiled kernels are not available here")
     hf = hf_model(FAMILIES["gemma3"])
     hf.save_pretrained(tmp_path)
-    ck = load_checkpoint(tmp_path)
-    assert not stack_computes(ck.config)
-    assert stack_computes(ModelConfig.from_hf(dict(BASE, model_type="llama")))
-    model = place(ck, torch.float32, torch.device("cpu"), 256, int8=False)
-    assert model.stack is None and type(model.layers[0].attn.qkv).__name__ == "QuantLinear"
+    model = place(load_checkpoint(tmp_path), torch.float32, torch.device("cpu"), 256, int8=False)
+    assert model.stack is not None and type(model.layers[0].attn.qkv).__name__ == "QuantLinear"
     with torch.no_grad():
         ref = hf(torch.tensor([ids()])).logits[0]
     torch.testing.assert_close(ours_by_passes(model), ref, atol=ATOL, rtol=0)

@@ -1,4 +1,4 @@
-// Causal attention of T <= 16 queries over a layer's cached keys, and the MLP's SiLU, included once per
+// Causal attention of T <= 16 queries over a layer's cached keys, and the MLP's SiLU and GELU, included once per
 // instruction set inside its namespace (after the file's `#pragma GCC target`). Written with GCC vector types rather than
 // intrinsics: every lane does the same IEEE multiply and add in the same order under every target (no FMA:
 // -ffp-contract=off), so all ISAs give the same bits.
@@ -21,6 +21,11 @@
 // the query may see, in ascending order, and the merge runs over chunks in ascending order. So a position's bits
 // do not depend on T, on the other queries, or on which thread ran what: a verify pass of K+1 queries gives each
 // position the bits a one-token step gives it.
+//
+// A sliding window (Mistral, Gemma 3's local layers) moves the first key a query sees to max(0, p - window + 1): a
+// chunk then holds, for each query, one contiguous run of the keys it sees (the chunks are still fixed by position),
+// the query's work skips the chunks wholly before its window, and its merge starts at its first chunk. Which keys a
+// query sees depends on its position alone, so the argument above holds unchanged.
 
 typedef float f8 __attribute__((vector_size(32)));
 
@@ -64,6 +69,22 @@ void silu_mul(const float* gu, int T, int64_t I, float* out, int nthreads) {
         const int64_t t = i / per_row, c = 8 * (i % per_row);
         const f8 g = load8(gu + t * 2 * I + c), u = load8(gu + t * 2 * I + I + c);
         const f8 r = g / (1.0f + exp8(-g)) * u;
+        std::memcpy(out + t * I + c, &r, sizeof r);
+    }
+}
+
+// out (T, I) = gelu_tanh(gate) * up for gu (T, 2I) = gate | up; I a multiple of 8. gelu_tanh(x) =
+// 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3), computed as x / (1 + e^(-2u)) (the same function:
+// 1 + tanh(u) = 2 / (1 + e^(-2u))), which needs only exp8 and has no cancellation where tanh(u) nears -1.
+// Gemma's MLP activation (HF's gelu_pytorch_tanh).
+void gelu_tanh_mul(const float* gu, int T, int64_t I, float* out, int nthreads) {
+    const int64_t per_row = I / 8, n = T * per_row;
+#pragma omp parallel for schedule(static) num_threads(nthreads)
+    for (int64_t i = 0; i < n; ++i) {
+        const int64_t t = i / per_row, c = 8 * (i % per_row);
+        const f8 g = load8(gu + t * 2 * I + c), u = load8(gu + t * 2 * I + I + c);
+        const f8 inner = (g + (g * g * g) * 0.044715f) * 0.7978845608028654f;  // sqrt(2/pi)
+        const f8 r = g / (1.0f + exp8(inner * -2.0f)) * u;
         std::memcpy(out + t * I + c, &r, sizeof r);
     }
 }
@@ -169,6 +190,11 @@ template <int DV_>
     for (int c = 0; c < step; ++c) std::memcpy(out + 8 * c, &o[c], sizeof o[c]);
 }
 
+// The first key query t of the call (at position S - T + t) sees: 0, or the start of its window
+static inline int64_t first_key(const AttnArgs& a, int t) {
+    return a.window > 0 ? std::max<int64_t>(a.S - a.T + t + 1 - a.window, 0) : 0;
+}
+
 // One work item: the queries of the call over one (chunk, KV head), each with the G query heads that share the KV
 // head. s: scratch of T * G * (KEY_CHUNK + 8) floats; P: the (T, chunks, H, stride) rows of max | sum |
 // unnormalised output (D). DV = D / 8 when it is 8 or 16 (compile-time loops, registers), else 0 (any D): the same
@@ -180,11 +206,17 @@ template <int DV_>
                                              int64_t stride) {
     const int G = a.H / a.Hkv, DV = DV_ ? DV_ : a.D / 8, D = a.D;
     const int64_t SS = KEY_CHUNK + 8, j0 = c * KEY_CHUNK;
+    const int64_t jend = std::min<int64_t>(j0 + KEY_CHUNK, a.S);  // the last query sees up to key S - 1
+    const int64_t nmax = jend - j0;
+    // the keys of query t here: [from(t), seen(t)) counted from j0, both rising with t
+    const auto seen = [&](int t) { return std::min<int64_t>(jend, a.S - a.T + t + 1) - j0; };
+    const auto from = [&](int t) { return std::max<int64_t>(first_key(a, t) - j0, 0); };
     int t0 = 0;  // the first query that sees any key of this chunk
     while (t0 < a.T && a.S - a.T + t0 + 1 <= j0) ++t0;
-    const int64_t jend = std::min<int64_t>(j0 + KEY_CHUNK, a.S);  // the last query sees all S keys
-    const int64_t nmax = jend - j0;
-    const auto seen = [&](int t) { return std::min<int64_t>(jend, a.S - a.T + t + 1) - j0; };  // keys of query t here
+    int t1 = t0;  // past the last one
+    while (t1 < a.T && first_key(a, t1) < jend) ++t1;
+    if (t0 >= t1) return;
+    const int64_t bfirst = from(t0) / KEY_BLOCK * KEY_BLOCK;  // blocks before it no query here sees
     const int esize = kv_bytes(a.kv);
     const float* rows[KEY_BLOCK];
     alignas(32) float widened[KEY_BLOCK * MAX_HEAD_DIM];  // an fp16 pool's block of rows, as fp32
@@ -200,36 +232,37 @@ template <int DV_>
             }
         }
     };
-    for (int64_t b0 = 0; b0 < nmax; b0 += KEY_BLOCK) {
+    for (int64_t b0 = bfirst; b0 < nmax; b0 += KEY_BLOCK) {
         find_rows(a.k, b0, std::min<int64_t>(b0 + KEY_BLOCK, nmax));
         // a contiguous cache's rows KEYS_AHEAD keys on (through a read table they are elsewhere: no prefetch)
         const char* ahead = a.read ? nullptr
                                    : static_cast<const char*>(a.k) +
                                          kv_row(g, a.base + j0 + b0 + KEYS_AHEAD, a.slots, a.D) * esize;
-        for (int t = t0; t < a.T; ++t) {
-            const int64_t b1 = std::min<int64_t>(b0 + KEY_BLOCK, seen(t));
-            if (b1 <= b0) continue;
+        for (int t = t0; t < t1; ++t) {
+            const int64_t k0 = std::max(b0, from(t)), b1 = std::min<int64_t>(b0 + KEY_BLOCK, seen(t));
+            if (b1 <= k0) continue;
             const float* qt = a.q + (static_cast<int64_t>(t) * a.H + g * G) * D;
             for (int h = 0; h < G; ++h) {  // the block's first call reads it from memory: that one prefetches
-                scores<DV_>(qt + static_cast<int64_t>(h) * D, rows, b1 - b0, DV, a.scale, s + (t * G + h) * SS + b0,
-                            ahead, a.S - (j0 + b0 + KEYS_AHEAD), esize);
+                scores<DV_>(qt + static_cast<int64_t>(h) * D, rows + (k0 - b0), b1 - k0, DV, a.scale,
+                            s + (t * G + h) * SS + k0, ahead, a.S - (j0 + b0 + KEYS_AHEAD), esize);
                 ahead = nullptr;
             }
         }
     }
-    for (int t = t0; t < a.T; ++t)
+    for (int t = t0; t < t1; ++t)
         for (int h = 0; h < G; ++h)
-            softmax_part(s + (t * G + h) * SS, seen(t), P + ((t * chunks + c) * a.H + g * G + h) * stride);
+            softmax_part(s + (t * G + h) * SS + from(t), seen(t) - from(t),
+                         P + ((t * chunks + c) * a.H + g * G + h) * stride);
     const int step = DV_ ? 8 : DV;
     for (int c0 = 0; c0 < DV; c0 += step) {
-        for (int64_t b0 = 0; b0 < nmax; b0 += KEY_BLOCK) {
+        for (int64_t b0 = bfirst; b0 < nmax; b0 += KEY_BLOCK) {
             find_rows(a.v, b0, std::min<int64_t>(b0 + KEY_BLOCK, nmax));
-            for (int t = t0; t < a.T; ++t) {
-                const int64_t b1 = std::min<int64_t>(b0 + KEY_BLOCK, seen(t));
-                if (b1 <= b0) continue;
-                for (int h = 0; h < G; ++h)
-                    values<DV_>(s + (t * G + h) * SS + b0, rows, b1 - b0, c0, step,
-                                P + ((t * chunks + c) * a.H + g * G + h) * stride + 2 + 8 * c0, b0 == 0);
+            for (int t = t0; t < t1; ++t) {
+                const int64_t k0 = std::max(b0, from(t)), b1 = std::min<int64_t>(b0 + KEY_BLOCK, seen(t));
+                if (b1 <= k0) continue;
+                for (int h = 0; h < G; ++h)  // fresh: the query's first block here
+                    values<DV_>(s + (t * G + h) * SS + k0, rows + (k0 - b0), b1 - k0, c0, step,
+                                P + ((t * chunks + c) * a.H + g * G + h) * stride + 2 + 8 * c0, k0 == from(t));
             }
         }
     }
@@ -261,12 +294,13 @@ void attend(const AttnArgs& a) {
 #pragma omp for schedule(static)
         for (int64_t th = 0; th < static_cast<int64_t>(a.T) * a.H; ++th) {
             const int64_t t = th / a.H, h = th % a.H, n = a.S - a.T + t + 1, used = (n + KEY_CHUNK - 1) / KEY_CHUNK;
+            const int64_t c_first = first_key(a, static_cast<int>(t)) / KEY_CHUNK;  // the chunk of its first key
             const float* first = P + (t * chunks * a.H + h) * stride;
-            float mx = first[0];
-            for (int64_t c = 1; c < used; ++c) mx = std::max(mx, first[c * a.H * stride]);
+            float mx = first[c_first * a.H * stride];
+            for (int64_t c = c_first + 1; c < used; ++c) mx = std::max(mx, first[c * a.H * stride]);
             float sum = 0.0f;
             f8 o[MAX_HEAD_DIM / 8] = {};
-            for (int64_t c = 0; c < used; ++c) {
+            for (int64_t c = c_first; c < used; ++c) {
                 const float* part = first + c * a.H * stride;
                 const float w = exp8(f8{} + (part[0] - mx))[0];
                 sum += w * part[1];

@@ -5,6 +5,8 @@
 #include <ATen/ops/empty.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include <algorithm>
+#include <cmath>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -168,22 +170,55 @@ at::Tensor matmul(const at::Tensor& packed, int64_t qtype, int64_t N, int64_t K,
     return out;
 }
 
+// gu (T, 2I) = gate | up -> act(gate) * up (T, I), the decoder stack's MLP activation on its own (for tests)
+at::Tensor gated(const at::Tensor& gu, const std::string& activation, int64_t nthreads) {
+    require(gu.dim() == 2 && gu.scalar_type() == at::kFloat && gu.size(1) % 16 == 0, "gu: (T, 2I) float32, I % 8 == 0");
+    require(activation == "silu" || activation == "gelu_tanh", "activation ", activation,
+            " is not one of silu, gelu_tanh");
+    const at::Tensor x = gu.contiguous();
+    const int64_t T = x.size(0), I = x.size(1) / 2;
+    auto out = at::empty({T, I}, at::kFloat);
+    if (T == 0) return out;
+    const IsaFns& f = ISAS[g_isa].fns;
+    pybind11::gil_scoped_release nogil;
+    (activation == "silu" ? f.silu_mul : f.gelu_tanh_mul)(x.data_ptr<float>(), static_cast<int>(T), I,
+                                                          out.data_ptr<float>(), static_cast<int>(std::max<int64_t>(nthreads, 1)));
+    return out;
+}
+
 // Python's view of a decoder stack: the tensors it points into are kept alive here.
 using LinT = std::tuple<at::Tensor, int64_t, int64_t, int64_t, std::optional<at::Tensor>, bool>;
 using LayerT = std::tuple<at::Tensor, at::Tensor, std::vector<LinT>, LinT, std::vector<LinT>, LinT>;
+using OptT = std::optional<at::Tensor>;
+// A layer's optional parts (decoder.h's Layer): q_norm, k_norm, post_attn_norm, post_mlp_norm, window (0: none),
+// its own cos and sin tables (None: the stack's)
+using FeatT = std::tuple<OptT, OptT, OptT, OptT, int64_t, OptT, OptT>;
 
 class PyStack {
    public:
+    // features: one entry per layer, or none (no layer has any). rotary_dim 0: D. attn_scale 0: 1 / sqrt(D).
     PyStack(int64_t C, int64_t H, int64_t Hkv, int64_t D, int64_t I, double eps, const at::Tensor& cos,
-            const at::Tensor& sin, const at::Tensor& final_norm, const std::vector<LayerT>& layers) {
+            const at::Tensor& sin, const at::Tensor& final_norm, const std::vector<LayerT>& layers,
+            const std::vector<FeatT>& features, int64_t rotary_dim, double attn_scale, const std::string& activation) {
         require(H > 0 && Hkv > 0 && H % Hkv == 0, "heads ", H, " must be a multiple of kv heads ", Hkv);
         require(D > 0 && D % 8 == 0 && D <= MAX_HEAD_DIM, "head_dim must be a multiple of 8 up to ", MAX_HEAD_DIM);
         require(I > 0 && I % 8 == 0, "intermediate size ", I, " must be a multiple of 8");
-        require(cos.dim() == 2 && cos.size(1) == D && sin.sizes() == cos.sizes(), "rotary tables: (P, D)");
+        const int64_t R = rotary_dim ? rotary_dim : D;
+        require(R >= 2 && R <= D && R % 2 == 0, "rotary_dim ", rotary_dim, " must be even, at most head_dim ", D);
+        require(cos.dim() == 2 && cos.size(1) == R && sin.sizes() == cos.sizes(), "rotary tables: (P, ", R, ")");
+        const double scale = attn_scale != 0.0 ? attn_scale : 1.0 / std::sqrt(static_cast<double>(D));
+        require(std::isfinite(scale) && scale > 0.0, "attention scale ", attn_scale, " must be positive");
+        require(activation == "silu" || activation == "gelu_tanh", "activation ", activation,
+                " is not one of silu, gelu_tanh");
+        require(features.empty() || features.size() == layers.size(), "features for ", features.size(),
+                " layers, the stack has ", layers.size());
+        const float *cp = vec(cos, cos.numel()), *sp = vec(sin, sin.numel());
         st_ = Stack{static_cast<int>(C), static_cast<int>(H), static_cast<int>(Hkv), static_cast<int>(D),
-                    static_cast<int>(I), static_cast<float>(eps), vec(cos, cos.numel()), vec(sin, sin.numel()),
-                    cos.size(0), vec(final_norm, C), {}};
-        for (const auto& [an, mn, qkv, o, gu, down] : layers) {
+                    static_cast<int>(I), static_cast<float>(eps), cos.size(0), static_cast<int>(R),
+                    static_cast<float>(scale), activation == "gelu_tanh" ? ACT_GELU_TANH : ACT_SILU,
+                    vec(final_norm, C), {}};
+        for (size_t li = 0; li < layers.size(); ++li) {
+            const auto& [an, mn, qkv, o, gu, down] = layers[li];
             Layer L{vec(an, C), vec(mn, C), {}, lin(o, H * D, C), {}, lin(down, I, C)};
             int64_t n = 0;
             for (const auto& p : qkv) L.qkv.push_back(lin(p, C, -1)), n += L.qkv.back().N;
@@ -191,6 +226,20 @@ class PyStack {
             n = 0;
             for (const auto& p : gu) L.gate_up.push_back(lin(p, C, -1)), n += L.gate_up.back().N;
             require(n == 2 * I, "gate|up parts give ", n, " outputs");
+            L.cos = cp, L.sin = sp;
+            if (!features.empty()) {
+                const auto& [qn, kn, pan, pmn, window, lcos, lsin] = features[li];
+                L.q_norm = opt_vec(qn, D), L.k_norm = opt_vec(kn, D);
+                L.post_attn_norm = opt_vec(pan, C), L.post_mlp_norm = opt_vec(pmn, C);
+                require(window >= 0, "window ", window, " must be 0 (none) or positive");
+                L.window = window;
+                require(lcos.has_value() == lsin.has_value(), "a layer's cos and sin tables come together");
+                if (lcos) {
+                    require(lcos->sizes() == cos.sizes() && lsin->sizes() == cos.sizes(), "a layer's rotary tables: (",
+                            cos.size(0), ", ", R, ")");
+                    L.cos = vec(*lcos, lcos->numel()), L.sin = vec(*lsin, lsin->numel());
+                }
+            }
             st_.layers.push_back(std::move(L));
         }
     }
@@ -236,6 +285,7 @@ class PyStack {
         keep_.push_back(t);
         return t.data_ptr<float>();
     }
+    const float* opt_vec(const OptT& t, int64_t n) { return t ? vec(*t, n) : nullptr; }
     Lin lin(const LinT& spec, int64_t K, int64_t N) {
         const auto& [packed, qtype, n, k, bias, exact] = spec;
         checked_layout(qtype, k);
@@ -262,9 +312,17 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           pybind11::arg("qtype"), pybind11::arg("N"), pybind11::arg("K"), pybind11::arg("nthreads"),
           pybind11::arg("out") = pybind11::none());
     m.def("matmul", &matmul, "y = x W^T (+ bias)");
+    m.def("gated", &gated, "act(gate) * up of (T, 2I) = gate | up, as the decoder stack's MLP computes it",
+          pybind11::arg("gu"), pybind11::arg("activation"), pybind11::arg("nthreads") = 1);
     pybind11::class_<PyStack>(m, "Stack")
         .def(pybind11::init<int64_t, int64_t, int64_t, int64_t, int64_t, double, const at::Tensor&, const at::Tensor&,
-                            const at::Tensor&, const std::vector<LayerT>&>())
+                            const at::Tensor&, const std::vector<LayerT>&, const std::vector<FeatT>&, int64_t, double,
+                            const std::string&>(),
+             pybind11::arg("C"), pybind11::arg("H"), pybind11::arg("Hkv"), pybind11::arg("D"), pybind11::arg("I"),
+             pybind11::arg("eps"), pybind11::arg("cos"), pybind11::arg("sin"), pybind11::arg("final_norm"),
+             pybind11::arg("layers"), pybind11::arg("features") = std::vector<FeatT>{},
+             pybind11::arg("rotary_dim") = 0, pybind11::arg("attn_scale") = 0.0,
+             pybind11::arg("activation") = std::string("silu"))
         .def("forward", &PyStack::forward, "decoder layers + final norm for a pass of up to 16 tokens");
     m.def("isa", [] { return std::string(ISAS[g_isa].name); }, "the instruction set the kernels run");
     m.def("set_isa", &set_isa);

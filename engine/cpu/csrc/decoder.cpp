@@ -1,6 +1,8 @@
 // The decoder stack of decoder.h. Per layer, for T rows:
-//   h = rmsnorm(x) ; q|k|v = h Wqkv ; rope(q, k) ; cache[write] = k, v ; a = attend(q, cache) ; x += a Wo
-//   h = rmsnorm(x) ; g|u = h Wgu ; x += (silu(g) * u) Wdown
+//   h = rmsnorm(x) ; q|k|v = h Wqkv ; [q, k = per-head rmsnorm(q), rmsnorm(k)] ; rope(q, k) over rotary_dim dims
+//   cache[write] = k, v ; a = attend(q, cache, window) ; y = a Wo ; [y = rmsnorm(y)] ; x += y
+//   h = rmsnorm(x) ; g|u = h Wgu ; y = (act(g) * u) Wdown ; [y = rmsnorm(y)] ; x += y
+// (bracketed steps only in layers that have those norms: Qwen3's and Gemma 3's q/k norms, Gemma's sandwich norms).
 // Every elementwise step and reduction here works on one row at a time in a fixed order, so like the
 // kernels and attend.h it is batch-invariant: a row's bits never depend on T.
 #include "decoder.h"
@@ -60,16 +62,36 @@ void rmsnorm(const float* x, const float* w, int C, float eps, float* y) {
     for (int j = 0; j < C; ++j) y[j] = w[j] * (x[j] * r);
 }
 
-// Rotate the first and second halves of each head of x (heads, D) at one position (Llama's rotate_half).
-void rope(float* x, int heads, int D, const float* cos, const float* sin) {
-    const int half = D / 2;
+// Rotate the first and second halves of the first R dims of each head of x (heads, D) at one position (Llama's
+// rotate_half; R < D is partial rotary, as Phi-4-mini's: dims R..D pass through). cos, sin: R values.
+void rope(float* x, int heads, int D, int R, const float* cos, const float* sin) {
+    const int half = R / 2;
     for (int h = 0; h < heads; ++h) {
         float* v = x + static_cast<int64_t>(h) * D;
         float lo[MAX_HEAD_DIM / 2];
         std::memcpy(lo, v, sizeof(float) * half);
         for (int j = 0; j < half; ++j) v[j] = lo[j] * cos[j] - v[j + half] * sin[j];
-        for (int j = half; j < D; ++j) v[j] = v[j] * cos[j] + lo[j - half] * sin[j];
+        for (int j = half; j < R; ++j) v[j] = v[j] * cos[j] + lo[j - half] * sin[j];
     }
+}
+
+// Each of the heads (D values each) of x normed in place by the same (D,) weights (Qwen3's and Gemma 3's q/k norms)
+void norm_heads(float* x, int heads, int D, const float* w, float eps) {
+    float out[MAX_HEAD_DIM];
+    for (int h = 0; h < heads; ++h) {
+        float* v = x + static_cast<int64_t>(h) * D;
+        rmsnorm(v, w, D, eps, out);
+        std::memcpy(v, out, sizeof(float) * D);
+    }
+}
+
+// x (T, C) += y, or += rmsnorm(y) by the layer's post-norm where it has one (Gemma's sandwich norms)
+void add_residual(float* x, float* y, int T, int C, const float* post_norm, float eps, float* tmp) {
+    if (post_norm) {
+        for (int t = 0; t < T; ++t) rmsnorm(y + t * C, post_norm, C, eps, tmp + t * C);
+        y = tmp;
+    }
+    for (int64_t i = 0; i < static_cast<int64_t>(T) * C; ++i) x[i] += y[i];
 }
 
 // Linear layers made of parts (q|k|v stored as different block types): each part into its columns, all in one call
@@ -94,7 +116,7 @@ void put_row(const float* x, int D, void* dst, KvType kv, const IsaFns& f) {
 }  // namespace
 
 void decode(const Stack& st, const Cache& c, float* x, int T, int64_t start, const IsaFns& f, int nthreads) {
-    const int C = st.C, H = st.H, Hkv = st.Hkv, D = st.D, I = st.I;
+    const int C = st.C, H = st.H, Hkv = st.Hkv, D = st.D, I = st.I, R = st.rotary_dim;
     const int64_t nq = static_cast<int64_t>(H) * D, nkv = static_cast<int64_t>(Hkv) * D, nqkv = nq + 2 * nkv;
     std::vector<float> h(T * C), qkv(T * nqkv), att(T * nq), y(T * C), gu(T * 2 * I), act(T * I);
     std::vector<float> q(T * nq);
@@ -107,10 +129,12 @@ void decode(const Stack& st, const Cache& c, float* x, int T, int64_t start, con
         linear_parts(L.qkv, h.data(), T, qkv.data(), nqkv, f, nthreads);
         for (int t = 0; t < T; ++t) {
             float* row = qkv.data() + t * nqkv;
-            const float* cs = st.cos + (start + t) * D;
-            const float* sn = st.sin + (start + t) * D;
-            rope(row, H, D, cs, sn);
-            rope(row + nq, Hkv, D, cs, sn);
+            if (L.q_norm) norm_heads(row, H, D, L.q_norm, st.eps);
+            if (L.k_norm) norm_heads(row + nq, Hkv, D, L.k_norm, st.eps);
+            const float* cs = L.cos + (start + t) * R;
+            const float* sn = L.sin + (start + t) * R;
+            rope(row, H, D, R, cs, sn);
+            rope(row + nq, Hkv, D, R, cs, sn);
             std::memcpy(q.data() + t * nq, row, sizeof(float) * nq);
             for (int g = 0; g < Hkv; ++g) {
                 const int64_t at = kv_row(g, c.write[t], c.slots, D) * esize;
@@ -118,15 +142,16 @@ void decode(const Stack& st, const Cache& c, float* x, int T, int64_t start, con
                 put_row(row + nq + nkv + g * D, D, vc + at, c.kv, f);
             }
         }
-        f.attend(AttnArgs{q.data(), kc, vc, c.kv, c.slots, c.read, c.base, c.S, T, H, Hkv, D,
-                          1.0f / std::sqrt(static_cast<float>(D)), att.data(), nthreads});
+        f.attend(AttnArgs{q.data(), kc, vc, c.kv, c.slots, c.read, c.base, c.S, T, H, Hkv, D, st.attn_scale,
+                          att.data(), nthreads, L.window});
         linear(L.o, att.data(), T, y.data(), f, nthreads);
-        for (int64_t i = 0; i < static_cast<int64_t>(T) * C; ++i) x[i] += y[i];
+        add_residual(x, y.data(), T, C, L.post_attn_norm, st.eps, h.data());
         for (int t = 0; t < T; ++t) rmsnorm(x + t * C, L.mlp_norm, C, st.eps, h.data() + t * C);
         linear_parts(L.gate_up, h.data(), T, gu.data(), 2 * I, f, nthreads);
-        f.silu_mul(gu.data(), T, I, act.data(), nthreads);
+        if (st.act == ACT_GELU_TANH) f.gelu_tanh_mul(gu.data(), T, I, act.data(), nthreads);
+        else f.silu_mul(gu.data(), T, I, act.data(), nthreads);
         linear(L.down, act.data(), T, y.data(), f, nthreads);
-        for (int64_t i = 0; i < static_cast<int64_t>(T) * C; ++i) x[i] += y[i];
+        add_residual(x, y.data(), T, C, L.post_mlp_norm, st.eps, h.data());
     }
     for (int t = 0; t < T; ++t) {
         rmsnorm(x + t * C, st.final_norm, C, st.eps, h.data() + t * C);

@@ -1,4 +1,4 @@
-// A whole stack of Llama/Qwen2 decoder layers over quantized weights, for passes of T <= MAX_ROWS tokens
+// A whole stack of Llama-family decoder layers (Llama, Qwen2/3, Gemma 3, Phi-3, Mistral) over quantized weights, for passes of T <= MAX_ROWS tokens
 // (decode steps, draft steps and verify passes), in one call: at that width the per-operation cost of
 // running norms, rope, attention and residuals as separate framework ops (~10 us each, ~300 a step) is a
 // fifth of the step. Torch-free; bindings.cpp wraps it.
@@ -26,14 +26,24 @@ struct Layer {
     Lin o;
     std::vector<Lin> gate_up;  // gate (I) | up (I)
     Lin down;
+    const float* q_norm = nullptr;          // (D,) per-head RMSNorm of q before RoPE, or null (Qwen3, Gemma 3)
+    const float* k_norm = nullptr;          // (D,) the same for k
+    const float* post_attn_norm = nullptr;  // (C,) on the attention's output before its residual add, or null (Gemma)
+    const float* post_mlp_norm = nullptr;   // (C,) on the MLP's output before its residual add, or null
+    int64_t window = 0;                     // a query at p sees keys max(0, p - window + 1) .. p; 0: all of 0 .. p
+    const float* cos = nullptr;             // this layer's (P, rotary_dim) rotary tables: the stack's or a local one
+    const float* sin = nullptr;
 };
+
+enum Activation : int { ACT_SILU = 0, ACT_GELU_TANH = 1 };  // the gated MLP's act(gate) * up
 
 struct Stack {
     int C, H, Hkv, D, I;
     float eps;
-    const float* cos;  // (P, D) rotary tables, rows by position
-    const float* sin;
-    int64_t P;
+    int64_t P;                // positions in every layer's rotary tables
+    int rotary_dim;           // RoPE turns the first rotary_dim dims of each head (even, <= D); the rest pass through
+    float attn_scale;         // scores are q . k * attn_scale
+    Activation act;
     const float* final_norm;  // (C,)
     std::vector<Layer> layers;
 };

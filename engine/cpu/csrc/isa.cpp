@@ -17,7 +17,7 @@ bool always() { return true; }
 }  // namespace
 
 // Each instruction set's entry points, in IsaFns's order
-#define SQ_FNS(ns) {ns::quantize_acts, ns::matmul_q8, ns::matmul_f32, ns::attend, ns::silu_mul, ns::requant_q40, ns::to_half}
+#define SQ_FNS(ns) {ns::quantize_acts, ns::matmul_q8, ns::matmul_f32, ns::attend, ns::silu_mul, ns::gelu_tanh_mul, ns::requant_q40, ns::to_half}
 constexpr Isa ISAS[N_ISAS] = {
     {"scalar", "scalar", always, SQ_FNS(scalar)},
     {"avx2", "AVX2", avx2_ok, SQ_FNS(avx2)},

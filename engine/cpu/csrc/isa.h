@@ -11,6 +11,7 @@ struct IsaFns {  // the dispatched kernels of one instruction set
     void (*matmul_f32)(const MatArgs&, const float*, int);
     void (*attend)(const AttnArgs&);
     void (*silu_mul)(const float*, int, int64_t, float*, int);
+    void (*gelu_tanh_mul)(const float*, int, int64_t, float*, int);
     void (*requant_q40)(int, const uint8_t*, int64_t, int64_t, uint8_t*, int);
     void (*to_half)(const float*, int64_t, uint16_t*);  // fp32 -> fp16, nearest even (a KV row into an fp16 pool)
 };

@@ -150,7 +150,8 @@ struct MatArgs {
 // matmul_q8 takes a layer made of up to this many parts (q | k | v stored as different block types) at once
 constexpr int MAX_PARTS = 4;
 
-// Causal attention of T queries (the last T of S positions) over one layer's cache, in attend.h.
+// Causal attention of T queries (the last T of S positions) over one layer's cache, in attend.h, optionally
+// within a sliding window.
 constexpr int MAX_HEAD_DIM = 256;
 // The offset, in elements, of KV head g's row at a slot in one layer's head-major (Hkv, slots, D) cache
 inline int64_t kv_row(int g, int64_t slot, int64_t slots, int D) { return (g * slots + slot) * D; }
@@ -170,6 +171,7 @@ struct AttnArgs {
     float scale;
     float* out;            // (T, H, D)
     int nthreads;
+    int64_t window = 0;    // query at position p sees keys max(0, p - window + 1) .. p; 0: keys 0 .. p
 };
 
 // f16 <-> f32 without F16C (exact; used by scalar code and repacking); float_to_half rounds to nearest even, as F16C
@@ -204,6 +206,7 @@ void dequant_cols(int qtype, const uint8_t* packed, int64_t N, int64_t K, const 
     void matmul_f32(const MatArgs& a, const float* x, int R);                                \
     void attend(const AttnArgs& a);                                                          \
     void silu_mul(const float* gu, int T, int64_t I, float* out, int nthreads);              \
+    void gelu_tanh_mul(const float* gu, int T, int64_t I, float* out, int nthreads);         \
     void requant_q40(int qtype, const uint8_t* packed, int64_t N, int64_t K, uint8_t* out,   \
                      int nthreads);                                                          \
     void to_half(const float* x, int64_t n, uint16_t* out);                                  \
