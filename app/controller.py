@@ -42,7 +42,7 @@ from functools import partial
 
 from PySide6.QtCore import QObject, Signal
 
-from app.attach import AttachError, Attached, attached, remote_host
+from app.attach import Attached, AttachError, attached, remote_host
 from app.host_protocol import Host, LoadRequest
 from app.request_handle import RequestHandle
 from app.session.plain_probe import PlainProbes

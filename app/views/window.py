@@ -51,7 +51,6 @@ from app.views.stepper import StepPanel
 from app.views.theme import THEMES, apply_theme
 from engine.api.events import PrefillProgress, RoundEvent, Summary
 
-
 FRAME_MS = 50  # repaint timer, 20 Hz: one chart per frame within the charts' time budget ...
 TEXT_FRAME_S = 0.09  # ... and the chat at most every other frame (about 10 Hz) while rounds keep coming ...
 TEXT_ROUNDS_PER_FRAME = 24  # ... and at most this many rounds of text per frame: one frame's layout stays short
