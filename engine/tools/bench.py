@@ -16,6 +16,7 @@ from engine.io.loading import load_engine
 from engine.api.events import RoundEvent, Summary
 from engine.tools import results as records  # main's `results` are its modes'
 from engine.tools import specbench
+from engine.tools.prompt_file import read_prompts
 from engine.tools.specbench import Question, Tally
 
 DRAFTER_OF = {"draft": "model", "ngram": "ngram", "hybrid": "hybrid"}  # mode -> SpecParams.drafter
@@ -54,46 +55,6 @@ class Result:
     outputs: list[list[int]] = field(default_factory=list)
     categories: dict[str, Tally] = field(default_factory=dict)  # the same replies by question category
     per_position_acceptance: list[float] = field(default_factory=list)  # of the rounds drafting position i
-
-
-def check_messages(row: object) -> None:
-    """A prompt line must be {"messages": [{"role": str, "content": str}, ...]} (plus any other keys)."""
-    if not isinstance(row, dict):
-        raise ValueError(f"expected a JSON object, got a {type(row).__name__}")
-    messages = row.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise ValueError("needs a non-empty 'messages' list")
-    for i, m in enumerate(messages, 1):
-        if not (isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)):
-            raise ValueError(f"message {i} must be an object with string 'role' and 'content', got {m!r}")
-
-
-def read_prompts(path: str | Path) -> list[dict]:
-    p = Path(path)
-    if not p.is_file():
-        fail(f"prompts file not found: {p}")
-    try:
-        text = p.read_bytes().decode("utf-8")
-    except OSError as e:
-        fail(f"cannot read prompts file {p}: {e.strerror or e}")
-    except UnicodeDecodeError as e:
-        fail(f"{p} is not UTF-8 text (byte {e.start}: {e.reason})")
-    prompts = []
-    for n, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-            if isinstance(row, dict) and "turns" in row:  # Spec-Bench's own question format
-                specbench.question(row)
-            else:
-                check_messages(row)
-        except ValueError as e:  # json.JSONDecodeError is a ValueError
-            fail(f"{p}:{n}: bad prompt line ({e})")
-        prompts.append(row)
-    if not prompts:
-        fail(f"{p} holds no prompts")
-    return prompts
 
 
 def check_writable(path: str | Path) -> None:

@@ -31,6 +31,7 @@ from engine.api.config import K_LIMIT, SamplingParams, SpecParams
 from engine.api.errors import ModelLoadError
 from engine.api.events import RoundEvent, Summary
 from engine.api.live import Controls
+from engine.tools.prompt_file import read_prompts
 
 if TYPE_CHECKING:
     from engine.io.hub import LocalModel
@@ -633,8 +634,6 @@ def main(argv: list[str] | None = None) -> int:
         _fail(str(e))
     prompts = None
     if a.prompts:
-        from engine.tools.bench import read_prompts
-
         try:
             prompts = check_prompts(prompts_from_rows(read_prompts(a.prompts)))
         except ValueError as e:
