@@ -110,15 +110,6 @@ class ModelConfig:
                              f"{orig} tokens up to which LongRoPE uses its short factors")
 
     @property
-    def llama_math(self) -> bool:
-        """Whether the layers use only what Llama's do (no q/k or sandwich norms, SiLU, no window, one RoPE table on
-        whole heads, attention scaled by 1/sqrt(head_dim)): the math the C++ stack (engine.cpu.stack) was written
-        for. A model with more keeps its layers in torch on the CPU until the stack computes them."""
-        return (not self.qk_norm and not self.sandwich_norm and self.activation == "silu" and not any(self.windowed)
-                and self.rope_local_theta is None and self.rotary_dim == self.head_dim
-                and math.isclose(self.attn_scale, self.head_dim ** -0.5, rel_tol=1e-12))
-
-    @property
     def windowed(self) -> tuple[bool, ...]:
         """One flag per layer: whether it attends through the sliding window."""
         return self.window_layers or (False,) * self.num_layers
