@@ -9,10 +9,7 @@ the tests are skipped with the reason, except under CI=true, where they fail.
 from __future__ import annotations
 
 import os
-import signal
-import socket
 import subprocess
-import time
 from pathlib import Path
 
 import httpx
@@ -22,6 +19,7 @@ import torch
 from engine.api.config import CacheConfig, SamplingParams, SpecParams
 from engine.cpu import QuantLinear
 from engine.io.loading import load_engine
+from tests.llama_server import llama_server
 
 ROOT = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = ROOT.parent / "shared" / "bench" / "llama_cpp_build.sh"
@@ -52,28 +50,8 @@ def server(gemma):
         _missing(f"{BUILD_SCRIPT}, which builds llama-server, is not beside this checkout")
     build = subprocess.run([str(BUILD_SCRIPT)], capture_output=True, text=True, timeout=1500, check=False)
     assert build.returncode == 0, f"llama.cpp did not build: {build.stderr[-800:]}"
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen([str(Path(build.stdout.strip()) / "llama-server"), "-m", str(gemma), "--port", str(port),
-                             "-t", "2", "-c", "512", "--no-warmup"], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 180
-        while True:
-            try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert proc.poll() is None and time.monotonic() < deadline, "llama-server did not come up"
-            time.sleep(0.5)
+    with llama_server(Path(build.stdout.strip()) / "llama-server", gemma, "-t", "2", "-c", "512") as url:
         yield url
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(30)
 
 
 @pytest.fixture(scope="module")

@@ -26,6 +26,7 @@ from engine.io.loading import load_engine
 from engine.io.weights import load_checkpoint
 from engine.model.kv_cache import BlockManager, KVPool
 from engine.model.transformer import Transformer
+from tests.llama_server import llama_server
 
 ROOT = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = ROOT.parent / "shared" / "bench" / "llama_cpp_build.sh"
@@ -225,31 +226,11 @@ def llama_server_bin(converter) -> Path:
 def test_the_gguf_tokenizer_splits_text_as_llama_cpp_does(family, llama_server_bin):
     """The same file's ids from llama-server's /tokenize (SentencePiece itself differs where llama.cpp does: it
     adds the space prefix the converter leaves unstated, and does not collapse runs of spaces)."""
-    import signal
-    import socket
-    import time
-
     import httpx
 
     name, _, _, path = family
     tok = tokenizer_from_gguf(path, GGUFFile(path).metadata)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen([str(llama_server_bin), "-m", str(path), "--port", str(port), "-t", "1", "-c", "64",
-                             "--no-warmup"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert proc.poll() is None and time.monotonic() < deadline, "llama-server did not come up"
-            time.sleep(0.3)
+    with llama_server(llama_server_bin, path, "-t", "1", "-c", "64", up_within_s=120) as url:
         for text in ("The quick brown fox", "def add(a, b):\n    return a + b", "naïve café 日本語 🙂", "x  y",
                      " leading space", "end<|endoftext|>next"):
             theirs = httpx.post(f"{url}/tokenize", json={"content": text, "add_special": False}).json()["tokens"]
@@ -257,7 +238,3 @@ def test_the_gguf_tokenizer_splits_text_as_llama_cpp_does(family, llama_server_b
             assert ids == theirs, (name, text)
             if "<|" not in text:  # after a special token the space prefix starts a new piece, as in llama.cpp
                 assert tok.decode(ids) == text, (name, text)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(30)
