@@ -143,8 +143,11 @@ class DraftFinderDialog(QDialog):
 
     def __init__(self, target: str | None, target_name: str, prompts: list[list[dict[str, str]]] | None = None,
                  parent: QWidget | None = None, *, finder: Factory | None = None,
-                 max_new_tokens: int = MAX_NEW_TOKENS, time_budget_s: float = TIME_BUDGET_S) -> None:
+                 max_new_tokens: int | None = None, time_budget_s: float | None = None) -> None:
         super().__init__(parent)
+        # Read here, not at import: a script or test that sets the module's values shortens the menu's run too
+        max_new_tokens = MAX_NEW_TOKENS if max_new_tokens is None else max_new_tokens
+        time_budget_s = TIME_BUDGET_S if time_budget_s is None else time_budget_s
         self.setWindowTitle("Find a draft")
         self.resize(900, 560)
         self.result: dict | None = None

@@ -55,9 +55,26 @@ def _with_value(slider: QSlider, label: QLabel) -> QWidget:
     return w
 
 
+# Where a model was found, as the picker names it (engine.io.hub.LocalModel.source)
+SOURCES = {"embedded": "embedded", "hf-cache": "Hugging Face cache", "gguf": "Hugging Face cache",
+           "lm-studio": "LM Studio", "ollama": "Ollama", "llama.cpp": "llama.cpp"}
+
+
 def describe_model(m: Any) -> str:
-    size = f"{m.params_b:.2f}B" if getattr(m, "params_b", None) else "?"
-    return f"{m.name}  \u00b7 {size} {m.arch}"
+    """One picker line: name, size, family and quantization, and which app keeps it."""
+    p = getattr(m, "params_b", None)
+    size = "?" if not p else f"{p:.2f}B" if p >= 0.01 else f"{p:.2g}B"  # a stub's few weights are not "0.00B"
+    facts = " ".join(f for f in (size, m.arch, getattr(m, "quant", "") or "") if f)
+    where = SOURCES.get(getattr(m, "source", ""), "")
+    name = m.name
+    if getattr(m, "source", "") in ("lm-studio", "llama.cpp"):  # publisher/repo/file: the file says which model,
+        name = name.rsplit("/", 1)[-1]  # and the item's tooltip has the whole path
+    return f"{name}  \u00b7 {facts}" + (f"  \u00b7 {where}" if where else "")
+
+
+def runs_here(m: Any) -> bool:
+    """A listed model SpecLens can load; one it refuses carries why_not (listed, greyed out, with the reason)."""
+    return not getattr(m, "why_not", "")
 
 
 class ControlsPanel(QWidget):
@@ -98,7 +115,8 @@ class ControlsPanel(QWidget):
         self.load_button.setToolTip("Load the chosen pair in the background")
         self.rescan_button = QToolButton()
         self.rescan_button.setText("Rescan")
-        self.rescan_button.setToolTip("Look for local models again (Hugging Face cache, GGUF files)")
+        self.rescan_button.setToolTip("Look for local models again (the Hugging Face cache, LM Studio, Ollama and "
+                                      "llama.cpp's folders)")
         buttons = QHBoxLayout()
         buttons.addWidget(self.rescan_button)
         buttons.addStretch(1)
@@ -248,8 +266,15 @@ class ControlsPanel(QWidget):
         self.target_combo.clear()
         self.target_combo.addItem("Embedded pair (default)", None)
         for m in self._models:
-            self.target_combo.addItem(describe_model(m), str(m.path))
-            self.target_combo.setItemData(self.target_combo.count() - 1, str(m.path), Qt.ItemDataRole.ToolTipRole)
+            if runs_here(m):
+                self.target_combo.addItem(describe_model(m), str(m.path))
+                self.target_combo.setItemData(self.target_combo.count() - 1, str(m.path), Qt.ItemDataRole.ToolTipRole)
+        for m in self._models:  # after the runnable ones, greyed out: found, but SpecLens says why it cannot run it
+            if not runs_here(m):
+                self.target_combo.addItem(f"{describe_model(m)}  \u00b7 cannot run: {m.why_not}", str(m.path))
+                row = self.target_combo.count() - 1
+                self.target_combo.setItemData(row, f"{m.path}\n{m.why_not}", Qt.ItemDataRole.ToolTipRole)
+                self.target_combo.model().item(row).setEnabled(False)
         for path in self._unlisted():
             self._add_named(self.target_combo, path)
         i = self.target_combo.findData(keep)
@@ -270,7 +295,7 @@ class ControlsPanel(QWidget):
         self.draft_combo.addItem("None (n-gram drafter only)", None)
         tm = next((m for m in self._models if str(m.path) == target), None)
         for m in self._models:
-            if str(m.path) != target and (tm is None or m.vocab_size == tm.vocab_size):
+            if runs_here(m) and str(m.path) != target and (tm is None or m.vocab_size == tm.vocab_size):
                 self.draft_combo.addItem(describe_model(m), str(m.path))
         for path in self._unlisted():
             if path != target:
@@ -393,7 +418,7 @@ class ControlsPanel(QWidget):
     def select_pair(self, target: str | None, draft: str | None) -> None:
         """Point the picker at a pair (when it is listed)."""
         i = self.target_combo.findData(target)
-        if i >= 0:
+        if i >= 0 and self.target_combo.model().item(i).isEnabled():  # a refused model is never chosen
             self.target_combo.setCurrentIndex(i)
             j = self.draft_combo.findData(draft)
             if j >= 0:

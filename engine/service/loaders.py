@@ -74,4 +74,4 @@ def warm_engine() -> None:
 def default_lister() -> list[Any]:
     from engine.io.hub import list_local_models
 
-    return list_local_models()
+    return list_local_models(include_unrunnable=True)  # the picker greys out a refused one and says why
