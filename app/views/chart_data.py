@@ -43,9 +43,10 @@ def last_value(values: list[float]) -> float | None:
 class ChartBuffer:
     """Per-round series for the current conversation.
 
-    The speedup is each reply's own: its speculative rounds' rate over the rate of the one-row target passes timed
-    in the same reply (a plain step, or a round whose lookup found nothing), never over a rate from other minutes.
-    Until a reply has timed such a pass its measured speedup is NaN: no estimate stands in for it."""
+    The speedup is each reply's own: its speculative rounds' rate over its plain steps' rate, both in wall time
+    (SpeedTotals.measured_speedup), never over a rate from other minutes. Until a reply has timed a plain step its
+    measured speedup is NaN: no estimate stands in for it. plain_ms (the tokens chart's dashed line and the theory's
+    c) is the mean one-row target pass, compute time like the per-round tokens/s it is drawn beside."""
 
     def __init__(self) -> None:
         self.clear()

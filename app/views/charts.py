@@ -9,11 +9,12 @@ what the window spends (scripts/profile/neighbour.py). On a fast machine every p
 a slow one refreshes less often, never slower generation.
 
 Speedup, measured vs theoretical (Leviathan et al.), each reply's own: the measured figure is the reply's
-speculative tokens/s (its speculative rounds' tokens over their draft + verify time) over its plain tokens/s, one
-over the mean one-row target pass timed in the same reply (a plain step, or a round whose lookup found nothing; the
-app makes every 16th round of a chat reply a plain step for this, app/session/plain_probe.py). A plain rate from
-other minutes (an earlier reply, Run > Compare) never enters it: under a load that changes, the two would measure
-different machines. Until the reply has timed such a pass the figure is "—", with the reason in the tooltip.
+speculative tokens/s over its plain tokens/s, both in wall time (each round's time runs from the end of the one
+before it, so catch-ups, sampling and rollback count; round 1, which reads the prompt, counts on neither side). The
+plain side is the reply's plain steps: the app makes every 16th round of a chat reply one
+(app/session/plain_probe.py). A plain rate from other minutes (an earlier reply, Run > Compare) never enters it:
+under a load that changes, the two would measure different machines. Until the reply has timed a plain step the
+figure is "—", with the reason in the tooltip.
 theory = (1 - a^(K+1)) / ((1 - a)(1 + K c)), with a the reply's acceptance rate, K its mean number of tokens drafted
 per drafting round, and c = (mean draft ms per drafted token) / (its plain step), or / (mean verify ms per round)
 before it has one ("c≈"). When two drafters took turns (the hybrid), each has its own a, K and c, and the theory is
@@ -430,12 +431,15 @@ class ChartsPanel(QWidget):
     def _speedup_tip(b: ChartBuffer, m: float | None) -> str:
         r = b.reply
         if m is not None:
-            basis = (f"Measured: this reply's speculative rounds, {r.spec_committed} tokens in "
-                     f"{r.draft_ms + r.spec_verify_ms:.0f} ms of drafting and verifying, against plain decoding at "
-                     f"{b.plain_ms:.1f} ms a token, the mean of the {r.step_passes} one-row target passes timed in "
-                     "this reply (its plain steps).")
-        elif not r.spec_rounds:
-            basis = "Measured: \u2014, this reply has no speculative round yet."
+            spec, plain = r.spec_wall, r.plain_wall
+            basis = (f"Measured, in wall time: this reply's speculative rounds, {spec.committed} tokens in "
+                     f"{spec.seconds:.1f} s ({spec.tokens_per_s:.1f} tok/s), against its {plain.rounds} plain "
+                     f"step{'s' if plain.rounds != 1 else ''}, "
+                     f"{plain.committed} tokens in {plain.seconds:.2f} s ({plain.tokens_per_s:.1f} tok/s). Each "
+                     "round's time runs from the end of the round before it, so the draft model's catch-ups, "
+                     "sampling and rollback are in; the first round (it reads the prompt) is in neither.")
+        elif not r.spec_wall.rounds:
+            basis = "Measured: \u2014, this reply has no timed speculative round yet (its first reads the prompt)."
         else:
             basis = ("Measured: \u2014, this reply has timed no plain step yet, and a plain rate from other minutes "
                      "(another reply, a Compare) would measure a differently loaded machine. A chat reply times one "

@@ -70,6 +70,26 @@ class DrafterTotals:
 
 
 @dataclass
+class WallTotals:
+    """Rounds' wall time: the gaps between consecutive rounds' elapsed_s, so everything the user waited for is in,
+    not only draft_ms and verify_ms (the draft model's catch-ups, sampling, rollback, the engine's own per-round work
+    and passing the round on)."""
+
+    rounds: int = 0
+    committed: int = 0
+    seconds: float = 0.0
+
+    def add(self, event: RoundEvent, gap_s: float) -> None:
+        self.rounds += 1
+        self.committed += len(event.committed)
+        self.seconds += gap_s
+
+    @property
+    def tokens_per_s(self) -> float | None:
+        return self.committed / self.seconds if self.seconds > 0 and self.committed else None
+
+
+@dataclass
 class SpeedTotals:
     """Running sums over rounds, split by mode; enough for alpha, c and both speedups."""
 
@@ -85,8 +105,16 @@ class SpeedTotals:
     step_ms: float = 0.0
     drafting: DrafterTotals = field(default_factory=DrafterTotals)  # the rounds that drafted, all drafters
     by_drafter: dict[str, DrafterTotals] = field(default_factory=dict)  # "model" / "ngram", in first-seen order
+    # The measured speedup's two sides, each in wall time. A request's first round is in neither: its gap holds the
+    # prompt's prefills (the target's, and the draft model's lazy one), which no decoding rate counts.
+    spec_wall: WallTotals = field(default_factory=WallTotals)
+    plain_wall: WallTotals = field(default_factory=WallTotals)
+    last_round: tuple[int, float] | None = None  # (round, elapsed_s) of the round added last
 
     def add(self, event: RoundEvent) -> None:
+        gap = self._gap(event)
+        if gap is not None:
+            (self.spec_wall if event.mode == "speculative" else self.plain_wall).add(event, gap)
         if not event.drafted:
             self.step_passes += 1
             self.step_ms += event.verify_ms
@@ -101,6 +129,14 @@ class SpeedTotals:
         elif event.mode == "plain":
             self.plain_committed += len(event.committed)
             self.plain_ms += event.verify_ms + event.draft_ms
+
+    def _gap(self, event: RoundEvent) -> float | None:
+        """Seconds since the previous round of the same request ended; None for a request's first round (the
+        prefills) or when the previous round of the request was not added here."""
+        prev, self.last_round = self.last_round, (event.round, event.elapsed_s)
+        if event.round <= 1 or prev is None or prev[0] != event.round - 1 or event.elapsed_s < prev[1]:
+            return None
+        return event.elapsed_s - prev[1]
 
     @property
     def plain_ms_per_token(self) -> float | None:
@@ -127,15 +163,14 @@ class SpeedTotals:
         ref = self.reference_ms(plain_ms_per_token)
         return self.draft_ms / self.drafting.drafted / ref if ref > 0 else 0.0
 
-    def measured_speedup(self, plain_ms_per_token: float | None = None) -> float | None:
-        """Speculative tokens/s over plain tokens/s, the plain rate being the given one, else one over these
-        rounds' own one-row passes. None without either (no estimate stands in), or before any speculative
-        round."""
-        spent = self.draft_ms + self.spec_verify_ms
-        step = plain_ms_per_token or self.step_ms_per_pass
-        if not self.spec_rounds or spent <= 0 or not step:
+    def measured_speedup(self) -> float | None:
+        """Speculative over plain tokens/s, both in wall time from these rounds alone (spec_wall, plain_wall): the
+        plain rate is that of the plain rounds among them, never one from other minutes. None before either side
+        has a timed round (no estimate stands in)."""
+        spec, plain = self.spec_wall.tokens_per_s, self.plain_wall.tokens_per_s
+        if spec is None or plain is None:
             return None
-        return self.spec_committed * step / spent
+        return spec / plain
 
     def theoretical_speedup(self, plain_ms_per_token: float | None = None) -> float | None:
         """Leviathan's speedup for the rounds that drafted. With more than one drafter (the hybrid) it is the

@@ -65,6 +65,8 @@ def main() -> int:
         if chart is not None and v.speedup > 0:
             print(f"chart / compare = {chart / v.speedup:.3f}", flush=True)
     qa.primaryScreen().grabWindow(0).save(os.environ.get("SHOT1", "docs/images/speedup-vs-compare.png"))
+    if os.environ.get("STATS"):  # every round of the reply and of both replays, to see where the two differ
+        print("rounds written to", *controller.stats.write_csv(os.environ["STATS"]), flush=True)
     dlg.close()
     wait(300)
 

@@ -1,4 +1,6 @@
 """ChartsPanel: scripted rounds reach every plot, and redraws happen only on flush."""
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -54,27 +56,32 @@ def test_charts_receive_points(panel):
     assert "Speedup" in panel.plots["speedup"].titleLabel.text
 
 
+def _timed(ev, elapsed_s: float):
+    return dataclasses.replace(ev, elapsed_s=elapsed_s)
+
+
 def test_speedup_shows_only_what_is_measured(panel):
     """Before the reply has timed a plain step there is no measured speedup, a dash and a tooltip saying why; from
-    its first one-row target pass on, the measured curve is drawn against it."""
-    for ev in rounds():
-        panel.feed(ev)
+    its first plain step on, the measured curve is drawn: both sides in the rounds' wall time, round 1 on neither."""
+    for i, ev in enumerate(rounds()):  # 20 ms apart, though each drafted and verified for 13-14 ms
+        panel.feed(_timed(ev, 1.0 + 0.02 * i))
     panel.flush(full=True)
     title = panel.plots["speedup"].titleLabel.item.toPlainText()
     assert "Speedup \u2014 vs plain measured this reply" == title
     assert len(panel.curves["measured"].getData()[0] or []) == 0
     assert "no plain step yet" in panel.plots["speedup"].toolTip().replace("timed no plain step yet", "no plain step yet")
-    panel.feed(make_round(5, (), (), "p", Origin.PLAIN, mode="plain", drafter=None, draft_ms=0.0, verify_ms=20.0))
-    panel.feed(make_round(6, ("a",), ("x",), "d", k=2, draft_ms=2.0, verify_ms=12.0))
+    plain = make_round(5, (), (), "p", Origin.PLAIN, mode="plain", drafter=None, draft_ms=0.0, verify_ms=20.0)
+    panel.feed(_timed(plain, 1.09))  # 30 ms after round 4
+    panel.feed(_timed(make_round(6, ("a",), ("x",), "d", k=2, draft_ms=2.0, verify_ms=12.0), 1.11))
     panel.flush(full=True)
     x, measured = panel.curves["measured"].getData()
-    spent = np.cumsum([14.0, 14.0, 14.0, 13.0, 14.0])
-    committed = np.cumsum([4, 5, 1, 2, 2])
     assert list(x) == [5, 6] and np.isnan(measured[0])  # round 5 is the plain step: a break
-    assert measured[1] == pytest.approx(committed[-1] * 20.0 / spent[-1])
+    # rounds 2, 3, 4 and 6: 10 tokens in 80 ms, against 1 token in 30 ms
+    assert measured[1] == pytest.approx((10 / 0.08) / (1 / 0.03))
     title = panel.plots["speedup"].titleLabel.text
     assert f"{measured[-1]:.2f}\u00d7</span> vs plain measured this reply" in title
-    assert "20.0 ms a token" in panel.plots["speedup"].toolTip()
+    tip = panel.plots["speedup"].toolTip()
+    assert "10 tokens in 0.1 s" in tip and "1 plain step, 1 tokens in 0.03 s" in tip
 
 
 def test_hybrid_rounds_show_each_drafters_inputs(panel):
@@ -190,17 +197,21 @@ def test_the_acceptance_lines_break_across_plain_rounds(panel):
 def test_the_speedup_lines_break_across_plain_rounds(panel):
     """The measured and theory speedups (running totals)
     ran flat across a speculation-off reply's rounds while the acceptance line broke there."""
-    plain = [make_round(i, (), (), "p", Origin.PLAIN, mode="plain", drafter=None, draft_ms=0.0, verify_ms=20.0)
-             for i in (3, 4)]
-    for ev in plain[:1] + rounds()[:2] + plain + rounds()[2:]:  # a plain step first: a basis from round 2 on
-        panel.feed(ev)
+    spec = rounds()
+    modes = ["s", "p", "s", "s", "p", "p", "s", "s"]  # a plain step early: a basis from round 3 on
+    for i, mode in enumerate(modes, 1):
+        ev = (make_round(i, (), (), "p", Origin.PLAIN, mode="plain", drafter=None, draft_ms=0.0, verify_ms=20.0)
+              if mode == "p" else dataclasses.replace(spec[i % 4], round=i))
+        panel.feed(_timed(ev, 0.5 + 0.03 * i))
     panel.flush(full=True)
+    x, y = panel.curves["measured"].getData()
+    assert list(x) == [2, 3, 4, 5, 6, 7, 8]  # round 1 has no basis yet: no point
+    assert np.isnan(y[[0, 3, 4]]).all() and np.isfinite(y[[1, 2, 5, 6]]).all()
+    x, y = panel.curves["theoretical"].getData()
+    assert list(x) == [1, 2, 3, 4, 5, 6, 7, 8]
+    assert np.isnan(y[[1, 4, 5]]).all() and np.isfinite(y[[0, 2, 3, 6, 7]]).all()
     for name in ("measured", "theoretical"):
-        curve = panel.curves[name]
-        x, y = curve.getData()
-        assert list(x) == [1, 2, 3, 4, 5, 6, 7], name
-        assert np.isnan(y[[0, 3, 4]]).all() and np.isfinite(y[[1, 2, 5, 6]]).all(), name
-        assert curve.opts["connect"] == "finite", name
+        assert panel.curves[name].opts["connect"] == "finite", name
 
 
 def test_positions_with_few_drafts_are_faded_and_counted(panel):
@@ -231,13 +242,16 @@ def test_a_plain_rate_from_other_minutes_does_not_move_the_speedup(panel):
     a fast plain rate from quiet minutes made a slow reply look 10x faster. Scripted: steps get three times slower
     mid-session; each reply's speedup must follow its own plain steps."""
     def reply(slow: float) -> list:
-        evs = []
+        evs, elapsed = [], 0.5  # round 1 ends after the prompt's prefill
         for i in range(1, 41):
             if i % 16 == 4:  # the reply's plain step
+                elapsed += 0.02 * slow * (i > 1)
                 evs.append(make_round(i, (), (), "p", Origin.PLAIN, mode="plain", drafter=None, draft_ms=0.0,
-                                      verify_ms=20.0 * slow))
+                                      verify_ms=20.0 * slow, elapsed_s=elapsed))
             else:  # 2 drafts at 5 ms, one passes, a 24 ms verify: 2 tokens in 34 ms
-                evs.append(make_round(i, ("a",), ("x",), "d", k=2, draft_ms=10.0 * slow, verify_ms=24.0 * slow))
+                elapsed += 0.034 * slow * (i > 1)
+                evs.append(make_round(i, ("a",), ("x",), "d", k=2, draft_ms=10.0 * slow, verify_ms=24.0 * slow,
+                                      elapsed_s=elapsed))
         return evs
 
     same_minutes = 2 * 20.0 / 34.0  # tokens a ms speculative over plain, in any minute alike: 1.18x

@@ -1,5 +1,6 @@
 """engine.analysis.stats: rows, CSV and the speedup arithmetic, on hand-made events (no Qt, no torch in stats)."""
 import csv
+import dataclasses
 import math
 import sys
 
@@ -173,23 +174,60 @@ def test_new_chat_numbering_skips_empty_chats():
 
 def test_speed_totals_with_and_without_plain_rate():
     t = SpeedTotals()
-    # 4 drafted at 1 ms each, 10 ms verify, 3 accepted + 1 correction = 4 tokens per round.
-    for r in range(1, 3):
-        t.add(make_round(r, ("a", "b", "c"), ("x",), "d", draft_ms=4.0, verify_ms=10.0))
+    # 4 drafted at 1 ms each, 10 ms verify, 3 accepted + 1 correction = 4 tokens per round; each round ends 20 ms
+    # after the one before (6 ms of catch-up, sampling and rollback besides drafting and verifying).
+    for r in range(1, 4):
+        t.add(make_round(r, ("a", "b", "c"), ("x",), "d", draft_ms=4.0, verify_ms=10.0, elapsed_s=0.5 + 0.02 * r))
     assert t.drafting.alpha == pytest.approx(0.75) and t.drafting.mean_k == 4
     # No plain step timed: c = 1 ms per draft / 10 ms verify (the verify pass stands in), and no measured speedup,
     # which no estimate stands in for.
     assert t.plain_ms_per_token is None and t.step_ms_per_pass is None
     assert t.cost_ratio() == pytest.approx(0.1)
     assert t.measured_speedup() is None
-    # A plain round at 8 ms per token sets the reference.
-    t.add(make_round(3, (), (), "p", Origin.PLAIN, mode="plain", draft_ms=0.0, verify_ms=8.0))
+    # A plain round whose one-row pass took 8 ms ends 10 ms after the round before it.
+    t.add(make_round(4, (), (), "p", Origin.PLAIN, mode="plain", draft_ms=0.0, verify_ms=8.0, elapsed_s=0.57))
     assert t.plain_ms_per_token == pytest.approx(8.0)
     assert t.cost_ratio() == pytest.approx(1 / 8)
-    assert t.measured_speedup() == pytest.approx(8 / 28.0 * 8.0)
+    # Wall time on both sides, round 1 (the prefills) on neither: 8 tokens in 40 ms against 1 in 10 ms
+    assert (t.spec_wall.rounds, t.spec_wall.committed, t.plain_wall.rounds) == (2, 8, 1)
+    assert t.measured_speedup() == pytest.approx((8 / 0.04) / (1 / 0.01))
     assert t.theoretical_speedup() == pytest.approx(theoretical_speedup(0.75, 4, 1 / 8))
-    # An explicit session reference wins.
+    # An explicit session reference wins in the theory's c.
     assert t.cost_ratio(2.0) == pytest.approx(0.5)
+
+
+def test_the_measured_speedup_counts_what_the_user_waits_for():
+    """The chart once divided by draft_ms + verify_ms alone, leaving out the draft model's catch-ups, sampling,
+    rollback and the engine's per-round work, which the speculative rounds pay and a plain step hardly does: it
+    read 1.96x where Compare's wall-clock A/B said 0.90x. Both sides are the rounds' own wall time now."""
+    t = SpeedTotals()
+    elapsed = 2.0  # round 1 ends after a 2 s prompt prefill: left out
+    t.add(make_round(1, ("a",), ("x",), "d", draft_ms=10.0, verify_ms=20.0, elapsed_s=elapsed))
+    for r in range(2, 12):
+        # 2 tokens a round in 30 ms of drafting and verifying, but 45 ms apart: a 15 ms catch-up each time
+        elapsed += 0.045
+        ev = make_round(r, ("a",), ("x",), "d", draft_ms=10.0, verify_ms=20.0, elapsed_s=elapsed)
+        t.add(dataclasses.replace(ev, draft_prefill_ms=15.0))
+    elapsed += 0.03  # a plain step: 28 ms pass, 30 ms apart
+    t.add(make_round(12, (), (), "p", Origin.PLAIN, mode="plain", draft_ms=0.0, verify_ms=28.0, elapsed_s=elapsed))
+    assert t.measured_speedup() == pytest.approx((20 / 0.45) / (1 / 0.03))  # 1.33x, not 2 * 28 / 30 = 1.87x
+    assert t.spec_wall.seconds == pytest.approx(0.45)
+
+
+def test_the_wall_time_starts_over_with_each_request():
+    """A conversation's totals add several replies: each one's round 1 (its prompt) is left out, and a gap is
+    never taken across two requests."""
+    t = SpeedTotals()
+    for elapsed in (0.0, 100.0):  # two replies; the second's clock starts over, much later in the session
+        t.add(make_round(1, ("a",), ("x",), "d", elapsed_s=elapsed + 1.0))
+        t.add(make_round(2, ("a",), ("x",), "d", elapsed_s=elapsed + 1.1))
+        t.add(make_round(3, (), (), "p", Origin.PLAIN, mode="plain", elapsed_s=elapsed + 1.15))
+    assert (t.spec_wall.rounds, t.plain_wall.rounds) == (2, 2)
+    assert t.spec_wall.seconds == pytest.approx(0.2) and t.plain_wall.seconds == pytest.approx(0.1)
+    skipped = SpeedTotals()  # a round whose predecessor was not added here has no gap
+    skipped.add(make_round(5, ("a",), ("x",), "d", elapsed_s=3.0))
+    skipped.add(make_round(7, ("a",), ("x",), "d", elapsed_s=3.5))
+    assert skipped.spec_wall.rounds == 0 and skipped.measured_speedup() is None
 
 
 def test_speed_totals_keep_each_drafter_apart():
