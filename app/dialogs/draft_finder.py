@@ -29,6 +29,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app.views.controls_panel import SOURCES
 from engine.service.loaders import Factory
 from engine.tools.draft_worker import CANCEL, FINDER, spawn
 
@@ -126,6 +127,17 @@ def _cell(text: str, tip: str = "", align_right: bool = False) -> QTableWidgetIt
     return item
 
 
+def _name(r: dict) -> str:
+    """A candidate's name as the picker gives it: an LM Studio or llama.cpp file by its file name (the cell's tooltip
+    has the whole path), so the reasons beside it stay in view."""
+    name = r.get("name") or ""
+    return name.rsplit("/", 1)[-1] if r.get("source") in ("lm-studio", "llama.cpp") else name
+
+
+def _source(r: dict) -> str:
+    return SOURCES.get(r.get("source") or "", r.get("source") or "")
+
+
 def _x(v: float | None) -> str:
     return "\u2014" if v is None else f"{v:.2f}\u00d7"
 
@@ -149,7 +161,7 @@ class DraftFinderDialog(QDialog):
         max_new_tokens = MAX_NEW_TOKENS if max_new_tokens is None else max_new_tokens
         time_budget_s = TIME_BUDGET_S if time_budget_s is None else time_budget_s
         self.setWindowTitle("Find a draft")
-        self.resize(900, 560)
+        self.resize(1000, 600)
         self.result: dict | None = None
         self.error: str | None = None
         self.cancelled = False
@@ -186,6 +198,11 @@ class DraftFinderDialog(QDialog):
         self.rejected.verticalHeader().setVisible(False)
         self.rejected.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
         self.rejected.horizontalHeader().setSectionResizeMode(1, QHeaderView.ResizeMode.Stretch)
+        # A reason is a sentence: it wraps in its column, each row as tall as its reason, rather than running off
+        # to the right behind a scroll bar
+        self.rejected.setWordWrap(True)
+        self.rejected.verticalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
+        self.rejected.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         self.progress = QProgressBar()
         self.progress.setRange(0, 1000)
         self.status = QLabel("Starting\u2026")
@@ -203,7 +220,7 @@ class DraftFinderDialog(QDialog):
 
         lay = QVBoxLayout(self)
         lay.addWidget(intro)
-        lay.addWidget(self.table, 3)
+        lay.addWidget(self.table, 2)
         lay.addWidget(self.rejected_label)
         lay.addWidget(self.rejected, 2)
         lay.addWidget(self.status)
@@ -266,7 +283,7 @@ class DraftFinderDialog(QDialog):
         measured = result.get("measured") or []
         self.table.setRowCount(len(measured))
         for row, m in enumerate(measured):
-            name = _cell(m["name"], m.get("path") or "drafts from the conversation itself (no model)")
+            name = _cell(_name(m), m.get("path") or "drafts from the conversation itself (no model)")
             name.setData(Qt.ItemDataRole.UserRole, m)
             cells = [name, _cell(_x(m.get("speedup")), "measured: the best K's decode rate over plain's", True),
                      _cell(_x(m.get("predicted")), "Leviathan's speedup at that K from the measured \u03b1 and c",
@@ -274,17 +291,21 @@ class DraftFinderDialog(QDialog):
                      _cell(str(m.get("best_k")), "", True), _cell(_f(m.get("alpha")), "per-token acceptance", True),
                      _cell(_f(m.get("c"), 3), "a draft step's time over a target step's", True),
                      _cell(_f(m.get("mean_accepted_length")), "tokens committed per round at the best K", True),
-                     _cell(m.get("family") or ""), _cell(m.get("source") or "")]
+                     _cell(m.get("family") or ""), _cell(_source(m))]
             if m.get("note"):
                 for c in cells:
                     c.setToolTip(f"{c.toolTip()}\n{m['note']}".strip())
             for col, c in enumerate(cells):
                 self.table.setItem(row, col, c)
-        turned_down = [*(result.get("rejected") or []), *(result.get("not_measured") or [])]
+        rejected, not_measured = result.get("rejected") or [], result.get("not_measured") or []
+        turned_down = [*rejected, *not_measured]
         self.rejected.setRowCount(len(turned_down))
         dim = self.palette().color(QPalette.ColorRole.PlaceholderText)
+        # A model not measured for want of time is still a draft for this target: the label says both kinds
+        self.rejected_label.setText("Not a draft for this target, or not measured:" if rejected and not_measured
+                                    else "Not measured:" if not_measured else "Not a draft for this target:")
         for row, r in enumerate(turned_down):
-            for col, text in enumerate((r["name"], r["reason"], r.get("family") or "", r.get("source") or "")):
+            for col, text in enumerate((_name(r), r["reason"], r.get("family") or "", _source(r))):
                 c = _cell(text, r["reason"] if col == 1 else (r.get("path") or ""))
                 c.setForeground(QColor(dim))
                 self.rejected.setItem(row, col, c)
