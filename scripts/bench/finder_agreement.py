@@ -131,11 +131,16 @@ def bench_both(target: str, top: list[Measured], chats: list[list[dict[str, str]
 def side_by_side(top: list[Measured], benched: list[dict]) -> str:
     """The two rankings, each in its own order, with their figures."""
     by_bench = sorted(benched, key=lambda b: b["speedup"], reverse=True)
-    lines = [f"{'':<4}{'finder (draft_finder)':<48}{'speclens-bench (run_mode)':<48}"]
+
+    def cell(name: str, speedup: float, k: int, rate: float) -> str:
+        return f"{name[:32]:<32} {speedup:5.2f}x  K={k:<2} {rate:7.2f} t/s"
+
+    width = len(cell("", 0.0, 0, 0.0))
+    lines = [f"{'':<4}{'finder (draft_finder)':<{width}}  |  speclens-bench (run_mode)"]
     for rank, (m, b) in enumerate(zip(top, by_bench), 1):
-        left = f"{m.candidate.name[:26]:<26} {m.speedup:5.2f}x K={m.best_k} {m.tokens_per_s:6.1f} t/s"
-        right = f"{b['name'][:26]:<26} {b['speedup']:5.2f}x K={b['k']} {b['tokens_per_s']:6.1f} t/s"
-        lines.append(f"{rank:<4}{left:<48}{right:<48}")
+        left = cell(m.candidate.name, m.speedup, m.best_k, m.tokens_per_s)
+        right = cell(b["name"], b["speedup"], b["k"], b["tokens_per_s"])
+        lines.append(f"{rank:<4}{left}  |  {right}")
     lines.append("speedup: decode rate over plain decoding's in the same load; t/s: the candidate's decode rate")
     for b in benched:
         if not b["identical_to_plain"]:
