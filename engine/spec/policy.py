@@ -6,13 +6,21 @@ drafts plus the correction or bonus) and costs its drafting plus one verify pass
 E_j / cost_j tokens per second; a plain step makes 1 / t(1). Everything is priced in plain steps, t(1): the verify
 pass of width w costs t(w) / t(1) steps (a line fitted to the pass times measured at each width), a draft-model token
 c steps (its measured drafting time over t(1)), and a draft model that lags the committed text pays its catch-up pass
-spread over the rounds it is then expected to draft. The estimates are this request's own, decayed so that they follow
-the text; pass times, a property of the machine and the pair, carry over from earlier requests.
+spread over the rounds it is then expected to draft.
 
-Exploration is bounded: the draft model drafts a request's first FIRST_TRIES rounds at the K ceiling, and once out of
-favour it drafts one round after EXPLORE_EVERY unused ones, so it is re-measured at most once every EXPLORE_EVERY
-rounds. The n-gram lookup needs none: its
-continuations are scored against the committed text every round, drafted or not.
+Costs are medians of the last WINDOW measurements, not running means: on a busy machine a pass the scheduler preempted
+takes several times its cost, and one such pass in a mean priced the draft model out for a dozen rounds. c is the
+median of each model round's own ratio (drafting seconds per token over that round's verify pass brought to one
+step), so a load that changes from one minute to the next moves both sides of the ratio together. Pass times, a
+property of the machine and the pair, carry over from earlier requests.
+
+The draft model's acceptance is this request's, decayed so that it follows the text, and shrunk towards its long-run
+acceptance on this engine (PRIOR_TRIALS pseudo-trials). Rounds the model does not draft age its recent evidence
+(STALE per round), so an estimate from a bad patch relaxes towards the long run and a model that usually pays is
+re-tried soon after the patch instead of after a fixed wait. Exploration is still bounded: a request's first
+FIRST_TRIES model rounds draft at the K ceiling, and a model out of favour drafts at least once every EXPLORE_EVERY
+rounds. The n-gram lookup needs none: its continuations are scored against the committed text every round, drafted
+or not.
 
 Costs are measured only while decoding greedily (`PolicyState.measuring`). A sampled reply must come out the same
 from the same seed (step-through, the comparison and the tuner rely on it), and each choice changes how many random
@@ -25,7 +33,9 @@ against the q of the drafter that made it, so exactness is the drafters' own.
 """
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
+from statistics import median
 
 from engine.analysis.theory import expected_tokens
 
@@ -33,43 +43,72 @@ MODEL, NGRAM, NONE = "model", "ngram", "none"
 
 EXPLORE_EVERY = 16  # rounds a drafter may go unused before it drafts one round to refresh its estimates
 FIRST_TRIES = 3  # a request's first draft-model rounds, drafted whatever the estimates say: one round is no measure
-DECAY = 0.8  # weight of the past in the acceptance estimate per round: the text's predictability changes within a reply
-PASS_EMA = 0.3  # weight of a new pass time in its running mean (pass times are steady: smooth out scheduling noise)
+DECAY = 0.85  # weight of the past in the acceptance estimate per model round: predictability changes within a reply
+STALE = 0.9  # weight of the recent evidence per round the model does not draft: old evidence says less about now
+LONG_DECAY = 0.98  # weight of the past in the long-run acceptance, per model round, across requests
+WINDOW = 9  # measurements per cost whose median is the estimate (odd: a true median)
 # A catch-up pass is paid once and then the draft model drafts several rounds in a row, so a round is charged this
 # share of it. Larger values would keep a drafter that lost its lead drafting after the text turned predictable.
 CATCHUP_ROUNDS = 4.0
 CATCHUP_MAX_TOKENS = 64  # a longer catch-up is a prompt's prefill, paid once whichever drafter runs: not a round cost
 # Priors, each worth a few rounds, for what has not been measured yet on this machine or in this request.
-PRIOR_ALPHA, PRIOR_TRIALS = 0.6, 4.0
+PRIOR_ALPHA, PRIOR_TRIALS = 0.6, 4.0  # the long-run acceptance before any, and its weight in a request's estimate
 PRIOR_C = 0.3  # a draft-model token in plain steps
 PRIOR_ROW = 0.05  # what each verify row past the first adds, in plain steps (the batched kernels make it small)
 PRIOR_CATCHUP = 2.0  # a catch-up pass in draft-model tokens
 
 
+class Recent:
+    """The median of the last WINDOW measurements of one cost."""
+
+    def __init__(self) -> None:
+        self.values: deque[float] = deque(maxlen=WINDOW)
+
+    def add(self, value: float) -> float:
+        self.values.append(value)
+        return median(self.values)
+
+
 @dataclass
 class PolicyState:
-    """What the policy knows: measured costs (seconds) and this request's acceptance."""
+    """What the policy knows: measured costs (seconds; each the median of its recent measurements) and the draft
+    model's acceptance (this request's, and its long run)."""
 
-    pass_s: dict[int, float] = field(default_factory=dict)  # verify pass width -> running mean seconds
+    pass_s: dict[int, float] = field(default_factory=dict)  # verify pass width -> seconds
     model_token_s: float | None = None  # the draft model's drafting seconds per drafted token
+    model_c: float | None = None  # a drafted token in plain steps, each model round's own ratio (None: from the above)
     catchup_s: float | None = None  # one catch-up pass of the draft model's cache
     lookup_s: float = 0.0  # the n-gram lookup (paid every round, whatever is chosen)
-    hits: float = PRIOR_ALPHA * PRIOR_TRIALS  # the draft model's decayed accepted tokens ...
-    trials: float = PRIOR_TRIALS  # ... over its decayed trials (accepted + 1 per rejection)
+    hits: float = 0.0  # the draft model's decayed accepted tokens in this request ...
+    trials: float = 0.0  # ... over its decayed trials (accepted + 1 per rejection)
+    long_hits: float = 0.0  # the same over every request, decayed slowly: the prior of each request's estimate
+    long_trials: float = 0.0
     measuring: bool = True  # this round's timings may update the costs (greedy decoding: see the module's note)
     round: int = 0
     last_used: dict[str, int] = field(default_factory=dict)  # drafter -> the last round it drafted
     model_rounds: int = 0  # rounds the draft model drafted in this request
+    recent: dict[str, Recent] = field(default_factory=dict)  # cost name -> its last measurements
 
     def start(self) -> None:
-        """A new request: acceptance and exploration start over, the measured costs stay."""
-        self.hits, self.trials, self.round, self.last_used = PRIOR_ALPHA * PRIOR_TRIALS, PRIOR_TRIALS, 0, {}
+        """A new request: acceptance and exploration start over; the measured costs and the long run stay."""
+        self.hits, self.trials, self.round, self.last_used = 0.0, 0.0, 0, {}
         self.model_rounds = 0
 
     @property
+    def prior_alpha(self) -> float:
+        """The model's long-run acceptance on this engine (PRIOR_ALPHA until it has drafted a few rounds)."""
+        if self.long_trials < PRIOR_TRIALS:
+            return (self.long_hits + PRIOR_ALPHA * (PRIOR_TRIALS - self.long_trials)) / PRIOR_TRIALS
+        return self.long_hits / self.long_trials
+
+    @property
     def alpha(self) -> float:
-        """The draft model's per-token acceptance on this request."""
-        return min(self.hits / self.trials, 0.999)
+        """The draft model's per-token acceptance on this request, shrunk towards its long run."""
+        return min((self.hits + PRIOR_TRIALS * self.prior_alpha) / (self.trials + PRIOR_TRIALS), 0.999)
+
+    def measure(self, name: str, value: float) -> float:
+        """Add a measurement of cost `name`; returns its estimate (the recent median)."""
+        return self.recent.setdefault(name, Recent()).add(value)
 
 
 @dataclass(frozen=True)
@@ -95,36 +134,39 @@ class Choice:
         return self.tokens / self.steps
 
 
-def _ema(old: float | None, new: float, weight: float = PASS_EMA) -> float:
-    return new if old is None else (1 - weight) * old + weight * new
-
-
 def observe_pass(state: PolicyState, width: int, seconds: float) -> None:
     """A verify pass of `width` rows (drafted + 1) took `seconds`."""
     if state.measuring and seconds > 0 and width >= 1:
-        state.pass_s[width] = _ema(state.pass_s.get(width), seconds)
+        state.pass_s[width] = state.measure(f"pass {width}", seconds)
 
 
-def observe_model(state: PolicyState, drafted: int, accepted: int, draft_s: float) -> None:
+def observe_model(state: PolicyState, drafted: int, accepted: int, draft_s: float, verify_s: float = 0.0) -> None:
     """A draft-model round: its acceptance (a round that stopped at a rejection made accepted + 1 trials, one that
-    passed whole made `drafted`) and its drafting time per token."""
+    passed whole made `drafted`), its drafting time per token and, with the round's verify pass `verify_s`, c as
+    this round's own ratio."""
     if drafted < 1:
         return
+    trials = accepted + (1 if accepted < drafted else 0)
     state.hits = state.hits * DECAY + accepted
-    state.trials = state.trials * DECAY + accepted + (1 if accepted < drafted else 0)
+    state.trials = state.trials * DECAY + trials
+    state.long_hits = state.long_hits * LONG_DECAY + accepted
+    state.long_trials = state.long_trials * LONG_DECAY + trials
     if state.measuring and draft_s > 0:
-        state.model_token_s = _ema(state.model_token_s, draft_s / drafted)
+        state.model_token_s = state.measure("model token", draft_s / drafted)
+        step = verify_s / pass_steps(state, drafted + 1)[0] if verify_s > 0 else 0.0
+        if step > 0:
+            state.model_c = state.measure("model c", draft_s / drafted / step)
 
 
 def observe_catchup(state: PolicyState, tokens: int, seconds: float) -> None:
     """The draft model caught up with `tokens` committed ids in one pass of `seconds`."""
     if state.measuring and 0 < tokens <= CATCHUP_MAX_TOKENS and seconds > 0:
-        state.catchup_s = _ema(state.catchup_s, seconds)
+        state.catchup_s = state.measure("catch-up", seconds)
 
 
 def observe_lookup(state: PolicyState, seconds: float) -> None:
     if state.measuring:
-        state.lookup_s = _ema(state.lookup_s or None, max(seconds, 0.0))
+        state.lookup_s = state.measure("lookup", max(seconds, 0.0))
 
 
 def pass_steps(state: PolicyState, width: int) -> tuple[float, float]:
@@ -155,7 +197,7 @@ def _steps_of(state: PolicyState, seconds: float | None, prior_steps: float) -> 
 
 def model_options(state: PolicyState, k_max: int, lag: int) -> list[Choice]:
     """The draft model at each K in 1..k_max; lag: committed ids it must prefill before drafting (a catch-up)."""
-    c = _steps_of(state, state.model_token_s, PRIOR_C)
+    c = state.model_c if state.model_c is not None else _steps_of(state, state.model_token_s, PRIOR_C)
     catchup = 0.0
     if 0 < lag <= CATCHUP_MAX_TOKENS:
         catchup = _steps_of(state, state.catchup_s, PRIOR_CATCHUP * c) / CATCHUP_ROUNDS
@@ -202,6 +244,9 @@ def choose(state: PolicyState, offer: Offer | None, k_max: int, model_lag: int, 
         state.last_used[best.drafter] = state.round
     if best.drafter == MODEL:
         state.model_rounds += 1
+    elif models:  # the model's recent evidence ages: it says less about the text now than when it was drafted
+        state.hits *= STALE
+        state.trials *= STALE
     return _explain(best, plain, models, ngrams, explored)
 
 

@@ -81,7 +81,7 @@ class HybridDrafter:
     def observe(self, outcome: Outcome) -> None:
         policy.observe_pass(self.state, outcome.drafted + 1, outcome.verify_s)
         if outcome.drafter == self.model.name:
-            policy.observe_model(self.state, outcome.drafted, outcome.accepted, outcome.draft_s)
+            policy.observe_model(self.state, outcome.drafted, outcome.accepted, outcome.draft_s, outcome.verify_s)
             self.model.observe(outcome)
         elif outcome.drafter == self.ngram.name:
             self.ngram.observe(outcome)
