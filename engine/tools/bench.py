@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import NoReturn
 
 from engine.api.config import APP_DEFAULTS, NEEDS_DRAFT_MODEL, STOP_BELOW, SamplingParams, SpecParams
-from engine.runtime.engine import Engine
-from engine.io.loading import load_engine
 from engine.api.events import RoundEvent, Summary
+from engine.io.loading import load_engine
+from engine.runtime.engine import Engine
 from engine.tools import results as records  # main's `results` are its modes'
 from engine.tools import specbench
 from engine.tools.prompt_file import read_prompts
@@ -96,15 +96,26 @@ def mode_spec(mode: str, k: int, stop_below: float = 0.0, adaptive: bool = False
             else SpecParams(k=k, drafter=drafter, stop_below=stop_below, adaptive=adaptive))
 
 
-def run_mode(engine: Engine, prompts: list[list[int]] | list[Question], mode: str, k: int, sampling: SamplingParams,
-             stop_below: float = 0.0, adaptive: bool = False) -> Result:
-    """prompts: token ids, one request each, or Questions (a question of several turns asks each after the
-    model's own answer to the one before, reusing the conversation's cache as the app does)."""
-    spec = mode_spec(mode, k, stop_below, adaptive)
-    outputs, summaries, rounds, seconds = [], [], [], 0.0
-    replies: list[list[RoundEvent]] = []  # each reply's rounds
-    categories: dict[str, Tally] = {}
-    for prompt in prompts:
+class ModeRun:
+    """One mode's replies, gathered prompt by prompt (main interleaves the modes per prompt), and their Result."""
+
+    def __init__(self, mode: str, k: int, sampling: SamplingParams, stop_below: float = 0.0,
+                 adaptive: bool = False) -> None:
+        self.mode, self.sampling = mode, sampling
+        self.spec = mode_spec(mode, k, stop_below, adaptive)
+        self.outputs: list[list[int]] = []
+        self.summaries: list[Summary] = []
+        self.replies: list[list[RoundEvent]] = []  # each reply's rounds
+        self.categories: dict[str, Tally] = {}
+        self.seconds = 0.0
+
+    @property
+    def label(self) -> str:
+        return self.mode if self.mode in ("plain", "default") else f"{self.mode} K={self.spec.k}"
+
+    def add(self, engine: Engine, prompt: list[int] | Question) -> None:
+        """prompt: token ids, one request, or a Question (a question of several turns asks each after the model's
+        own answer to the one before, reusing the conversation's cache as the app does)."""
         engine.reset()  # no cross-prompt prefix reuse: every prompt pays its own prefill
         question = prompt if isinstance(prompt, Question) else None
         messages = list(question.messages) if question is not None else []
@@ -113,34 +124,49 @@ def run_mode(engine: Engine, prompts: list[list[int]] | list[Question], mode: st
                 messages.append({"role": "user", "content": turn})
             ids = engine.encode_chat(messages) if question is not None else prompt
             t = time.perf_counter()
-            *events, s = engine.generate(ids, sampling, spec)
-            seconds += time.perf_counter() - t
+            *events, s = engine.generate(ids, self.sampling, self.spec)
+            self.seconds += time.perf_counter() - t
             assert isinstance(s, Summary)
             events = [e for e in events if isinstance(e, RoundEvent)]
-            outputs.append(list(s.token_ids))
-            summaries.append(s)
-            replies.append(events)
-            rounds += events
+            self.outputs.append(list(s.token_ids))
+            self.summaries.append(s)
+            self.replies.append(events)
             if question is not None:
-                categories.setdefault(question.category, Tally()).add(events, s)
+                self.categories.setdefault(question.category, Tally()).add(events, s)
                 messages.append({"role": "assistant", "content": s.text})
-    new = sum(s.new_tokens for s in summaries)
-    decode_s = sum(specbench.decode_seconds(e, s) for e, s in zip(replies, summaries))
-    drafted, accepted = sum(s.drafted for s in summaries), sum(s.accepted for s in summaries)
-    spec_rounds = [e for e in rounds if e.drafted]
-    rejections = sum(e.accepted < len(e.drafted) for e in spec_rounds)
-    widths: dict[int, list[float]] = {}
-    for e in rounds:
-        widths.setdefault(len(e.drafted) + 1, []).append(e.verify_ms)
-    return Result(
-        mode, spec.k if spec.enabled else 0, sampling.temperature, new / decode_s if decode_s > 0 else 0.0, new,
-        accepted / drafted if drafted else 0.0, new / len(rounds) if rounds else 0.0, seconds, len(rounds),
-        e2e_tokens_per_s=new / seconds, stop_below=spec.stop_below, adaptive=spec.adaptive, drafted_tokens=drafted,
-        accepted_tokens=accepted, alpha=accepted / (accepted + rejections) if spec_rounds else None,
-        draft_ms_per_token=sum(e.draft_ms for e in spec_rounds) / drafted if drafted else None,
-        verify_ms_by_width={w: sum(v) / len(v) for w, v in sorted(widths.items())}, outputs=outputs,
-        categories=categories, per_position_acceptance=_per_position(rounds),
-    )
+
+    def result(self) -> Result:
+        spec, summaries = self.spec, self.summaries
+        rounds = [e for reply in self.replies for e in reply]
+        new = sum(s.new_tokens for s in summaries)
+        decode_s = sum(specbench.decode_seconds(e, s) for e, s in zip(self.replies, summaries))
+        drafted, accepted = sum(s.drafted for s in summaries), sum(s.accepted for s in summaries)
+        spec_rounds = [e for e in rounds if e.drafted]
+        rejections = sum(e.accepted < len(e.drafted) for e in spec_rounds)
+        widths: dict[int, list[float]] = {}
+        for e in rounds:
+            widths.setdefault(len(e.drafted) + 1, []).append(e.verify_ms)
+        return Result(
+            self.mode, spec.k if spec.enabled else 0, self.sampling.temperature,
+            new / decode_s if decode_s > 0 else 0.0, new, accepted / drafted if drafted else 0.0,
+            new / len(rounds) if rounds else 0.0, self.seconds, len(rounds),
+            e2e_tokens_per_s=new / self.seconds if self.seconds > 0 else 0.0, stop_below=spec.stop_below,
+            adaptive=spec.adaptive, drafted_tokens=drafted, accepted_tokens=accepted,
+            alpha=accepted / (accepted + rejections) if spec_rounds else None,
+            draft_ms_per_token=sum(e.draft_ms for e in spec_rounds) / drafted if drafted else None,
+            verify_ms_by_width={w: sum(v) / len(v) for w, v in sorted(widths.items())}, outputs=list(self.outputs),
+            categories=self.categories, per_position_acceptance=_per_position(rounds),
+        )
+
+
+def run_mode(engine: Engine, prompts: list[list[int]] | list[Question], mode: str, k: int, sampling: SamplingParams,
+             stop_below: float = 0.0, adaptive: bool = False, into: ModeRun | None = None) -> Result:
+    """One mode over `prompts` (token ids, or Questions: see ModeRun.add); `into` gathers them with that run's
+    earlier prompts, and the Result is of all of them."""
+    run = into or ModeRun(mode, k, sampling, stop_below, adaptive)
+    for prompt in prompts:
+        run.add(engine, prompt)
+    return run.result()
 
 
 def _per_position(rounds: list[RoundEvent]) -> list[float]:
@@ -390,11 +416,15 @@ def main(argv: list[str] | None = None) -> int:
     by_category = any(q.turns for q in questions) or len({q.category for q in questions}) > 1
     warm_up(engine, questions[0], sampling)
 
-    results: list[Result] = []
-    for mode in modes:
-        for k in ([ks[0]] if mode in ("plain", "default") else ks):  # neither reads --k
-            results.append(run_mode(engine, questions, mode, k, sampling, a.stop_below, a.adaptive))
-            print(f"  {mode} K={k}: {results[-1].tokens_per_s:.2f} tok/s", file=sys.stderr)
+    # Modes interleave prompt by prompt, each prompt starting one mode further along, so a machine whose speed
+    # drifts over minutes (a shared host: +-25%) slows every mode alike instead of whichever ran in the slow minutes.
+    runs = [ModeRun(mode, k, sampling, a.stop_below, a.adaptive)
+            for mode in modes for k in ([ks[0]] if mode in ("plain", "default") else ks)]  # neither reads --k
+    for i, question in enumerate(questions):
+        for run in runs[i % len(runs):] + runs[: i % len(runs)]:
+            r = run_mode(engine, [question], run.mode, run.spec.k, sampling, a.stop_below, a.adaptive, into=run)
+            print(f"  prompt {i + 1}/{len(questions)} {run.label}: {r.tokens_per_s:.2f} tok/s so far", file=sys.stderr)
+    results = [run.result() for run in runs]
     out = {"device": str(engine.device), "kernels": kernels, "target": engine.target_name,
            "draft": engine.draft_name, **report(results, sampling.greedy, by_category)}
     if a.json_out:
