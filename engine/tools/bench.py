@@ -10,7 +10,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import NoReturn
 
-from engine.api.config import APP_DEFAULTS, NEEDS_DRAFT_MODEL, STOP_BELOW, SamplingParams, SpecParams
+from engine.api.config import (
+    APP_DEFAULTS,
+    NEEDS_DRAFT_MODEL,
+    STOP_BELOW,
+    SamplingParams,
+    SpecParams,
+)
 from engine.api.events import RoundEvent, Summary
 from engine.io.loading import load_engine
 from engine.runtime.engine import Engine
