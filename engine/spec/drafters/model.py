@@ -14,9 +14,12 @@ from engine.model.transformer import Transformer
 from engine.spec.drafters.base import DraftStopped, OwnK, Proposal
 from engine.spec.sampling import greedy_token, point_mass, probs_from_logits, sample
 
-# A regular round leaves the draft cache at most one token behind the committed ids (the last drafted
-# token after a bonus round); more than that is a prompt, or text another drafter made, to prefill.
-MAX_ROUND_LAG = 1
+# Committed ids the draft cache may lag by and still take them in its first drafting pass, one pass of width
+# lag + 1 instead of a catch-up pass and then a one-token pass: a round leaves it one behind (the last drafted token
+# after a bonus), a few n-gram rounds of the hybrid a few more. On the quantized kernels a pass's cost grows slowly with
+# its width, so this saves about one draft step each time the draft model drafts after the n-gram lookup. A longer
+# lag (a prompt) is prefilled in chunks of its own, with progress and a way to stop.
+MAX_ROUND_LAG = 16
 
 
 def confidence(logits: torch.Tensor, q: torch.Tensor | None, token: int, greedy: bool) -> float:
