@@ -6,8 +6,9 @@ a 1280x800 screen (how docs/images/speedup-vs-compare.png and docs/images/layout
 
 One greedy reply of the embedded pair in the app's default mode (N new tokens, 256 unless set), then Run > Compare on
 the same prompt. It prints the chart's speedup (this reply's speculative rounds against the plain steps timed in it,
-app/session/plain_probe.py) beside Compare's paired A/B and their ratio, and grabs the screen with both in view.
-HOG=1 runs a busy process on one core during the reply and Compare's speculative half, as a changing load. Then
+both in wall time, app/session/plain_probe.py) beside Compare's paired A/B and their ratio, and grabs the screen with
+both in view. HOG=1 runs a busy process during the reply and both of Compare's halves, as a load. STATS=path writes
+every round of the reply and of Compare's replays (the CSV export), to see where the two differ. Then
 step-through is turned on, a token is clicked for the inspector, a second prompt is sent, and the screen is grabbed at
 the first decided round from round 3 on that drafted. A measurement, not a test: on a shared 2-core machine both figures move with
 the neighbours' load.
@@ -44,7 +45,7 @@ def main() -> int:
         w.send()
         wait_until(idle)
         b = w.charts.buffer
-        chart, theory, steps = b.reply.measured_speedup(), b.theory_now(), b.reply.step_passes
+        chart, theory, r = b.reply.measured_speedup(), b.theory_now(), b.reply
         dlg = w.compare()
         # At the top of the screen: the charts' column, scrolled down to the speedup plot, stays in view under it
         dlg.resize(720, 370)
@@ -58,8 +59,9 @@ def main() -> int:
     wait(1500)
     v = dlg.verdict
     text = "\u2014" if chart is None else f"{chart:.2f}x"
-    print(f"chart: speedup {text} vs plain measured this reply ({steps} plain steps), theory "
-          f"{theory or 0:.2f}x", flush=True)
+    print(f"chart: speedup {text} vs plain measured this reply ({r.plain_wall.rounds} plain steps), theory "
+          f"{theory or 0:.2f}x; speculative {r.spec_wall.tokens_per_s or 0:.2f} tok/s, plain "
+          f"{r.plain_wall.tokens_per_s or 0:.2f} tok/s (wall time)", flush=True)
     if v is not None:
         print(f"compare: {v.text}", flush=True)
         if chart is not None and v.speedup > 0:
