@@ -68,9 +68,7 @@ class SweepRun:
 def run_of(drafter: str | None, k: int, summary: Summary, rounds: Sequence[RoundEvent], message: int = 0) -> SweepRun:
     """A replay's SweepRun from its Summary and RoundEvents."""
     trials = sum(ev.accepted + (ev.accepted < len(ev.drafted)) for ev in rounds)
-    # Summary's own definition: less the draft model's first catch-up (its prompt prefill), not the later ones
-    prompt_draft_ms = next((ev.draft_prefill_ms for ev in rounds if ev.draft_prefill_ms > 0), 0.0)
-    decode_s = max(0.0, summary.total_s - summary.prefill_s - prompt_draft_ms / 1e3)
+    decode_s = max(0.0, summary.total_s - summary.prefill_s - summary.draft_prefill_ms / 1e3)  # Summary's own
     return SweepRun(drafter, k, summary.new_tokens, summary.rounds, summary.drafted, summary.accepted, trials,
                     decode_s, summary.draft_ms, summary.verify_ms, summary.stop_reason, summary.token_ids, message)
 
