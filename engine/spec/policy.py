@@ -149,8 +149,9 @@ def observe_model(state: PolicyState, drafted: int, accepted: int, draft_s: floa
     trials = accepted + (1 if accepted < drafted else 0)
     state.hits = state.hits * DECAY + accepted
     state.trials = state.trials * DECAY + trials
-    state.long_hits = state.long_hits * LONG_DECAY + accepted
-    state.long_trials = state.long_trials * LONG_DECAY + trials
+    if state.measuring:  # the long run outlives the request: a sampled reply must leave it as it found it
+        state.long_hits = state.long_hits * LONG_DECAY + accepted
+        state.long_trials = state.long_trials * LONG_DECAY + trials
     if state.measuring and draft_s > 0:
         state.model_token_s = state.measure("model token", draft_s / drafted)
         step = verify_s / pass_steps(state, drafted + 1)[0] if verify_s > 0 else 0.0

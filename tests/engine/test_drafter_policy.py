@@ -3,6 +3,8 @@ that makes the most tokens per second, follows the stream when it changes, decod
 re-tries a drafter out of favour at a bounded rate; through the real engine the output stays exact with it on."""
 from __future__ import annotations
 
+from itertools import pairwise
+
 import pytest
 
 from engine.api.config import SamplingParams, SpecParams
@@ -86,7 +88,7 @@ def test_the_choice_follows_the_stream_when_it_changes():
     # Once left, the model is re-tried (its long run says it usually pays) but every re-try fails, so the re-tries
     # thin out: never two in a row, at most one round in four, and the gaps do not shrink.
     tries = [i for i in range(left, len(picks)) if picks[i] == MODEL]
-    gaps = [b - a for a, b in zip(tries, tries[1:])]
+    gaps = [b - a for a, b in pairwise(tries)]
     assert tries and len(tries) <= (len(picks) - left) / 4, picks
     assert all(g >= 4 for g in gaps) and gaps == sorted(gaps), picks
 
@@ -329,9 +331,9 @@ def test_a_sampled_reply_is_reproducible_from_its_seed(engine):
 
     state = engine.hybrid_drafter.state
     first = reply(sampled)
-    costs = (dict(state.pass_s), state.model_token_s, state.catchup_s, state.lookup_s)
+    costs = (dict(state.pass_s), state.model_token_s, state.catchup_s, state.lookup_s, state.prior_alpha)
     assert reply(sampled) == first
-    assert (dict(state.pass_s), state.model_token_s, state.catchup_s, state.lookup_s) == costs
+    assert (dict(state.pass_s), state.model_token_s, state.catchup_s, state.lookup_s, state.prior_alpha) == costs
     reply(SamplingParams(temperature=0.0, max_new_tokens=30))
     assert dict(state.pass_s) != costs[0]  # greedy rounds measured the passes
     moved = dict(state.pass_s)
