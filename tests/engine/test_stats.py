@@ -320,3 +320,16 @@ def test_a_reply_of_both_drafters_has_one_name_whichever_drafted_first():
         rec = MessageRecord(1, 1, "chat", "p", rounds=events, summary=make_summary(events))
         names.append(summary_row(rec)["drafter"])
     assert names == ["model+ngram", "model+ngram"]
+
+
+def test_a_round_that_drafted_nothing_stays_on_the_speculative_side():
+    """The hybrid's policy may draft nothing in a round (its one-row pass still feeds c's reference step), but the
+    user waited for that round with speculation on: its wall time is the speculative side's, never the plain
+    basis, which is the plain rounds' alone."""
+    t = SpeedTotals()
+    t.add(make_round(1, ("a",), ("x",), "d", elapsed_s=1.0))
+    t.add(make_round(2, (), (), "n", Origin.PLAIN, drafter="ngram", verify_ms=9.0, elapsed_s=1.05))  # drafted nothing
+    assert t.step_passes == 1 and t.spec_wall.rounds == 1 and t.plain_wall.rounds == 0
+    assert t.measured_speedup() is None  # no plain round yet: a round that drafted nothing is no plain basis
+    t.add(make_round(3, (), (), "p", Origin.PLAIN, mode="plain", drafter=None, verify_ms=9.0, elapsed_s=1.07))
+    assert t.measured_speedup() == pytest.approx((1 / 0.05) / (1 / 0.02))
