@@ -29,7 +29,7 @@ HOG = "import time\nwhile True:\n    sum(i * i for i in range(10000))\n"
 def main() -> int:
     qa, controller, w = xvfb_window.open_window()
     wait = xvfb_window.wait
-    wait_until = functools.partial(xvfb_window.wait_until, timeout=1800)
+    wait_until = functools.partial(xvfb_window.wait_until, timeout=float(os.environ.get("TIMEOUT", "1800")))
     idle = functools.partial(xvfb_window.idle, controller, w)
     from engine.api.events import Phase
 
@@ -56,6 +56,8 @@ def main() -> int:
         if hog is not None:
             hog.kill()
             hog.wait()
+        if os.environ.get("STATS"):  # every round of the reply and of both replays, to see where the two differ
+            print("rounds written to", *controller.stats.write_csv(os.environ["STATS"]), flush=True)
     wait(1500)
     v = dlg.verdict
     text = "\u2014" if chart is None else f"{chart:.2f}x"
@@ -67,8 +69,6 @@ def main() -> int:
         if chart is not None and v.speedup > 0:
             print(f"chart / compare = {chart / v.speedup:.3f}", flush=True)
     qa.primaryScreen().grabWindow(0).save(os.environ.get("SHOT1", "docs/images/speedup-vs-compare.png"))
-    if os.environ.get("STATS"):  # every round of the reply and of both replays, to see where the two differ
-        print("rounds written to", *controller.stats.write_csv(os.environ["STATS"]), flush=True)
     dlg.close()
     wait(300)
 
