@@ -4,8 +4,9 @@ A speedup is speculative tokens/s over plain tokens/s, and on a machine whose lo
 next the two rates must come from the same minutes. A round that drafts nothing verifies one row: its verify pass is
 exactly one plain decoding step. The default drafters draft in every round, so every EVERY rounds the controller
 turns speculation off for one round through the reply's live controls (a plain target step; under greedy decoding
-it commits the very token speculation would have) and back on once that plain round has arrived. The charts
-(app/views/chart_data.py) divide by the mean of these passes. No Qt here.
+it commits the very token speculation would have) and back on once that plain round has arrived; by then the engine
+has begun its next round, so a probe is two plain rounds in practice. The charts (app/views/chart_data.py) set the
+speculative rounds' wall time against these plain rounds' wall time. No Qt here.
 """
 from __future__ import annotations
 
