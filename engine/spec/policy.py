@@ -47,6 +47,7 @@ DECAY = 0.85  # weight of the past in the acceptance estimate per model round: p
 STALE = 0.9  # weight of the recent evidence per round the model does not draft: old evidence says less about now
 LONG_DECAY = 0.98  # weight of the past in the long-run acceptance, per model round, across requests
 WINDOW = 9  # measurements per cost whose median is the estimate (odd: a true median)
+LEVEL_WINDOW = 3  # the level follows the load within two rounds and still drops one stalled pass
 # A catch-up pass is paid once and then the draft model drafts several rounds in a row, so a round is charged this
 # share of it. Larger values would keep a drafter that lost its lead drafting after the text turned predictable.
 CATCHUP_ROUNDS = 4.0
@@ -54,15 +55,15 @@ CATCHUP_MAX_TOKENS = 64  # a longer catch-up is a prompt's prefill, paid once wh
 # Priors, each worth a few rounds, for what has not been measured yet on this machine or in this request.
 PRIOR_ALPHA, PRIOR_TRIALS = 0.6, 4.0  # the long-run acceptance before any, and its weight in a request's estimate
 PRIOR_C = 0.3  # a draft-model token in plain steps
-PRIOR_ROW = 0.05  # what each verify row past the first adds, in plain steps (the batched kernels make it small)
+PRIOR_ROW = 0.15  # what each verify row past the first adds, in plain steps (0.06-0.28 measured on Zen 3/4 CPUs)
 PRIOR_CATCHUP = 2.0  # a catch-up pass in draft-model tokens
 
 
 class Recent:
-    """The median of the last WINDOW measurements of one cost."""
+    """The median of the last `window` measurements of one cost."""
 
-    def __init__(self) -> None:
-        self.values: deque[float] = deque(maxlen=WINDOW)
+    def __init__(self, window: int = WINDOW) -> None:
+        self.values: deque[float] = deque(maxlen=window)
 
     def add(self, value: float) -> float:
         self.values.append(value)
@@ -75,6 +76,9 @@ class PolicyState:
     model's acceptance (this request's, and its long run)."""
 
     pass_s: dict[int, float] = field(default_factory=dict)  # verify pass width -> seconds
+    level_s: float | None = None  # t(1) now: recent passes, each divided by its width's shape
+    row: float | None = None  # rho: what a verify row past the first adds, in plain steps (None: not measured yet)
+    last_pass: tuple[int, float] | None = None  # (width, seconds) of the pass before
     model_token_s: float | None = None  # the draft model's drafting seconds per drafted token
     model_c: float | None = None  # a drafted token in plain steps, each model round's own ratio (None: from the above)
     catchup_s: float | None = None  # one catch-up pass of the draft model's cache
@@ -106,9 +110,9 @@ class PolicyState:
         """The draft model's per-token acceptance on this request, shrunk towards its long run."""
         return min((self.hits + PRIOR_TRIALS * self.prior_alpha) / (self.trials + PRIOR_TRIALS), 0.999)
 
-    def measure(self, name: str, value: float) -> float:
-        """Add a measurement of cost `name`; returns its estimate (the recent median)."""
-        return self.recent.setdefault(name, Recent()).add(value)
+    def measure(self, name: str, value: float, window: int = WINDOW) -> float:
+        """Add a measurement of cost `name`; returns its estimate (the median of its last `window`)."""
+        return self.recent.setdefault(name, Recent(window)).add(value)
 
 
 @dataclass(frozen=True)
@@ -135,9 +139,22 @@ class Choice:
 
 
 def observe_pass(state: PolicyState, width: int, seconds: float) -> None:
-    """A verify pass of `width` rows (drafted + 1) took `seconds`."""
-    if state.measuring and seconds > 0 and width >= 1:
-        state.pass_s[width] = state.measure(f"pass {width}", seconds)
+    """A verify pass of `width` rows (drafted + 1) took `seconds`.
+
+    A pass's time is the machine's level now (t(1) at this minute's load) times its width's shape, 1 + rho (w - 1),
+    rho being what a row adds (a property of the kernels). Two passes in a row of different widths ran at nearly the
+    same load, so their ratio measures rho alone; widths whose times were gathered minutes apart on a busy machine
+    would fit a line of scheduling noise. The level is the recent passes, each divided by its shape."""
+    if not (state.measuring and seconds > 0 and width >= 1):
+        return
+    state.pass_s[width] = state.measure(f"pass {width}", seconds)
+    last, state.last_pass = state.last_pass, (width, seconds)
+    if last is not None and last[0] != width:
+        r = seconds / last[1]
+        den = (width - 1) - r * (last[0] - 1)  # from r = (1 + rho (width - 1)) / (1 + rho (last width - 1))
+        if abs(den) > 1e-6:
+            state.row = state.measure("row", min(max((r - 1) / den, -1.0), 2.0))
+    state.level_s = state.measure("level", seconds / pass_steps(state, width)[0], LEVEL_WINDOW)
 
 
 def observe_model(state: PolicyState, drafted: int, accepted: int, draft_s: float, verify_s: float = 0.0) -> None:
@@ -171,24 +188,10 @@ def observe_lookup(state: PolicyState, seconds: float) -> None:
 
 
 def pass_steps(state: PolicyState, width: int) -> tuple[float, float]:
-    """(t(width) / t(1), t(1) seconds or 0 when nothing is measured): the least-squares line through the measured
-    widths; with one width measured, that width's time and the prior slope; with none, the prior alone."""
-    widths = sorted(state.pass_s)
-    if not widths:
-        return 1.0 + PRIOR_ROW * (width - 1), 0.0
-    if len(widths) == 1:
-        (w0,) = widths
-        step = state.pass_s[w0] / (1.0 + PRIOR_ROW * (w0 - 1))
-        return 1.0 + PRIOR_ROW * (width - 1), step
-    ts = [state.pass_s[w] for w in widths]
-    mw, mt = sum(widths) / len(widths), sum(ts) / len(ts)
-    slope = sum((w - mw) * (t - mt) for w, t in zip(widths, ts)) / sum((w - mw) ** 2 for w in widths)
-    step = mt + slope * (1 - mw)  # the line at width 1
-    if step <= 0:  # noise made the line nonsense: the prior slope through the narrowest measured pass
-        step = state.pass_s[widths[0]] / (1.0 + PRIOR_ROW * (widths[0] - 1))
-        return 1.0 + PRIOR_ROW * (width - 1), step
-    # A row never costs more than a pass of its own: past that the fit is scheduling noise, not the kernels.
-    return 1.0 + min(max(slope, 0.0) / step, 1.0) * (width - 1), step
+    """(t(width) / t(1), t(1) seconds or 0 when nothing is measured): the shape 1 + rho (width - 1), rho measured
+    from passes in a row of different widths (observe_pass) or the prior, and the current level."""
+    rho = PRIOR_ROW if state.row is None else min(max(state.row, 0.0), 1.0)  # a row never costs more than a pass
+    return 1.0 + rho * (width - 1), state.level_s or 0.0
 
 
 def _steps_of(state: PolicyState, seconds: float | None, prior_steps: float) -> float:

@@ -346,3 +346,18 @@ def test_the_first_tries_draft_at_the_ceiling():
     state = machine(c=2.0)  # the model does not pay: only the first tries draft with it
     picks = [policy.choose(state, None, 5, model_lag=0) for _ in range(policy.FIRST_TRIES + 1)]
     assert [(p.drafter, p.k) for p in picks] == [(MODEL, 5)] * policy.FIRST_TRIES + [(NONE, 0)]
+
+
+def test_a_load_that_changes_between_widths_leaves_the_pass_shape():
+    """Width-5 passes measured while a neighbour made the machine three times slower, then widths 1 and 3 once it had
+    gone: the shape (what a row adds) is the kernels', t(w) = t(1) (1 + 0.1 (w - 1)), not the load's."""
+    state = PolicyState()
+    for _ in range(9):
+        policy.observe_pass(state, 5, 3 * STEP_S * 1.4)
+    assert state.row is None  # one width alone says nothing about what a row adds
+    for _ in range(9):
+        policy.observe_pass(state, 1, STEP_S)
+        policy.observe_pass(state, 3, STEP_S * 1.2)
+        policy.observe_pass(state, 5, STEP_S * 1.4)
+    steps, step_s = policy.pass_steps(state, 5)
+    assert steps == pytest.approx(1.4, rel=0.05) and step_s == pytest.approx(STEP_S, rel=0.05)
