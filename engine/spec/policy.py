@@ -82,6 +82,7 @@ class PolicyState:
     model_token_s: float | None = None  # the draft model's drafting seconds per drafted token
     model_c: float | None = None  # a drafted token in plain steps, each model round's own ratio (None: from the above)
     catchup_s: float | None = None  # one catch-up pass of the draft model's cache
+    fed_row: float | None = None  # what each lagging id fed with the first drafting pass adds, in plain steps
     lookup_s: float = 0.0  # the n-gram lookup (paid every round, whatever is chosen)
     hits: float = 0.0  # the draft model's decayed accepted tokens in this request ...
     trials: float = 0.0  # ... over its decayed trials (accepted + 1 per rejection)
@@ -157,10 +158,12 @@ def observe_pass(state: PolicyState, width: int, seconds: float) -> None:
     state.level_s = state.measure("level", seconds / pass_steps(state, width)[0], LEVEL_WINDOW)
 
 
-def observe_model(state: PolicyState, drafted: int, accepted: int, draft_s: float, verify_s: float = 0.0) -> None:
+def observe_model(state: PolicyState, drafted: int, accepted: int, draft_s: float, verify_s: float = 0.0,
+                  fed: int = 0) -> None:
     """A draft-model round: its acceptance (a round that stopped at a rejection made accepted + 1 trials, one that
     passed whole made `drafted`), its drafting time per token and, with the round's verify pass `verify_s`, c as
-    this round's own ratio."""
+    this round's own ratio. fed: lagging ids its first pass read besides its own (text other rounds committed);
+    such a round measures what a lagging id adds instead of c."""
     if drafted < 1:
         return
     trials = accepted + (1 if accepted < drafted else 0)
@@ -169,11 +172,16 @@ def observe_model(state: PolicyState, drafted: int, accepted: int, draft_s: floa
     if state.measuring:  # the long run outlives the request: a sampled reply must leave it as it found it
         state.long_hits = state.long_hits * LONG_DECAY + accepted
         state.long_trials = state.long_trials * LONG_DECAY + trials
-    if state.measuring and draft_s > 0:
-        state.model_token_s = state.measure("model token", draft_s / drafted)
-        step = verify_s / pass_steps(state, drafted + 1)[0] if verify_s > 0 else 0.0
-        if step > 0:
-            state.model_c = state.measure("model c", draft_s / drafted / step)
+    if not (state.measuring and draft_s > 0):
+        return
+    step = verify_s / pass_steps(state, drafted + 1)[0] if verify_s > 0 else 0.0
+    if fed:
+        if step > 0 and state.model_c is not None:
+            state.fed_row = state.measure("fed row", max(draft_s / step - drafted * state.model_c, 0.0) / fed)
+        return
+    state.model_token_s = state.measure("model token", draft_s / drafted)
+    if step > 0:
+        state.model_c = state.measure("model c", draft_s / drafted / step)
 
 
 def observe_catchup(state: PolicyState, tokens: int, seconds: float) -> None:
@@ -199,19 +207,24 @@ def _steps_of(state: PolicyState, seconds: float | None, prior_steps: float) -> 
     return seconds / step if seconds is not None and step > 0 else prior_steps
 
 
-def model_options(state: PolicyState, k_max: int, lag: int) -> list[Choice]:
-    """The draft model at each K in 1..k_max; lag: committed ids it must prefill before drafting (a catch-up)."""
+def model_options(state: PolicyState, k_max: int, lag: int, fed: int = 0) -> list[Choice]:
+    """The draft model at each K in 1..k_max; lag: committed ids it must prefill before drafting (a catch-up pass);
+    fed: lagging ids it reads with its first drafting pass instead (a wider pass, paid this round)."""
     c = state.model_c if state.model_c is not None else _steps_of(state, state.model_token_s, PRIOR_C)
-    catchup = 0.0
+    catchup, why_catchup = 0.0, ""
     if 0 < lag <= CATCHUP_MAX_TOKENS:
         catchup = _steps_of(state, state.catchup_s, PRIOR_CATCHUP * c) / CATCHUP_ROUNDS
+        why_catchup = f", catch-up {catchup * CATCHUP_ROUNDS:.2f} steps"
+    elif fed > 0:  # paid in full: the next round that drafts after other drafters' text pays its own
+        catchup = fed * (state.fed_row if state.fed_row is not None else PRIOR_ROW * c)
+        why_catchup = f", reading {fed} new ids {catchup:.2f} steps"
     lookup = _steps_of(state, state.lookup_s, 0.0)
     a = state.alpha
     out = []
     for k in range(1, k_max + 1):
         tokens = expected_tokens(a, k)
         steps = pass_steps(state, k + 1)[0] + k * c + catchup + lookup
-        why = f"K {k}, \u03b1 {a:.2f}, c {c:.2f}" + (f", catch-up {catchup * CATCHUP_ROUNDS:.2f} steps" if catchup else "")
+        why = f"K {k}, \u03b1 {a:.2f}, c {c:.2f}" + why_catchup
         out.append(Choice(MODEL, k, tokens, steps, why))
     return out
 
@@ -229,12 +242,14 @@ def ngram_options(state: PolicyState, offer: Offer | None) -> list[Choice]:
     return out
 
 
-def choose(state: PolicyState, offer: Offer | None, k_max: int, model_lag: int, have_model: bool = True) -> Choice:
-    """This round's drafter, K and why. Advances the round counter; the caller reports the outcome with observe_*."""
+def choose(state: PolicyState, offer: Offer | None, k_max: int, model_lag: int, have_model: bool = True,
+           model_fed: int = 0) -> Choice:
+    """This round's drafter, K and why (model_lag, model_fed: model_options' lag and fed). Advances the round
+    counter; the caller reports the outcome with observe_*."""
     state.round += 1
     lookup = _steps_of(state, state.lookup_s, 0.0)
     plain = Choice(NONE, 0, 1.0, 1.0 + lookup, "")
-    models = model_options(state, k_max, model_lag) if have_model and k_max >= 1 else []
+    models = model_options(state, k_max, model_lag, model_fed) if have_model and k_max >= 1 else []
     ngrams = ngram_options(state, offer)
     best = max([plain, *models, *ngrams], key=lambda ch: ch.speedup)  # ties: plain first, then the model
     explored = ""

@@ -181,6 +181,20 @@ def test_a_catch_up_is_charged_to_the_model():
     assert policy.model_options(state, 2, lag=5000)[1].steps == pytest.approx(near[1].steps)  # a prompt's prefill
 
 
+def test_lagging_ids_read_with_the_first_draft_pass_are_priced_and_measured():
+    """After n-gram rounds the draft model reads the text they committed with its first drafting pass: that round
+    measures what a lagging id adds (not c), and the next choice charges it for the ids it will read."""
+    state = machine(c=0.3)
+    for _ in range(5):
+        policy.observe_model(state, 2, 2, 2 * 0.3 * STEP_S, STEP_S * 1.1)
+    policy.observe_model(state, 2, 2, (2 * 0.3 + 6 * 0.05) * STEP_S, STEP_S * 1.1, fed=6)
+    assert state.model_c == pytest.approx(0.3) and state.fed_row == pytest.approx(0.05)
+    near = policy.model_options(state, 2, lag=0)
+    fed = policy.model_options(state, 2, lag=0, fed=6)
+    assert fed[1].steps == pytest.approx(near[1].steps + 6 * 0.05)
+    assert "reading 6 new ids" in fed[1].reason
+
+
 def test_k_follows_acceptance_within_the_ceiling():
     low, high = machine(), machine()
     for _ in range(20):
@@ -221,7 +235,7 @@ def test_greedy_output_is_plain_with_the_policy_on(engine, k):
 def scripted(order: list[str]):
     """A policy that cycles through `order` (the n-gram lookup only when it has an offer), so n-gram, model and
     empty rounds interleave whatever the costs: the model's cache catches up on text it did not draft."""
-    def choose(state, offer, k_max, model_lag, have_model=True):
+    def choose(state, offer, k_max, model_lag, have_model=True, model_fed=0):
         state.round += 1
         want = order[(state.round - 1) % len(order)]
         if want == NGRAM and offer is None:

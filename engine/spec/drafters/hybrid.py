@@ -37,6 +37,7 @@ class HybridDrafter:
     def __init__(self, ngram: NGramDrafter, model: ModelDrafter) -> None:
         self.ngram, self.model = ngram, model
         self.state = policy.PolicyState()  # pass times persist across requests: they are the machine's
+        self._fed = 0  # lagging ids the draft model read with this round's first drafting pass
 
     def configure(self, spec: SpecParams) -> None:
         self.ngram.configure(spec)
@@ -56,6 +57,7 @@ class HybridDrafter:
         return spec.k if self.MIN_EXPECTED is None else self.model.choose_k(spec)
 
     def propose(self, ids: list[int], k: int, params: SamplingParams, gen: torch.Generator | None) -> Proposal:
+        self._fed = self.model.fed_tokens(ids)
         if self.MIN_EXPECTED is not None:
             return self._fixed_rule(ids, k, params, gen)
         self.state.measuring = params.greedy  # a sampled reply's choices must not read its own timings
@@ -63,7 +65,7 @@ class HybridDrafter:
         match, cont = self.ngram.lookup(ids, k)
         policy.observe_lookup(self.state, time.perf_counter() - t0)
         offer = policy.Offer(len(cont), match, self.ngram.pooled_pass_rate(match)) if cont else None
-        choice = policy.choose(self.state, offer, k, self.model.catchup_tokens(ids))
+        choice = policy.choose(self.state, offer, k, self.model.catchup_tokens(ids), model_fed=self._fed)
         if choice.drafter == policy.NGRAM:
             return replace(self.ngram.tokens(cont[: choice.k]), source=self.ngram.name, reason=choice.reason)
         if choice.drafter == policy.MODEL:
@@ -81,7 +83,8 @@ class HybridDrafter:
     def observe(self, outcome: Outcome) -> None:
         policy.observe_pass(self.state, outcome.drafted + 1, outcome.verify_s)
         if outcome.drafter == self.model.name:
-            policy.observe_model(self.state, outcome.drafted, outcome.accepted, outcome.draft_s, outcome.verify_s)
+            policy.observe_model(self.state, outcome.drafted, outcome.accepted, outcome.draft_s, outcome.verify_s,
+                                 self._fed)
             self.model.observe(outcome)
         elif outcome.drafter == self.ngram.name:
             self.ngram.observe(outcome)

@@ -47,10 +47,19 @@ class ModelDrafter(OwnK):
     def configure(self, spec: SpecParams) -> None:
         self.stop_below = spec.stop_below
 
+    def _behind(self, ids: list[int]) -> int:
+        return len(ids) - 1 - min(common_prefix(self.cached, ids), len(ids) - 1)
+
     def catchup_tokens(self, ids: list[int]) -> int:
         """Committed ids the next propose(ids) would prefill before drafting (0 when a round's feed covers them)."""
-        behind = len(ids) - 1 - min(common_prefix(self.cached, ids), len(ids) - 1)
+        behind = self._behind(ids)
         return behind if behind > MAX_ROUND_LAG else 0
+
+    def fed_tokens(self, ids: list[int]) -> int:
+        """Committed ids the next propose(ids) reads with its first drafting pass besides the one a round leaves
+        unread (0 when none, or when they are many enough for a prefill of their own)."""
+        behind = self._behind(ids)
+        return behind - 1 if 1 < behind <= MAX_ROUND_LAG else 0
 
     def _sync(self, ids: list[int]) -> None:
         keep = min(common_prefix(self.cached, ids), len(ids) - 1)
