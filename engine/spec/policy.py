@@ -54,6 +54,7 @@ CATCHUP_ROUNDS = 4.0
 CATCHUP_MAX_TOKENS = 64  # a longer catch-up is a prompt's prefill, paid once whichever drafter runs: not a round cost
 # Priors, each worth a few rounds, for what has not been measured yet on this machine or in this request.
 PRIOR_ALPHA, PRIOR_TRIALS = 0.6, 4.0  # the long-run acceptance before any, and its weight in a request's estimate
+PRIOR_ROUND_TOKENS, PRIOR_ROUND_DRAFTED = 2.2, 2.0  # a model round under the stop rule, before any was measured
 PRIOR_C = 0.3  # a draft-model token in plain steps
 PRIOR_ROW = 0.15  # what each verify row past the first adds, in plain steps (0.06-0.28 measured on Zen 3/4 CPUs)
 PRIOR_CATCHUP = 2.0  # a catch-up pass in draft-model tokens
@@ -88,6 +89,16 @@ class PolicyState:
     trials: float = 0.0  # ... over its decayed trials (accepted + 1 per rejection)
     long_hits: float = 0.0  # the same over every request, decayed slowly: the prior of each request's estimate
     long_trials: float = 0.0
+    # With the draft's stop rule on (model_stops) the model drafts up to the ceiling and its own confidence ends the
+    # draft, so a round is priced from what model rounds really drafted and committed (decayed sums in this request,
+    # and their long run), not from alpha under an every-token-alike assumption that the stop rule breaks.
+    model_stops: bool = False
+    m_rounds: float = 0.0
+    m_drafted: float = 0.0
+    m_committed: float = 0.0
+    long_rounds: float = 0.0
+    long_drafted: float = 0.0
+    long_committed: float = 0.0
     measuring: bool = True  # this round's timings may update the costs (greedy decoding: see the module's note)
     round: int = 0
     last_used: dict[str, int] = field(default_factory=dict)  # drafter -> the last round it drafted
@@ -98,6 +109,25 @@ class PolicyState:
         """A new request: acceptance and exploration start over; the measured costs and the long run stay."""
         self.hits, self.trials, self.round, self.last_used = 0.0, 0.0, 0, {}
         self.model_rounds = 0
+        self.m_rounds = self.m_drafted = self.m_committed = 0.0
+
+    def model_round(self) -> tuple[float, float]:
+        """(tokens committed, tokens drafted) by a model round on this request, shrunk towards the long run as
+        alpha is (PRIOR_TRIALS pseudo-rounds)."""
+        if self.long_rounds >= PRIOR_TRIALS:
+            t0, d0 = self.long_committed / self.long_rounds, self.long_drafted / self.long_rounds
+        else:
+            t0, d0 = PRIOR_ROUND_TOKENS, PRIOR_ROUND_DRAFTED
+        n = self.m_rounds + PRIOR_TRIALS
+        return (self.m_committed + PRIOR_TRIALS * t0) / n, (self.m_drafted + PRIOR_TRIALS * d0) / n
+
+    def age_model(self) -> None:
+        """A round the model did not draft: its recent evidence says less about the text now."""
+        self.hits *= STALE
+        self.trials *= STALE
+        self.m_rounds *= STALE
+        self.m_drafted *= STALE
+        self.m_committed *= STALE
 
     @property
     def prior_alpha(self) -> float:
@@ -169,9 +199,15 @@ def observe_model(state: PolicyState, drafted: int, accepted: int, draft_s: floa
     trials = accepted + (1 if accepted < drafted else 0)
     state.hits = state.hits * DECAY + accepted
     state.trials = state.trials * DECAY + trials
+    state.m_rounds = state.m_rounds * DECAY + 1
+    state.m_drafted = state.m_drafted * DECAY + drafted
+    state.m_committed = state.m_committed * DECAY + accepted + 1
     if state.measuring:  # the long run outlives the request: a sampled reply must leave it as it found it
         state.long_hits = state.long_hits * LONG_DECAY + accepted
         state.long_trials = state.long_trials * LONG_DECAY + trials
+        state.long_rounds = state.long_rounds * LONG_DECAY + 1
+        state.long_drafted = state.long_drafted * LONG_DECAY + drafted
+        state.long_committed = state.long_committed * LONG_DECAY + accepted + 1
     if not (state.measuring and draft_s > 0):
         return
     step = verify_s / pass_steps(state, drafted + 1)[0] if verify_s > 0 else 0.0
@@ -219,6 +255,12 @@ def model_options(state: PolicyState, k_max: int, lag: int, fed: int = 0) -> lis
         catchup = fed * (state.fed_row if state.fed_row is not None else PRIOR_ROW * c)
         why_catchup = f", reading {fed} new ids {catchup:.2f} steps"
     lookup = _steps_of(state, state.lookup_s, 0.0)
+    if state.model_stops:  # one option: up to the ceiling, as far as the draft's confidence carries it
+        tokens, drafted = state.model_round()
+        steps = pass_steps(state, drafted + 1)[0] + drafted * c + catchup + lookup
+        why = (f"K \u2264 {k_max} (stops when unsure), {tokens:.1f} tok/round over {drafted:.1f} drafted, "
+               f"c {c:.2f}" + why_catchup)
+        return [Choice(MODEL, k_max, tokens, steps, why)]
     a = state.alpha
     out = []
     for k in range(1, k_max + 1):
@@ -263,9 +305,8 @@ def choose(state: PolicyState, offer: Offer | None, k_max: int, model_lag: int, 
         state.last_used[best.drafter] = state.round
     if best.drafter == MODEL:
         state.model_rounds += 1
-    elif models:  # the model's recent evidence ages: it says less about the text now than when it was drafted
-        state.hits *= STALE
-        state.trials *= STALE
+    elif models:
+        state.age_model()
     return _explain(best, plain, models, ngrams, explored)
 
 

@@ -375,3 +375,21 @@ def test_a_load_that_changes_between_widths_leaves_the_pass_shape():
         policy.observe_pass(state, 5, STEP_S * 1.4)
     steps, step_s = policy.pass_steps(state, 5)
     assert steps == pytest.approx(1.4, rel=0.05) and step_s == pytest.approx(STEP_S, rel=0.05)
+
+
+def test_under_the_stop_rule_a_model_round_is_priced_by_what_rounds_really_made():
+    """With the draft's confidence rule on, the model drafts up to the ceiling and stops when unsure, so the policy
+    prices its round from what model rounds drafted and committed, not from alpha at each K: rounds that draft ~3
+    and commit ~3.5 beat plain and a weak n-gram offer; rounds that draft 1 and commit 1 lose to plain."""
+    good, bad = machine(c=0.2), machine(c=0.2)
+    for state in (good, bad):
+        state.model_stops = True
+        state.model_rounds, state.last_used[MODEL] = policy.FIRST_TRIES, 0
+    for r in range(12):
+        policy.observe_model(good, 3, 3 if r % 2 else 2, 3 * 0.2 * STEP_S, STEP_S * 1.15)
+        policy.observe_model(bad, 1, 0, 0.2 * STEP_S, STEP_S * 1.05)
+    ch = policy.choose(good, Offer(tokens=1, match=1, pass_rate=0.3), 4, model_lag=0)
+    assert ch.drafter == MODEL and ch.k == 4, ch
+    assert ch.tokens == pytest.approx(3.4, abs=0.3) and "stops when unsure" in ch.reason, ch
+    ch = policy.choose(bad, None, 4, model_lag=0)
+    assert ch.drafter == NONE, ch

@@ -42,6 +42,7 @@ class HybridDrafter:
     def configure(self, spec: SpecParams) -> None:
         self.ngram.configure(spec)
         self.model.configure(spec)
+        self.state.model_stops = spec.stop_below > 0.0
 
     def start(self) -> None:
         self.ngram.start()
