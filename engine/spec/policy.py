@@ -76,7 +76,6 @@ class PolicyState:
     """What the policy knows: measured costs (seconds; each the median of its recent measurements) and the draft
     model's acceptance (this request's, and its long run)."""
 
-    pass_s: dict[int, float] = field(default_factory=dict)  # verify pass width -> seconds
     level_s: float | None = None  # t(1) now: recent passes, each divided by its width's shape
     row: float | None = None  # rho: what a verify row past the first adds, in plain steps (None: not measured yet)
     last_pass: tuple[int, float] | None = None  # (width, seconds) of the pass before
@@ -178,7 +177,6 @@ def observe_pass(state: PolicyState, width: int, seconds: float) -> None:
     would fit a line of scheduling noise. The level is the recent passes, each divided by its shape."""
     if not (state.measuring and seconds > 0 and width >= 1):
         return
-    state.pass_s[width] = state.measure(f"pass {width}", seconds)
     last, state.last_pass = state.last_pass, (width, seconds)
     if last is not None and last[0] != width:
         r = seconds / last[1]

@@ -345,14 +345,14 @@ def test_a_sampled_reply_is_reproducible_from_its_seed(engine):
 
     state = engine.hybrid_drafter.state
     first = reply(sampled)
-    costs = (dict(state.pass_s), state.model_token_s, state.catchup_s, state.lookup_s, state.prior_alpha)
+    costs = ((state.level_s, state.row), state.model_token_s, state.catchup_s, state.lookup_s, state.prior_alpha)
     assert reply(sampled) == first
-    assert (dict(state.pass_s), state.model_token_s, state.catchup_s, state.lookup_s, state.prior_alpha) == costs
+    assert ((state.level_s, state.row), state.model_token_s, state.catchup_s, state.lookup_s, state.prior_alpha) == costs
     reply(SamplingParams(temperature=0.0, max_new_tokens=30))
-    assert dict(state.pass_s) != costs[0]  # greedy rounds measured the passes
-    moved = dict(state.pass_s)
+    assert (state.level_s, state.row) != costs[0]  # greedy rounds measured the passes
+    moved = (state.level_s, state.row)
     again = reply(sampled)
-    assert dict(state.pass_s) == moved
+    assert (state.level_s, state.row) == moved
     assert again[0] and all(r for r in again[1][:3])
 
 
