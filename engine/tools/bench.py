@@ -175,6 +175,17 @@ def run_mode(engine: Engine, prompts: list[list[int]] | list[Question], mode: st
     return run.result()
 
 
+def run_interleaved(engine: Engine, questions: list[Question], runs: list[ModeRun]) -> list[Result]:
+    """Every run over every question, prompt by prompt, each prompt starting one run further along, so a machine
+    whose speed drifts over minutes (a shared host: +-25%) slows every mode alike instead of whichever ran in the
+    slow minutes."""
+    for i, question in enumerate(questions):
+        for run in runs[i % len(runs):] + runs[: i % len(runs)]:
+            r = run_mode(engine, [question], run.mode, run.spec.k, run.sampling, into=run)
+            print(f"  prompt {i + 1}/{len(questions)} {run.label}: {r.tokens_per_s:.2f} tok/s so far", file=sys.stderr)
+    return [run.result() for run in runs]
+
+
 def _per_position(rounds: list[RoundEvent]) -> list[float]:
     tally = Tally()
     for e in rounds:
@@ -422,15 +433,9 @@ def main(argv: list[str] | None = None) -> int:
     by_category = any(q.turns for q in questions) or len({q.category for q in questions}) > 1
     warm_up(engine, questions[0], sampling)
 
-    # Modes interleave prompt by prompt, each prompt starting one mode further along, so a machine whose speed
-    # drifts over minutes (a shared host: +-25%) slows every mode alike instead of whichever ran in the slow minutes.
     runs = [ModeRun(mode, k, sampling, a.stop_below, a.adaptive)
             for mode in modes for k in ([ks[0]] if mode in ("plain", "default") else ks)]  # neither reads --k
-    for i, question in enumerate(questions):
-        for run in runs[i % len(runs):] + runs[: i % len(runs)]:
-            r = run_mode(engine, [question], run.mode, run.spec.k, sampling, a.stop_below, a.adaptive, into=run)
-            print(f"  prompt {i + 1}/{len(questions)} {run.label}: {r.tokens_per_s:.2f} tok/s so far", file=sys.stderr)
-    results = [run.result() for run in runs]
+    results = run_interleaved(engine, questions, runs)
     out = {"device": str(engine.device), "kernels": kernels, "target": engine.target_name,
            "draft": engine.draft_name, **report(results, sampling.greedy, by_category)}
     if a.json_out:
