@@ -1,8 +1,9 @@
 """The K tuner's arithmetic: one replay of a prompt per (drafter, K), each one's speedup over plain decoding, and
 Leviathan's curve from the α and c the replays measured. Pure Python: the GUI imports it (app/tuner.py).
 
-Rates are decode rates: new tokens over the request's time less the target's and the draft's prompt prefills,
-so a replay that paid a prefill and one that reused a cache compare fairly.
+Rates are decode rates, the chat's own (Summary.tokens_per_s): new tokens over the request's time less the prompt
+prefill and the draft model's reading of the prompt, so a replay that paid a prefill and one that reused a cache
+compare fairly.
 """
 from __future__ import annotations
 
@@ -40,7 +41,7 @@ class SweepRun:
     drafted: int
     accepted: int
     trials: int  # accept/reject tests decided: every accepted draft, plus one per round that hit a rejection
-    decode_s: float  # total time less both prompt prefills
+    decode_s: float  # total time less the prompt prefill and the draft model's reading of the prompt
     draft_ms: float
     verify_ms: float
     stop_reason: str
@@ -68,7 +69,9 @@ class SweepRun:
 def run_of(drafter: str | None, k: int, summary: Summary, rounds: Sequence[RoundEvent], message: int = 0) -> SweepRun:
     """A replay's SweepRun from its Summary and RoundEvents."""
     trials = sum(ev.accepted + (ev.accepted < len(ev.drafted)) for ev in rounds)
-    decode_s = max(0.0, summary.total_s - summary.prefill_s - summary.draft_prefill_ms / 1e3)  # Summary's own
+    # Summary's own decode time (less the prompt prefill and the draft model's first catch-up, its reading of the
+    # prompt; later catch-ups are paid while decoding and count), so the tuner's rates are the chat's
+    decode_s = summary.new_tokens / summary.tokens_per_s if summary.tokens_per_s > 0 else 0.0
     return SweepRun(drafter, k, summary.new_tokens, summary.rounds, summary.drafted, summary.accepted, trials,
                     decode_s, summary.draft_ms, summary.verify_ms, summary.stop_reason, summary.token_ids, message)
 

@@ -34,14 +34,23 @@ def test_sweep_run_checks_itself():
         Sweep((run(None, 0), run(None, 0)))
 
 
-def test_run_of_counts_decided_tests_and_leaves_prefills_out():
-    rounds = [make_round(1, accepted=("a", "b"), rejected=("c", "d")),  # 2 accepted, then a rejection: 3 tests
-              make_round(2, accepted=("e", "f"), origin=Origin.BONUS)]  # all passed: 2 tests
-    s = make_summary(rounds)
-    s = type(s)(**{**s.__dict__, "total_s": 2.0, "prefill_s": 0.5, "draft_prefill_ms": 500.0})
+def test_run_of_counts_decided_tests_and_leaves_out_the_prompts_reading_only():
+    """The prompt prefill and the draft model's first catch-up (its reading of the prompt) are left out of the
+    decode time; a later catch-up is paid while decoding and counts, as in the chat's own rate."""
+    from dataclasses import replace
+
+    from engine.runtime.tally import RoundTally
+
+    rounds = [replace(make_round(1, accepted=("a", "b"), rejected=("c", "d")), draft_prefill_ms=400.0),  # 3 tests
+              replace(make_round(2, accepted=("e", "f"), origin=Origin.BONUS), draft_prefill_ms=300.0)]  # 2 tests
+    tally = RoundTally(prompt_tokens=30, prefill_s=0.5)
+    for i, ev in enumerate(rounds):
+        tally.add(ev, 0.6 + i)
+    s = tally.summary(total_s=2.0, stop_reason="length")
     r = run_of("model", 4, s, rounds, message=7)
     assert (r.drafted, r.accepted, r.trials, r.message) == (6, 4, 5, 7)
-    assert r.decode_s == pytest.approx(1.0) and r.tokens_per_s == pytest.approx(s.new_tokens / 1.0)
+    assert r.decode_s == pytest.approx(2.0 - 0.5 - 0.4)  # the 0.3 s catch-up of round 2 stays in
+    assert r.tokens_per_s == pytest.approx(s.new_tokens / 1.1)
 
 
 def test_one_rate_definition_in_the_summary_and_the_tuner():
