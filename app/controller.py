@@ -190,7 +190,9 @@ class ChatController(QObject):
         if self.active is not None:
             req = self.active
             req.sampling = sampling
-            req.handle.update(sampling, req.probes.set_user(spec) if req.probes else spec)
+            req.handle.update(sampling, spec)
+            if req.probes is not None:
+                req.probes.set_user(spec)
 
     def cancel(self, rid: int) -> None:
         if rid in self.requests:
@@ -362,9 +364,8 @@ class ChatController(QObject):
         req.record.rounds.extend(events)
         if req is self.active:
             if req.probes is not None:  # a plain step now and then, timed beside the speculative rounds
-                spec = req.probes.after(events, may_start=not self.stepping)
-                if spec is not None:
-                    req.handle.update(req.sampling, spec)
+                if req.probes.after(events, may_start=not self.stepping):
+                    req.handle.plain_round()
             self.roundsArrived.emit(events)
 
     def _on_phase(self, rid: int, event: PhaseEvent) -> None:

@@ -148,6 +148,8 @@ class FakeEngine:
                 stop = "cancelled"
                 break
             s, sp = controls.sampling, controls.spec
+            if controls.plain_round:  # as the engine does: one plain step, once
+                controls.plain_round, sp = False, sp.with_(enabled=False)
             rounds += 1
             self.seen.append(SeenRound(rounds, s.temperature, s.top_p, sp.k, sp.enabled, sp.drafter, sp.adaptive))
             self._note("seen", asdict(self.seen[-1]))

@@ -59,6 +59,7 @@ AXIS_WIDTH = 40
 TITLE_MIN_WIDTH = 120
 RAW_ROUNDS = 100  # past this many rounds a per-round line is a band of spikes: only the rolling mean is drawn
 WIDE_WINDOW = 24  # the rolling mean's window then
+NOTED_ERROR = 0.10  # from this relative standard error of the plain steps on, the speedup's title carries it
 
 
 def _steady_title(label: pg.LabelItem, width: float) -> None:
@@ -412,6 +413,9 @@ class ChartsPanel(QWidget):
         self.curves["measured"].setData(x[keep], measured[keep])
         self.curves["theoretical"].setData(x, theory)
         figure = _span("measured", f"{m:.2f}\u00d7" if m is not None else "\u2014")
+        err = b.reply.plain_wall.relative_error if m is not None else None
+        if err is not None and err >= NOTED_ERROR:  # a loose basis says so where the figure is read
+            figure += f" \u00b1{err:.0%}"
         self._title("speedup", f"Speedup {figure} vs plain measured this reply")
         label = f"theory {th:.2f}\u00d7" if th is not None else "theory"
         if self._shown.get(("theoretical", "legend")) != label:
@@ -432,10 +436,14 @@ class ChartsPanel(QWidget):
         r = b.reply
         if m is not None:
             spec, plain = r.spec_wall, r.plain_wall
+            e = plain.relative_error
+            err = ("" if e is None else f"; from so few steps, whose times vary, the plain rate and so the speedup "
+                   f"are uncertain by \u00b1{e:.0%} (one standard error); Run \u203a Compare times a plain step for "
+                   "every token")
             basis = (f"Measured, in wall time: this reply's speculative rounds, {spec.committed} tokens in "
                      f"{spec.seconds:.1f} s ({spec.tokens_per_s:.1f} tok/s), against its {plain.rounds} plain "
                      f"step{'s' if plain.rounds != 1 else ''}, "
-                     f"{plain.committed} tokens in {plain.seconds:.2f} s ({plain.tokens_per_s:.1f} tok/s). Each "
+                     f"{plain.committed} tokens in {plain.seconds:.2f} s ({plain.tokens_per_s:.1f} tok/s){err}. Each "
                      "round's time runs from the end of the round before it, so the draft model's catch-ups, "
                      "sampling and rollback are in; the first round (it reads the prompt) is in neither.")
         elif not r.spec_wall.rounds:

@@ -78,15 +78,29 @@ class WallTotals:
     rounds: int = 0
     committed: int = 0
     seconds: float = 0.0
+    squares: float = 0.0  # sum of the rounds' seconds squared: their spread
 
     def add(self, event: RoundEvent, gap_s: float) -> None:
         self.rounds += 1
         self.committed += len(event.committed)
         self.seconds += gap_s
+        self.squares += gap_s * gap_s
 
     @property
     def tokens_per_s(self) -> float | None:
         return self.committed / self.seconds if self.seconds > 0 and self.committed else None
+
+    @property
+    def relative_error(self) -> float | None:
+        """The standard error of the mean round time over the mean (None under two rounds). For plain steps (one
+        token each) it is how far the rate may be off from sampling alone: on a machine whose steps alternate between
+        quick and preempted ones a few steps pin the rate down only loosely."""
+        n = self.rounds
+        if n < 2 or self.seconds <= 0:
+            return None
+        mean = self.seconds / n
+        var = max(self.squares / n - mean * mean, 0.0) * n / (n - 1)
+        return (var / n) ** 0.5 / mean
 
 
 @dataclass

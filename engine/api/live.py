@@ -61,6 +61,9 @@ class Controls:
         self.sampling = sampling
         self.spec = spec
         self.cancelled = False
+        # One plain step asked for (the window's measured speedup times these beside the speculative rounds): the
+        # next round runs it and clears this, and the rounds after it go on with `spec`.
+        self.plain_round = False
         self.gate = StepGate()  # step-through: see StepGate
         self.on_phase: Callable[[Any], None] | None = None  # receives each engine.api.events.PhaseEvent while stepping
         self.on_prefill: Callable[[Any], None] | None = None  # each engine.api.events.PrefillProgress of a long prompt

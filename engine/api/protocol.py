@@ -9,6 +9,7 @@ at once, so they reach a running request between two of its rounds.
     Scan()                             list the local models for the picker
     Generate(rid, messages, sampling, spec, stepping)   stepping: pause after each phase of a round
     UpdateControls(rid, sampling, spec)   live settings, read by the engine at the start of its next round
+    PlainRound(rid)                    the request's next round is one plain step, then it goes on as set
     Cancel(rid)                        rid None: every request, running or queued
     Reset()                            forget the cached conversation
     QueryStatus()                      answered at once with EngineStatus, even mid-request
@@ -52,7 +53,7 @@ from engine.api.config import SamplingParams, SpecParams
 from engine.api.events import PhaseEvent, PrefillProgress, RoundEvent, Summary
 
 # A change either side would misread bumps this; the window checks the engine's in Started.
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 
 Messages = list[dict[str, str]]
 
@@ -102,6 +103,11 @@ class UpdateControls(_Checked):
 
 
 @dataclass(frozen=True)
+class PlainRound(_Checked):
+    rid: int
+
+
+@dataclass(frozen=True)
 class Cancel(_Checked):
     rid: int | None
 
@@ -137,8 +143,8 @@ class Shutdown(_Checked):
     pass
 
 
-COMMANDS: tuple[type, ...] = (Load, CancelLoad, Scan, Generate, UpdateControls, Cancel, Reset, QueryStatus, Step,
-                              Continue, SetStepping, Shutdown)
+COMMANDS: tuple[type, ...] = (Load, CancelLoad, Scan, Generate, UpdateControls, PlainRound, Cancel, Reset, QueryStatus,
+                              Step, Continue, SetStepping, Shutdown)
 
 
 # ---- events --------------------------------------------------------------------------------------------------

@@ -245,6 +245,9 @@ class Engine:
         params = replace(controls.sampling, seed=sampling.seed, max_new_tokens=sampling.max_new_tokens,
                          stop=sampling.stop)
         spec = controls.spec
+        if controls.plain_round:  # asked for once: this round is a plain step, the next goes on with spec
+            controls.plain_round = False
+            spec = spec.with_(enabled=False)
         drafter, k = self._plan(spec, transcript.room())
         # Draft.
         t_round = self.clock.now()

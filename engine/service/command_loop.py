@@ -28,10 +28,11 @@ from engine.api.protocol import (
     Generate,
     Load,
     LoadCancelled,
-    Loaded,
     LoadFailed,
     LoadProgress,
+    Loaded,
     ModelsListed,
+    PlainRound,
     QueryStatus,
     Reset,
     Scan,
@@ -78,6 +79,7 @@ class Service:
             Reset: lambda _: self._queue(self.reset),
             # at once
             UpdateControls: self._update_controls,
+            PlainRound: self._plain_round,
             Cancel: lambda c: self._cancel(c.rid),
             CancelLoad: lambda _: self._cancel_load(),
             QueryStatus: lambda _: self.send(self.status()),
@@ -149,6 +151,11 @@ class Service:
         c = self.requests.get(cmd.rid)
         if c is not None:  # finished meanwhile: nothing to update
             c.sampling, c.spec = cmd.sampling, cmd.spec
+
+    def _plain_round(self, cmd: PlainRound) -> None:
+        c = self.requests.get(cmd.rid)
+        if c is not None:  # finished meanwhile: nothing to time
+            c.plain_round = True
 
     def _gate(self, rid: int, act: Callable[[StepGate], None]) -> None:
         c = self.requests.get(rid)

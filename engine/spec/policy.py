@@ -57,6 +57,8 @@ PRIOR_ALPHA, PRIOR_TRIALS = 0.6, 4.0  # the long-run acceptance before any, and 
 PRIOR_ROUND_TOKENS, PRIOR_ROUND_DRAFTED = 2.2, 2.0  # a model round under the stop rule, before any was measured
 PRIOR_C = 0.3  # a draft-model token in plain steps
 PRIOR_ROW = 0.15  # what each verify row past the first adds, in plain steps (0.06-0.28 measured on Zen 3/4 CPUs)
+ROW_PRIOR_WEIGHT = 3  # pseudo-measurements of rho at PRIOR_ROW beside the measured pairs (observe_pass)
+TYPICAL = (2 / 3, 1.5)  # a pass's time over the level's prediction, outside which it measures no shape
 PRIOR_CATCHUP = 2.0  # a catch-up pass in draft-model tokens
 
 
@@ -78,7 +80,7 @@ class PolicyState:
 
     level_s: float | None = None  # t(1) now: recent passes, each divided by its width's shape
     row: float | None = None  # rho: what a verify row past the first adds, in plain steps (None: not measured yet)
-    last_pass: tuple[int, float] | None = None  # (width, seconds) of the pass before
+    last_pass: tuple[int, float, bool] | None = None  # (width, seconds, usual) of the pass before
     model_token_s: float | None = None  # the draft model's drafting seconds per drafted token
     model_c: float | None = None  # a drafted token in plain steps, each model round's own ratio (None: from the above)
     catchup_s: float | None = None  # one catch-up pass of the draft model's cache
@@ -177,12 +179,20 @@ def observe_pass(state: PolicyState, width: int, seconds: float) -> None:
     would fit a line of scheduling noise. The level is the recent passes, each divided by its shape."""
     if not (state.measuring and seconds > 0 and width >= 1):
         return
-    last, state.last_pass = state.last_pass, (width, seconds)
-    if last is not None and last[0] != width:
+    # A pass far from what the level and shape predict was preempted (or the load just changed): it still moves the
+    # level, but a pair with it in says nothing about the kernels' shape.
+    expected = state.level_s * pass_steps(state, width)[0] if state.level_s else None
+    usual = expected is None or TYPICAL[0] <= seconds / expected <= TYPICAL[1]
+    last, state.last_pass = state.last_pass, (width, seconds, usual)
+    if last is not None and last[0] != width and usual and last[2]:
         r = seconds / last[1]
         den = (width - 1) - r * (last[0] - 1)  # from r = (1 + rho (width - 1)) / (1 + rho (last width - 1))
         if abs(den) > 1e-6:
-            state.row = state.measure("row", min(max((r - 1) / den, -1.0), 2.0))
+            state.measure("row", min(max((r - 1) / den, -1.0), 2.0))
+            # Among ROW_PRIOR_WEIGHT pseudo-measurements at the prior, so that a few pairs do not decide it: a median
+            # of three noisy pairs once priced a 5-row n-gram pass at one step, and the hybrid took 11 failing n-gram
+            # rounds in a row on a 2-core machine with one core busy.
+            state.row = median([*state.recent["row"].values, *[PRIOR_ROW] * ROW_PRIOR_WEIGHT])
     state.level_s = state.measure("level", seconds / pass_steps(state, width)[0], LEVEL_WINDOW)
 
 

@@ -84,6 +84,42 @@ def test_speedup_shows_only_what_is_measured(panel):
     assert "10 tokens in 0.1 s" in tip and "1 plain step, 1 tokens in 0.03 s" in tip
 
 
+def test_a_loose_plain_basis_says_so_in_the_title_and_the_tip(panel):
+    """Plain steps that alternate quick and preempted (one 20 ms, one 60 ms) pin the plain rate down loosely: the
+    title carries the speedup's standard error and the tooltip says where it comes from; steady steps add nothing."""
+    t, rnd = 1.0, 0
+
+    def feed(ev, gap):
+        nonlocal t
+        t += gap
+        panel.feed(_timed(ev, t))
+
+    def plain_step(gap):
+        nonlocal rnd
+        rnd += 1
+        feed(make_round(rnd, (), (), "p", Origin.PLAIN, mode="plain", drafter=None, draft_ms=0.0), gap)
+
+    def spec_round():
+        nonlocal rnd
+        rnd += 1
+        feed(make_round(rnd, ("a", "b"), ("x",), "d", k=2, draft_ms=2.0, verify_ms=12.0), 0.03)
+
+    spec_round()  # round 1: the prefills, on neither side
+    for gap in (0.020, 0.021, 0.020):
+        spec_round()
+        plain_step(gap)
+    panel.flush(full=True)
+    assert "\u00b1" not in panel.plots["speedup"].titleLabel.text  # steady: 3% at most
+    for gap in (0.060, 0.020, 0.060):
+        spec_round()
+        plain_step(gap)
+    panel.flush(full=True)
+    err = panel.buffer.reply.plain_wall.relative_error
+    assert err > 0.2
+    assert f"\u00d7</span> \u00b1{err:.0%} vs plain measured this reply" in panel.plots["speedup"].titleLabel.text
+    assert f"uncertain by \u00b1{err:.0%} (one standard error)" in panel.plots["speedup"].toolTip()
+
+
 def test_hybrid_rounds_show_each_drafters_inputs(panel):
     """Under the hybrid drafter the speedup note gives α, K and c per drafter, and the theory is their mix."""
     panel.feed(make_round(0, (), (), "p", Origin.PLAIN, mode="plain", drafter=None, draft_ms=0.0, verify_ms=10.0))

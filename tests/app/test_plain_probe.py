@@ -14,40 +14,37 @@ def plain_round(i: int):
 
 
 def test_one_plain_step_every_so_many_rounds():
-    user = SpecParams(k=4)
-    probes = PlainProbes(user)
-    assert probes.after([spec_round(i) for i in (1, 2, 3)]) is None
-    off = probes.after([spec_round(4)])
-    assert off == user.with_(enabled=False) and probes.out
-    assert probes.after([spec_round(5)]) is None  # the change is on its way: speculation stays asked off
-    assert probes.after([plain_round(6)]) == user and not probes.out and probes.probes == 1
-    later = [spec_round(i) for i in range(7, 7 + PlainProbes.EVERY - 1)]
-    assert probes.after(later) is None  # the next one EVERY rounds after the plain step
-    assert probes.after([spec_round(6 + PlainProbes.EVERY)]) == user.with_(enabled=False)
-
-
-def test_the_users_changes_win_and_a_probe_still_ends():
     probes = PlainProbes(SpecParams(k=4))
-    probes.after([spec_round(i) for i in range(1, 5)])
-    assert probes.out
-    changed = SpecParams(k=6, drafter="ngram")
-    assert probes.set_user(changed) == changed.with_(enabled=False)  # the probe's round has not come yet
-    assert probes.after([plain_round(5)]) == changed
-    assert probes.set_user(SpecParams(enabled=False)) == SpecParams(enabled=False)
-    assert probes.after([plain_round(i) for i in range(6, 40)]) is None  # speculation off: nothing to probe
+    assert probes.after([spec_round(i) for i in (1, 2, 3)]) is False
+    assert probes.after([spec_round(4)]) is True and probes.out  # ask for one plain round
+    assert probes.after([spec_round(5)]) is False  # the ask is on its way: not asked twice
+    assert probes.after([plain_round(6)]) is False and not probes.out and probes.probes == 1
+    later = [spec_round(i) for i in range(7, 7 + PlainProbes.EVERY - 1)]
+    assert probes.after(later) is False  # the next one EVERY rounds after the plain step
+    assert probes.after([spec_round(6 + PlainProbes.EVERY)]) is True
+
+
+def test_with_speculation_turned_off_nothing_is_asked_and_a_probe_still_ends():
+    probes = PlainProbes(SpecParams(k=4))
+    assert probes.after([spec_round(i) for i in range(1, 5)]) and probes.out
+    probes.set_user(SpecParams(enabled=False))
+    assert probes.after([plain_round(5)]) is False and not probes.out and probes.probes == 1
+    assert probes.after([plain_round(i) for i in range(6, 40)]) is False  # speculation off: nothing to probe
+    probes.set_user(SpecParams(k=6, drafter="ngram"))
+    assert probes.after([spec_round(40)]) is True
 
 
 def test_no_new_probe_while_stepping_nor_after_the_last_round():
     probes = PlainProbes(SpecParams(k=4))
-    assert probes.after([spec_round(i) for i in range(1, 9)], may_start=False) is None and not probes.out
+    assert probes.after([spec_round(i) for i in range(1, 9)], may_start=False) is False and not probes.out
     last = make_round(9, ("a",), ("x",), "d", k=4)
     last = type(last)(**{**last.__dict__, "stop_reason": "eos"})
-    assert probes.after([last]) is None and not probes.out
+    assert probes.after([last]) is False and not probes.out
 
 
 def test_a_chat_reply_times_its_own_plain_steps(qtbot, make_window, engine_log):
-    """Through the real host and a scripted engine: plain rounds come at the probes, speculation comes back after
-    each, the reply is the same text, and the chart's speedup stands on those plain steps."""
+    """Through the real host and a scripted engine: each probe is one plain round, speculation comes back after it
+    without the window's word, the reply is the same text, and the chart's speedup stands on those plain steps."""
     w = make_window(fake(round_delay=0.03, log=str(engine_log.path)), show=False)
     w.input.setPlainText("Write fib")
     w.send()
@@ -57,6 +54,7 @@ def test_a_chat_reply_times_its_own_plain_steps(qtbot, make_window, engine_log):
     assert "plain" in modes, modes
     first = modes.index("plain")
     assert first >= PlainProbes.FIRST - 1 and "speculative" in modes[first:], modes
+    assert "plain" not in {modes[i + 1] for i, m in enumerate(modes[:-1]) if m == "plain"}, modes  # one at a time
     assert "".join(ev.text_delta for ev in rounds) == CODE_REPLY
     b = w.charts.buffer
     assert b.plain_ms is not None and b.reply.step_passes == modes.count("plain")

@@ -398,3 +398,22 @@ def test_adaptive_k_measures_the_verify_width():
     spec = SpecParams(adaptive=True, k=16)
     assert wide.choose(spec) < flat.choose(spec)
     assert wide.choose(spec) == max(range(1, 17), key=lambda k: theoretical_speedup(wide.alpha, k, wide.c, 0.25))
+
+
+def test_an_asked_for_plain_round_is_one_plain_step_then_speculation_goes_on(engine, prompt, plain):
+    """The window's measured speedup asks for single plain steps (engine.api.protocol.PlainRound); the engine
+    runs exactly one and goes back to the request's settings without being told, and greedy output is plain's."""
+    engine.reset()
+    controls = Controls(GREEDY, SPEC)
+
+    def on_round(ev: RoundEvent) -> None:
+        if ev.round in (3, 9):
+            controls.plain_round = True
+
+    events, s = drive(engine, prompt, GREEDY, SPEC, controls, on_round)
+    modes = {ev.round: ev.mode for ev in events}
+    last = events[-1].round  # may be plain: the length budget leaves room for its one token only
+    assert [r for r, m in modes.items() if m == "plain" and r != last] == [4, 10], modes
+    assert modes[5] == modes[11] == "speculative"
+    assert not controls.plain_round and s.token_ids == plain.token_ids
+    assert_consistent(engine)

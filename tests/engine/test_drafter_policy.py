@@ -377,6 +377,25 @@ def test_a_load_that_changes_between_widths_leaves_the_pass_shape():
     assert steps == pytest.approx(1.4, rel=0.05) and step_s == pytest.approx(STEP_S, rel=0.05)
 
 
+def test_a_stalled_pass_beside_a_quick_one_does_not_make_rows_free():
+    """On a 2-core machine with one core busy some passes are preempted and some not: a stalled 1-row pass between
+    two quick 5-row ones would read as rows that cost nothing (rho < 0), and such pairs once priced a 5-row n-gram
+    pass at one step (the hybrid then took 11 failing n-gram rounds in a row). A pass far from the level's prediction
+    measures no shape, and a few pairs do not outweigh the prior."""
+    state = PolicyState()
+    quick5, stalled1 = STEP_S * (1 + 4 * policy.PRIOR_ROW), 3 * STEP_S
+    for w, t in ((5, quick5), (1, stalled1), (5, quick5)):
+        policy.observe_pass(state, w, t)
+    assert "row" not in state.recent and state.row is None  # both pairs had the stalled pass in
+    assert policy.pass_steps(state, 5)[0] == pytest.approx(1 + 4 * policy.PRIOR_ROW)
+    policy.observe_pass(state, 1, STEP_S * 1.4)  # slower than the quick passes, not stalled ...
+    policy.observe_pass(state, 5, quick5)  # ... and with the next pass, a pair: rho 0.04
+    assert list(state.recent["row"].values) == pytest.approx([0.0357], abs=1e-3)
+    assert state.row == pytest.approx(policy.PRIOR_ROW)  # one pair against the prior's pseudo-measurements
+    ngram = policy.ngram_options(state, policy.Offer(tokens=4, match=2, pass_rate=0.45))
+    assert ngram and all(ch.steps >= 1.0 + 0.1 * ch.k for ch in ngram)
+
+
 def test_under_the_stop_rule_a_model_round_is_priced_by_what_rounds_really_made():
     """With the draft's confidence rule on, the model drafts up to the ceiling and stops when unsure, so the policy
     prices its round from what model rounds drafted and committed, not from alpha at each K: rounds that draft ~3

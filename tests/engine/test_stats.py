@@ -333,3 +333,21 @@ def test_a_round_that_drafted_nothing_stays_on_the_speculative_side():
     assert t.measured_speedup() is None  # no plain round yet: a round that drafted nothing is no plain basis
     t.add(make_round(3, (), (), "p", Origin.PLAIN, mode="plain", drafter=None, verify_ms=9.0, elapsed_s=1.07))
     assert t.measured_speedup() == pytest.approx((1 / 0.05) / (1 / 0.02))
+
+
+def test_the_plain_basis_says_how_loosely_its_few_steps_pin_the_rate():
+    """Steps that alternate quick and preempted (a 2-core machine with one core busy) give a rate that a handful of
+    them only loosely pins down; steady steps pin it closely."""
+    from engine.analysis.stats import WallTotals
+
+    ev = make_round(1, (), (), "p", Origin.PLAIN, mode="plain", drafter=None, draft_ms=0.0)
+    steady, bimodal = WallTotals(), WallTotals()
+    assert steady.relative_error is None
+    for t in (0.050, 0.051, 0.049, 0.050):
+        steady.add(ev, t)
+    for t in (0.10, 0.34, 0.10, 0.32, 0.11):
+        bimodal.add(ev, t)
+    assert steady.relative_error == pytest.approx(0.0082, abs=1e-3)
+    # the sample standard deviation, 0.124 s, over sqrt(5), around a mean of 0.194 s
+    assert bimodal.relative_error == pytest.approx(0.1244 / 5 ** 0.5 / 0.194, rel=1e-3)
+    assert bimodal.relative_error > 0.25 > 0.01 > steady.relative_error
