@@ -190,9 +190,12 @@ def test_lagging_ids_read_with_the_first_draft_pass_are_priced_and_measured():
     policy.observe_model(state, 2, 2, (2 * 0.3 + 6 * 0.05) * STEP_S, STEP_S * 1.1, fed=6)
     assert state.model_c == pytest.approx(0.3) and state.fed_row == pytest.approx(0.05)
     near = policy.model_options(state, 2, lag=0)
-    fed = policy.model_options(state, 2, lag=0, fed=6)
-    assert fed[1].steps == pytest.approx(near[1].steps + 6 * 0.05)
-    assert "reading 6 new ids" in fed[1].reason
+    fed = policy.model_options(state, 2, lag=0, fed=3)  # what one round of another drafter at K 2 commits
+    assert fed[1].steps == pytest.approx(near[1].steps + 3 * 0.05)
+    assert "reading 3 new ids" in fed[1].reason
+    # After an absence (15 rounds of plain steps) the lag past one round's is paid once, amortized as a catch-up
+    away = policy.model_options(state, 2, lag=0, fed=15)
+    assert away[1].steps == pytest.approx(near[1].steps + 0.05 * (3 + 12 / policy.CATCHUP_ROUNDS))
 
 
 def test_k_follows_acceptance_within_the_ceiling():
