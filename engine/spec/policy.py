@@ -221,7 +221,12 @@ def observe_model(state: PolicyState, drafted: int, accepted: int, draft_s: floa
     step = verify_s / pass_steps(state, drafted + 1)[0] if verify_s > 0 else 0.0
     if fed:
         if step > 0 and state.model_c is not None:
-            state.fed_row = state.measure("fed row", max(draft_s / step - drafted * state.model_c, 0.0) / fed)
+            # at most c: an id read in a pass that runs anyway never costs more than a pass of its own. The
+            # difference of two timings over a few ids is noisy, and a preempted round after one of the window's
+            # plain steps (one lagging id) once read as several steps an id, priced the model out and kept it
+            # out while its lag grew.
+            extra = min(max(draft_s / step - drafted * state.model_c, 0.0) / fed, state.model_c)
+            state.fed_row = state.measure("fed row", extra)
         return
     state.model_token_s = state.measure("model token", draft_s / drafted)
     if step > 0:

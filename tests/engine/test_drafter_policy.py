@@ -198,6 +198,18 @@ def test_lagging_ids_read_with_the_first_draft_pass_are_priced_and_measured():
     assert away[1].steps == pytest.approx(near[1].steps + 0.05 * (3 + 12 / policy.CATCHUP_ROUNDS))
 
 
+def test_a_preempted_round_reading_one_lagging_id_costs_that_id_at_most_a_draft_step():
+    """The round after one of the window's plain steps reads one lagging id; preempted (4 steps for a 2-token draft),
+    it must not price an id at more than a draft token (c): a wider pass that runs anyway costs no more than a pass
+    of its own, and an id priced at steps kept the model out while its lag grew."""
+    state = machine(c=0.3)
+    for _ in range(5):
+        policy.observe_model(state, 2, 2, 2 * 0.3 * STEP_S, STEP_S * 1.1)
+    policy.observe_model(state, 2, 2, 4.0 * STEP_S, STEP_S * 1.1, fed=1)
+    assert state.fed_row == pytest.approx(0.3)
+    assert state.model_c == pytest.approx(0.3)  # a fed round measures no c
+
+
 def test_k_follows_acceptance_within_the_ceiling():
     low, high = machine(), machine()
     for _ in range(20):
