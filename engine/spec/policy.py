@@ -256,13 +256,24 @@ def _steps_of(state: PolicyState, seconds: float | None, prior_steps: float) -> 
     return seconds / step if seconds is not None and step > 0 else prior_steps
 
 
+def _model_c(state: PolicyState) -> float:
+    return state.model_c if state.model_c is not None else _steps_of(state, state.model_token_s, PRIOR_C)
+
+
+def catchup_steps(state: PolicyState, lag: int) -> float:
+    """A catch-up pass over `lag` committed ids, in plain steps (0 where none is needed or it is a prefill)."""
+    if not 0 < lag <= CATCHUP_MAX_TOKENS:
+        return 0.0
+    return _steps_of(state, state.catchup_s, PRIOR_CATCHUP * _model_c(state))
+
+
 def model_options(state: PolicyState, k_max: int, lag: int, fed: int = 0) -> list[Choice]:
     """The draft model at each K in 1..k_max; lag: committed ids it must prefill before drafting (a catch-up pass);
     fed: lagging ids it reads with its first drafting pass instead (a wider pass, paid this round)."""
-    c = state.model_c if state.model_c is not None else _steps_of(state, state.model_token_s, PRIOR_C)
+    c = _model_c(state)
     catchup, why_catchup = 0.0, ""
     if 0 < lag <= CATCHUP_MAX_TOKENS:
-        catchup = _steps_of(state, state.catchup_s, PRIOR_CATCHUP * c) / CATCHUP_ROUNDS
+        catchup = catchup_steps(state, lag) / CATCHUP_ROUNDS
         why_catchup = f", catch-up {catchup * CATCHUP_ROUNDS:.2f} steps"
     elif fed > 0:
         # What one round of another drafter commits is paid in full: alternating, every model round pays its own.
@@ -315,9 +326,13 @@ def choose(state: PolicyState, offer: Offer | None, k_max: int, model_lag: int, 
     best = max([plain, *models, *ngrams], key=lambda ch: ch.speedup)  # ties: plain first, then the model
     explored = ""
     last, tries = state.last_used.get(MODEL), state.model_rounds
+    # A re-try that must first catch the model up costs that pass too: it comes as much less often, so that exploring
+    # costs the same share of the time (on summarization, where the n-gram drafter commits several ids a round, every
+    # re-try read 40-odd ids first, ~3 steps each time).
+    every = round(EXPLORE_EVERY * (1 + catchup_steps(state, model_lag)))
     if models and tries < FIRST_TRIES:  # at the ceiling: each round then measures every draft position
         explored, best = f"first tries, {tries + 1} of {FIRST_TRIES}", models[-1]
-    elif models and best.drafter != MODEL and state.round - last >= EXPLORE_EVERY:
+    elif models and best.drafter != MODEL and state.round - last >= every:
         explored = f"re-try after {state.round - last - 1} rounds unused"
         best = max(models, key=lambda ch: ch.speedup)
     if best.drafter != NONE:

@@ -171,6 +171,23 @@ def test_a_drafter_out_of_favour_is_re_tried_at_a_bounded_rate():
     assert all(r.startswith("no draft: neither drafter pays") for r, p in zip(reasons, picks) if p == NONE)
 
 
+def test_a_re_try_that_needs_a_catch_up_comes_as_much_less_often():
+    """Far behind the text (40 ids, a catch-up pass of 2 plain steps), a re-try costs three rounds' worth: it comes
+    every 3 x EXPLORE_EVERY rounds, so exploring keeps the same share of the time."""
+    state = machine(c=1.0)
+    policy.observe_catchup(state, 40, 2 * STEP_S)
+    picks = []
+    for _ in range(200):
+        ch = policy.choose(state, None, 4, model_lag=40)
+        picks.append(ch.drafter)
+        if ch.drafter == MODEL:
+            model_round(state, ch.k, 0, c=1.0)
+    tries = [i for i, p in enumerate(picks) if p == MODEL]
+    gaps = [b - a for a, b in zip(tries[policy.FIRST_TRIES - 1 :], tries[policy.FIRST_TRIES:])]
+    assert policy.catchup_steps(state, 40) == pytest.approx(2.0)
+    assert len(gaps) >= 3 and all(g == 3 * policy.EXPLORE_EVERY for g in gaps), tries
+
+
 def test_a_catch_up_is_charged_to_the_model():
     """The same model, behind the committed text by 20 ids: its round costs its share of a catch-up pass."""
     state = machine()
