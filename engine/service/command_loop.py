@@ -28,9 +28,9 @@ from engine.api.protocol import (
     Generate,
     Load,
     LoadCancelled,
+    Loaded,
     LoadFailed,
     LoadProgress,
-    Loaded,
     ModelsListed,
     PlainRound,
     QueryStatus,
@@ -148,19 +148,22 @@ class Service:
         self._queue(partial(self.generate, cmd))
 
     def _update_controls(self, cmd: UpdateControls) -> None:
-        c = self.requests.get(cmd.rid)
-        if c is not None:  # finished meanwhile: nothing to update
+        def update(c: Controls) -> None:
             c.sampling, c.spec = cmd.sampling, cmd.spec
 
+        self._request(cmd.rid, update)
+
     def _plain_round(self, cmd: PlainRound) -> None:
-        c = self.requests.get(cmd.rid)
-        if c is not None:  # finished meanwhile: nothing to time
-            c.plain_round = True
+        self._request(cmd.rid, lambda c: setattr(c, "plain_round", True))
 
     def _gate(self, rid: int, act: Callable[[StepGate], None]) -> None:
+        self._request(rid, lambda c: act(c.gate))
+
+    def _request(self, rid: int, act: Callable[[Controls], None]) -> None:
+        """act on a queued or running request's controls; one that finished meanwhile has nothing to change."""
         c = self.requests.get(rid)
-        if c is not None:  # finished meanwhile: nothing waits
-            act(c.gate)
+        if c is not None:
+            act(c)
 
     def _cancel(self, rid: int | None) -> None:
         for key, c in list(self.requests.items()):

@@ -362,7 +362,7 @@ def ran_kernels(engine: Engine) -> str:
     return ext.describe()
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> _Parser:
     ap = _Parser(prog=PROG, description=__doc__)
     ap.add_argument("--target", help="folder, .gguf or HF-cache repo id (default: the embedded pair)")
     ap.add_argument("--draft", help="folder, .gguf or HF-cache repo id (default: the embedded pair)")
@@ -385,18 +385,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--find-drafts", action="store_true", help="rank the local models and the n-gram drafter as "
                     "drafts for --target instead, each measured (speclens-bench --find-drafts --help)")
     records.add_arguments(ap)
-    args = sys.argv[1:] if argv is None else argv
-    if "--find-drafts" in args:  # its own options: engine.tools.draft_finder
-        from engine.tools.draft_finder import main as find_drafts
+    return ap
 
-        return find_drafts([x for x in args if x != "--find-drafts"])
-    a = ap.parse_args(argv)
-    if a.server or a.plain_server:
-        from engine.tools.bench_server import main_server
 
-        return main_server(a, read_prompts, check_writable, fail)
-
-    # Every argument is checked before anything loads: a mistake costs no model load and no benchmark run.
+def _checked(a: argparse.Namespace) -> tuple[list[str], list[int], SamplingParams, list]:
+    """(modes, ks, sampling, prompts) from the parsed arguments, each checked before anything loads: a mistake
+    costs no model load and no benchmark run."""
     modes = [m.strip() for m in a.modes.split(",") if m.strip()]
     unknown = [m for m in modes if m not in MODES]
     if unknown:
@@ -417,15 +411,30 @@ def main(argv: list[str] | None = None) -> int:
     if a.json_out:
         check_writable(a.json_out)
     check_device(a.device)
-    target, draft = a.target, a.draft
-    if target is None and draft is not None:
+    if a.target is None and a.draft is not None:
         fail("--draft given without --target")
     for mode in modes:
         spec = mode_spec(mode, ks[0])
-        if spec.enabled and spec.drafter in NEEDS_DRAFT_MODEL and target is not None and draft is None:
+        if spec.enabled and spec.drafter in NEEDS_DRAFT_MODEL and a.target is not None and a.draft is None:
             fail(f"mode '{mode}' needs --draft")
+    return modes, ks, sampling, prompts
 
-    engine = load(target, draft, a.device)
+
+def main(argv: list[str] | None = None) -> int:
+    ap = _parser()
+    args = sys.argv[1:] if argv is None else argv
+    if "--find-drafts" in args:  # its own options: engine.tools.draft_finder
+        from engine.tools.draft_finder import main as find_drafts
+
+        return find_drafts([x for x in args if x != "--find-drafts"])
+    a = ap.parse_args(argv)
+    if a.server or a.plain_server:
+        from engine.tools.bench_server import main_server
+
+        return main_server(a, read_prompts, check_writable, fail)
+
+    modes, ks, sampling, prompts = _checked(a)
+    engine = load(a.target, a.draft, a.device)
     print(f"loaded in {engine.load_seconds:.1f} s on {engine.device} ({engine.dtype_name})", file=sys.stderr)
     kernels = ran_kernels(engine)
     print(f"kernels: {kernels}", file=sys.stderr)
@@ -442,7 +451,7 @@ def main(argv: list[str] | None = None) -> int:
         Path(a.json_out).write_text(json.dumps(out, indent=1), encoding="utf-8")
     # the record keeps the figures, not every mode's generated tokens (those stay in --json)
     figures = {**out, "results": [{k: v for k, v in r.items() if k != "outputs"} for r in out["results"]]}
-    records.record(a, PROG, figures, argv=sys.argv[1:] if argv is None else argv, device=str(engine.device))
+    records.record(a, PROG, figures, argv=args, device=str(engine.device))
     return 0
 
 
