@@ -14,7 +14,7 @@ import threading
 from typing import Any
 
 from PySide6.QtCore import QObject, Qt, QTimer, Signal
-from PySide6.QtGui import QColor, QPalette
+from PySide6.QtGui import QColor, QGuiApplication, QPalette
 from PySide6.QtWidgets import (
     QAbstractItemView,
     QDialog,
@@ -31,6 +31,7 @@ from PySide6.QtWidgets import (
 
 from app.views.controls_panel import SOURCES
 from engine.service.loaders import Factory
+from engine.tools.draft_finder import near_tie_advice
 from engine.tools.draft_worker import CANCEL, FINDER, spawn
 
 log = logging.getLogger(__name__)
@@ -165,6 +166,7 @@ class DraftFinderDialog(QDialog):
         self.result: dict | None = None
         self.error: str | None = None
         self.cancelled = False
+        self.advice = ""  # the bench command that tells a near tie apart, when the first two are one
         kwargs = {"target": target, "prompts": prompts, "max_new_tokens": max_new_tokens,
                   "time_budget_s": time_budget_s}
         base = finder or FINDER
@@ -214,6 +216,11 @@ class DraftFinderDialog(QDialog):
         self.load_button = QPushButton("Load this pair")
         self.load_button.setEnabled(False)
         self.load_button.clicked.connect(self.load_selected)
+        self.copy_button = QPushButton("Copy the bench command")
+        self.copy_button.setToolTip("The speclens-bench run that tells the first two apart, for a terminal")
+        self.copy_button.clicked.connect(self.copy_advice)
+        buttons.addButton(self.copy_button, QDialogButtonBox.ButtonRole.ActionRole)
+        self.copy_button.setVisible(False)  # after addButton, which shows it; only a near tie needs it
         buttons.addButton(self.cancel_button, QDialogButtonBox.ButtonRole.ActionRole)
         buttons.addButton(self.load_button, QDialogButtonBox.ButtonRole.ActionRole)
         buttons.addButton(QDialogButtonBox.StandardButton.Close).clicked.connect(self.close)
@@ -274,6 +281,13 @@ class DraftFinderDialog(QDialog):
             elif best["speedup"] < NOISE:
                 head += (" That is within a few percent of plain decoding, about how much single replays' rates vary: "
                          "no draft clearly pays here.")
+            elif result.get("near_tie"):
+                second = measured[1]
+                head += (f" {second['name']} ({_x(second['speedup'])}) is within the finder's noise of it: measure "
+                         "the two longer before choosing (\u201cCopy the bench command\u201d).")
+                self.advice = near_tie_advice(result)
+                self.status.setToolTip(self.advice)
+                self.copy_button.setVisible(True)
         self.status.setText(head)
         if self.table.rowCount():
             self.table.selectRow(0)
@@ -297,7 +311,8 @@ class DraftFinderDialog(QDialog):
                     c.setToolTip(f"{c.toolTip()}\n{m['note']}".strip())
             for col, c in enumerate(cells):
                 self.table.setItem(row, col, c)
-        rejected, not_measured = result.get("rejected") or [], result.get("not_measured") or []
+        rejected = result.get("rejected") or []
+        not_measured = [*(result.get("not_measured") or []), *(result.get("copies") or [])]
         turned_down = [*rejected, *not_measured]
         self.rejected.setRowCount(len(turned_down))
         dim = self.palette().color(QPalette.ColorRole.PlaceholderText)
@@ -311,6 +326,10 @@ class DraftFinderDialog(QDialog):
                 self.rejected.setItem(row, col, c)
         self.rejected_label.setVisible(bool(turned_down))
         self.rejected.setVisible(bool(turned_down))
+
+    def copy_advice(self) -> None:
+        QGuiApplication.clipboard().setText(self.advice)
+        self.status.setText(f"{self.status.text()} Copied.")
 
     def selected(self) -> dict | None:
         rows = self.table.selectionModel().selectedRows()

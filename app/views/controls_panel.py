@@ -30,6 +30,7 @@ from PySide6.QtWidgets import (
 
 from app.views.context_setting import ContextSetting
 from engine.api.config import APP_DEFAULTS, NEEDS_DRAFT_MODEL, SamplingParams, SpecParams
+from engine.io.model_dirs import SOURCE_NAMES
 
 K_MIN = 1
 SEED_RANDOM = -1
@@ -56,14 +57,14 @@ def _with_value(slider: QSlider, label: QLabel) -> QWidget:
 
 
 # Where a model was found, as the picker names it (engine.io.hub.LocalModel.source)
-SOURCES = {"embedded": "embedded", "hf-cache": "Hugging Face cache", "gguf": "Hugging Face cache",
-           "lm-studio": "LM Studio", "ollama": "Ollama", "llama.cpp": "llama.cpp"}
+SOURCES = SOURCE_NAMES
 
 
 def describe_model(m: Any) -> str:
     """One picker line: name, size, family and quantization, and which app keeps it."""
     p = getattr(m, "params_b", None)
-    size = "?" if not p else f"{p:.2f}B" if p >= 0.01 else f"{p:.2g}B"  # a stub's few weights are not "0.00B"
+    # in the unit a model card would use: a stub's few thousand weights are "2.1K", not "0.00B"
+    size = "?" if not p else f"{p:.2f}B" if p >= 0.01 else f"{p * 1e3:.2g}M" if p >= 1e-3 else f"{p * 1e6:.2g}K"
     facts = " ".join(f for f in (size, m.arch, getattr(m, "quant", "") or "") if f)
     where = SOURCES.get(getattr(m, "source", ""), "")
     name = m.name

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -212,7 +213,7 @@ def _describe_gguf(path: Path, source: str, name: str, check_data: bool, parts: 
     elif parts > 1:
         why = (f"split into {parts} files; SpecLens loads one-file GGUFs (llama.cpp's llama-gguf-split --merge "
                "joins them)")
-    n = float(f"{gf.num_params / 1e9:.3g}")
+    n = _params_b(gf)
     if why is None:  # a runnable family: its header must make a config, else the entry is damaged
         c = gf.config()
         return LocalModel(name, path, source, c.arch, c.vocab_size, c.num_layers, c.hidden_size, n,
@@ -225,6 +226,24 @@ def _describe_gguf(path: Path, source: str, name: str, check_data: bool, parts: 
                                for k in ("block_count", "embedding_length", "context_length"))
     return LocalModel(name, path, source, gf.arch or "?", _count(vocab), layers, hidden, n, context,
                       kv_bytes_per_value=GGUF_KV_BYTES, quant=_quant(gf), why_not=why)
+
+
+_SIZE_LABEL = re.compile(r"(\d{1,4}(?:\.\d{1,3})?)([KMBT])")  # general.size_label: "0.5B", "270M"; not "8x7B"
+_SIZE_UNIT = {"K": 1e-6, "M": 1e-3, "B": 1.0, "T": 1e3}
+
+
+def _params_b(gf) -> float:
+    """The parameter count in billions as the model is known: the converter's size label (the checkpoint's own
+    count) where it is plausible, else the file's tensors counted. A file that stores a tied head twice (the Qwen2.5
+    0.5B GGUFs do) counts 0.63B for a model its makers call 0.5B; a label far from the count is not believed."""
+    counted = gf.num_params / 1e9
+    label = gf.metadata.get("general.size_label")
+    m = _SIZE_LABEL.fullmatch(label.strip()) if isinstance(label, str) and len(label) <= 16 else None
+    if m is not None:
+        named = float(m.group(1)) * _SIZE_UNIT[m.group(2)]
+        if 0.5 * counted <= named <= 1.25 * counted:
+            return named
+    return float(f"{counted:.3g}")
 
 
 def _quant(gf) -> str:

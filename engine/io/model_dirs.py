@@ -23,6 +23,9 @@ OLLAMA_MODEL_LAYER = "application/vnd.ollama.image.model"
 OLLAMA_REGISTRY = "registry.ollama.ai"
 # Set to "off" to list neither (the tests do, so a developer's own models never enter them)
 ENV_SWITCH = "SPECLENS_OTHER_APPS"
+# Where a model was found, as the user knows the place (LocalModel.source -> words)
+SOURCE_NAMES = {"embedded": "embedded", "hf-cache": "Hugging Face cache", "gguf": "Hugging Face cache",
+                "lm-studio": "LM Studio", "ollama": "Ollama", "llama.cpp": "llama.cpp"}
 _SPLIT = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$")  # llama.cpp's split files: name-00001-of-00003.gguf
 _DIGEST = re.compile(r"sha256[:-]([0-9a-f]{64})")
 

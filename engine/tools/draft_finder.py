@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import hashlib
 import json
 import sys
 import time
@@ -41,6 +42,9 @@ Cancelled = Callable[[], bool]
 Messages = list[dict[str, str]]
 
 NGRAM = "n-gram (prompt lookup)"  # the no-model candidate's name
+# A lead smaller than this is within the finder's noise: the same 0.5B file, found in three places and measured in
+# three loads of a few short replays each, read 1.00x, 1.04x and 1.17x (docs/models.md)
+NEAR_TIE = 1.15
 MAX_PROMPTS = 16
 MAX_TOKENS = 512
 # Short and of different kinds: code repeats its context (the n-gram drafter's case), prose and lists do not.
@@ -109,6 +113,23 @@ class Rejected:
 
 
 @dataclass(frozen=True)
+class Copy:
+    """A candidate whose file holds the same bytes as one that is measured (LM Studio and Ollama often keep the
+    same download): measuring it again would only measure the noise."""
+
+    candidate: Candidate
+    same_as: Candidate
+
+    @property
+    def reason(self) -> str:
+        from engine.io.model_dirs import SOURCE_NAMES
+
+        source = SOURCE_NAMES.get(self.same_as.source, self.same_as.source)
+        where = f" ({source})" if source else ""
+        return f"the same file as {self.same_as.name}{where}: measured once, under that name"
+
+
+@dataclass(frozen=True)
 class Measured:
     """One candidate's measurement. speedup: the best K's decode rate over plain decoding's, both measured in the
     same load; predicted: Leviathan's speedup at that K from the measured alpha and c."""
@@ -135,6 +156,7 @@ class FinderResult:
     measured: list[Measured] = field(default_factory=list)  # fastest first
     rejected: list[Rejected] = field(default_factory=list)  # by the static checks, or failed to load or run
     not_measured: list[Rejected] = field(default_factory=list)  # compatible, but cancelled or out of time first
+    copies: list[Copy] = field(default_factory=list)  # the same bytes as a candidate kept: measured once, as that
     cancelled: bool = False
     out_of_time: bool = False
     elapsed_s: float = 0.0
@@ -142,6 +164,11 @@ class FinderResult:
     @property
     def best(self) -> Measured | None:
         return self.measured[0] if self.measured else None
+
+    @property
+    def near_tie(self) -> bool:
+        """The first two are closer than the finder can tell apart: a separate speclens-bench run decides."""
+        return len(self.measured) > 1 and self.measured[0].speedup < NEAR_TIE * self.measured[1].speedup
 
     def to_json(self) -> dict[str, Any]:
         def cand(c: Candidate) -> dict[str, Any]:
@@ -162,6 +189,8 @@ class FinderResult:
                 "measured": [figures(m) for m in self.measured],
                 "rejected": [{**cand(r.candidate), "reason": r.reason} for r in self.rejected],
                 "not_measured": [{**cand(r.candidate), "reason": r.reason} for r in self.not_measured],
+                "copies": [{**cand(c.candidate), "same_as": c.same_as.path, "reason": c.reason} for c in self.copies],
+                "near_tie": self.near_tie,
                 "cancelled": self.cancelled, "out_of_time": self.out_of_time, "elapsed_s": round(self.elapsed_s, 2)}
 
 
@@ -263,6 +292,45 @@ def static_checks(target: LocalModel, models: Iterable[LocalModel],
             continue
         ok.append((m.params_b, cand))
     return [c for _, c in sorted(ok, key=lambda pc: pc[0])], rejected
+
+
+def _digest(path: Path, cancelled: Cancelled) -> str | None:
+    """The file's SHA-256, or None when cancelled part way (a few GB at most: only files of equal size are read)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 24):
+            if cancelled():
+                return None
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def distinct_files(cands: list[Candidate], cancelled: Cancelled = lambda: False) -> tuple[list[Candidate],
+                                                                                          list[Copy]]:
+    """The candidates with each file's contents once (the first of each kept, in order), and the copies left out.
+    Only files of the same size are hashed; a folder is always kept; a file that cannot be read is kept (its load
+    will say why)."""
+    by_size: dict[int, list[Candidate]] = {}
+    for c in cands:
+        if c.path is not None and Path(c.path).is_file():
+            try:
+                by_size.setdefault(Path(c.path).stat().st_size, []).append(c)
+            except OSError:
+                pass
+    first: dict[tuple[int, str], Candidate] = {}
+    copies: dict[Candidate, Candidate] = {}
+    for size, group in by_size.items():
+        for c in group if len(group) > 1 else ():
+            try:
+                digest = _digest(Path(c.path), cancelled)
+            except OSError:
+                continue
+            if digest is None:
+                return cands, []  # cancelled: the measuring stops before it starts anyway
+            kept = first.setdefault((size, digest), c)
+            if kept is not c:
+                copies[c] = kept
+    return [c for c in cands if c not in copies], [Copy(c, copies[c]) for c in cands if c in copies]
 
 
 def describe_target(spec: str | Path | None) -> LocalModel:
@@ -526,13 +594,15 @@ def find_drafts(target: str | None, candidates: Sequence[str] | None = None, pro
 
         listed = (models or (lambda: list_local_models(include_unrunnable=True)))()
     ok, rejected = static_checks(tgt, listed)
+    report("Checking which candidates are copies of one file\u2026", 0.0)
+    ok, copies = distinct_files(ok, stop)
     if loader is None:
         from engine.io.loading import load_engine
 
         loader = load_engine
     plan = ok + ([NGRAM_CANDIDATE] if ngram else [])
     measured, failed, not_measured, why = measure_all(str(tgt.path), plan, chats, cfg, report, stop, loader)
-    return FinderResult(Candidate.of(tgt), cfg, len(chats), measured, bad + rejected + failed, not_measured,
+    return FinderResult(Candidate.of(tgt), cfg, len(chats), measured, bad + rejected + failed, not_measured, copies,
                         cancelled=why == "cancelled", out_of_time=why == "out of time",
                         elapsed_s=time.monotonic() - t0)
 
@@ -596,11 +666,36 @@ def table(result: FinderResult) -> str:
         plain = result.measured[0].plain_tokens_per_s
         lines.append(f"speedup: decode rate over plain decoding's in the same load (plain {plain:.1f} tok/s for the "
                      "best); LEVIATHAN: (1 - a^(K+1)) / ((1 - a)(1 + K c)) at the measured alpha and c")
+        if result.near_tie:
+            lines.append(near_tie_advice(result.to_json()))
     else:
         lines.append("no candidate was measured")
     lines += [f"not a draft: {r.candidate.name}: {r.reason}" for r in result.rejected]
     lines += [f"not measured: {r.candidate.name}: {r.reason}" for r in result.not_measured]
+    lines += [f"same file: {c.candidate.name}: {c.reason}" for c in result.copies]
     return "\n".join(lines)
+
+
+def near_tie_advice(result: dict[str, Any]) -> str:
+    """What to do when the first two are within the finder's noise: the speclens-bench run that tells them apart
+    (longer replays, the modes taking turns in one load; one run per draft model). result: FinderResult.to_json()."""
+    a, b = result["measured"][:2]
+    ks = ",".join(sorted({str(a["best_k"]), str(b["best_k"])}, key=int))
+    base = (f"speclens-bench --target {_quoted(result['target']['path'])} --prompts YOUR_PROMPTS.jsonl --k {ks} "
+            "--max-new-tokens 128")
+    drafts = [m["path"] for m in (a, b) if m["path"] is not None]
+    ngram = ",ngram" if len(drafts) < 2 else ""
+    cmds = [f"{base} --draft {_quoted(d)} --modes plain,draft{ngram}" for d in drafts] or \
+        [f"{base} --modes plain,ngram"]
+    lead = (a["speedup"] / b["speedup"] - 1) * 100 if b["speedup"] else 0.0
+    return (f"{a['name']} leads {b['name']} by {lead:.0f}%, within the finder's noise (about "
+            f"{(NEAR_TIE - 1) * 100:.0f}%); to tell them apart: " + " and ".join(cmds))
+
+
+def _quoted(path: str) -> str:
+    import shlex
+
+    return shlex.quote(path)
 
 
 def _fail(reason: str) -> None:

@@ -17,8 +17,8 @@ another disk):
 SPECLENS_CACHE keeps pointing at the real cache, so the embedded pair and the compiled kernels are found there and
 nothing is downloaded or compiled. The picker's Target list is opened and the screen grabbed; then the embedded pair
 is loaded and Model > Find a draft runs on it, shortened (16 new tokens a prompt, K = 2 and 4, an 840 s budget), until
-it reports, and the screen is grabbed again. Its figures are 16 tokens a prompt: they show what the dialog reports (the
-same file found in two stores can differ by 15%), not how fast anything is.
+it reports, and the screen is grabbed again. Its figures are 16 tokens a prompt: they show what the dialog reports (copies
+measured once; a lead within the finder's noise said to be one), not how fast anything is.
 """
 import hashlib
 import json

@@ -50,3 +50,35 @@ def test_the_label_names_what_the_rows_are(qtbot):
     assert dlg.rejected_label.text() == "Not measured:"
     dlg.fill(result(True, False))
     assert dlg.rejected_label.text() == "Not a draft for this target:"
+
+
+def test_copies_are_listed_and_a_near_tie_offers_the_bench_command(qtbot):
+    from PySide6.QtGui import QGuiApplication
+
+    from app.dialogs.draft_finder import DraftFinderDialog
+
+    cfg = df.FinderConfig(max_new_tokens=8, ks=(2,))
+    lms = df.Candidate(LONG, "/lms/" + LONG, "lm-studio", "qwen2", 0.49, "Q4_K_M")
+    ollama = df.Candidate("qwen2.5-coder:0.5b", "/ollama/blobs/sha256-x", "ollama", "qwen2", 0.49, "Q4_K_M")
+    measured = [df.Measured(lms, 1.3, 2, 0.7, 0.2, 2.1, 1.5, 20.0, 15.0, {2: 1.3}, True),
+                df.Measured(df.NGRAM_CANDIDATE, 1.2, 2, 0.5, 0.01, 1.6, 1.4, 18.0, 15.0, {2: 1.2}, True)]
+    tgt = df.Candidate("the-target", "/models/target.gguf", "embedded", "qwen2", 1.5)
+    data = df.FinderResult(tgt, cfg, 1, measured, copies=[df.Copy(ollama, lms)], elapsed_s=3.0).to_json()
+    dlg = DraftFinderDialog(None, "the-target", finder=scripted())
+    qtbot.addWidget(dlg)
+    assert dlg.copy_button.isHidden()
+    dlg._on_finished(data)
+    assert dlg.rejected_label.text() == "Not measured:"
+    assert dlg.rejected.item(0, 0).text() == "qwen2.5-coder:0.5b"
+    assert dlg.rejected.item(0, 1).text() == f"the same file as {LONG} (LM Studio): measured once, under that name"
+    assert "n-gram (prompt lookup) (1.20\u00d7) is within the finder's noise" in dlg.status.text()
+    assert not dlg.copy_button.isHidden()
+    dlg.copy_button.click()
+    assert QGuiApplication.clipboard().text() == df.near_tie_advice(data) == dlg.status.toolTip()
+    assert "--modes plain,draft,ngram" in dlg.advice
+
+    clear = df.FinderResult(tgt, cfg, 1, measured[:1], elapsed_s=3.0).to_json()
+    other = DraftFinderDialog(None, "the-target", finder=scripted())
+    qtbot.addWidget(other)
+    other._on_finished(clear)
+    assert other.copy_button.isHidden() and "noise" not in other.status.text()

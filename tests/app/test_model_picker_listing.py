@@ -14,7 +14,8 @@ def test_a_line_names_size_family_quantization_and_app():
     assert line.startswith("small-Q4_K_M.gguf ")  # the file, not publisher/repo/file
     assert "0.49B qwen2 Q4_K_M" in line and line.endswith("LM Studio")
     assert describe_model(M("qwen2.5-coder:0.5b", "ollama")).endswith("Ollama")
-    assert "2.1e-06B" in describe_model(M("stub", "lm-studio", params=2.08e-6))  # not "0.00B"
+    assert " 2.1K " in describe_model(M("stub", "lm-studio", params=2.08e-6))  # not "0.00B"
+    assert " 5M " in describe_model(M("stub", "lm-studio", params=0.005))
 
 
 def test_a_refused_model_is_listed_greyed_with_its_reason(qtbot):

@@ -205,3 +205,51 @@ def test_speclens_bench_find_drafts_prints_the_table_and_the_json(zoo, tmp_path,
     assert [m["name"] for m in data["measured"]] == ["draft"] and data["measured"][0]["best_k"] == 1
     with pytest.raises(SystemExit, match="every K"):
         bench.main(["--find-drafts", "--target", str(zoo["target"]), "--k", "0"])
+
+
+def test_a_file_found_in_several_places_is_measured_once(zoo, home):  # noqa: F811 - the fixture
+    """LM Studio and llama.cpp keep the same download: one measurement, the other listed as its copy. A file of the
+    same size with other bytes is no copy."""
+    lms = put(zoo["draft-q8"], home / ".lmstudio" / "models" / "me" / "tiny-GGUF" / "draft-q8.gguf")
+    cpp = put(zoo["draft-q8"], home / ".cache" / "llama.cpp" / "draft-q8.gguf")
+    other = put(zoo["draft-q8"], home / "other" / "draft-q8-edited.gguf")
+    data = bytearray(other.read_bytes())
+    data[-1] ^= 0xFF  # the last weight byte: the same size, not the same file
+    other.write_bytes(bytes(data))
+    cands = [df.Candidate("a", str(lms), "lm-studio"), df.Candidate("dir", str(zoo["draft"]), "folder"),
+             df.Candidate("b", str(cpp), "llama.cpp"), df.Candidate("c", str(other), "given"), df.NGRAM_CANDIDATE]
+    kept, copies = df.distinct_files(cands)
+    assert [c.name for c in kept] == ["a", "dir", "c", df.NGRAM]
+    assert [(c.candidate.name, c.same_as.name) for c in copies] == [("b", "a")]
+    assert copies[0].reason == "the same file as a (LM Studio): measured once, under that name"
+    assert df.distinct_files(cands, cancelled=lambda: True) == (cands, [])  # a cancel leaves the list as it was
+
+    result = df.find_drafts(str(zoo["target"]), None, PROMPTS[:1], df.FinderConfig(max_new_tokens=4, ks=(1,)),
+                            ngram=False, loader=no_eos_loader)
+    assert [m.candidate.source for m in result.measured] == ["lm-studio"]
+    assert [(c.candidate.source, c.same_as.source) for c in result.copies] == [("llama.cpp", "lm-studio")]
+    data = result.to_json()
+    assert data["copies"][0]["same_as"] == str(lms) and data["copies"][0]["reason"].startswith("the same file as")
+    assert "same file: draft-q8.gguf: the same file as" in df.table(result)
+
+
+def _measured(name: str, path: str | None, speedup: float, k: int) -> df.Measured:
+    return df.Measured(df.Candidate(name, path), speedup, k, 0.7, 0.1, 2.0, 1.5, 30.0, 20.0, {k: speedup}, True)
+
+
+def test_a_lead_within_the_finders_noise_says_how_to_tell_the_two_apart():
+    tgt = df.Candidate("tgt", "/m/target dir/t.gguf")
+    cfg = df.FinderConfig(ks=(1, 2))
+    clear = df.FinderResult(tgt, cfg, 3, [_measured("d", "/m/d.gguf", 1.40, 2), _measured(df.NGRAM, None, 1.20, 1)])
+    assert clear.near_tie is False and not clear.to_json()["near_tie"]  # 1.40 / 1.20 = 1.167: a lead
+    assert "noise" not in df.table(clear)
+    tie = df.FinderResult(tgt, cfg, 3, [_measured("d", "/m/d.gguf", 1.30, 2), _measured(df.NGRAM, None, 1.20, 1)])
+    assert tie.near_tie and tie.to_json()["near_tie"]
+    advice = df.near_tie_advice(tie.to_json())
+    assert advice.startswith("d leads n-gram (prompt lookup) by 8%, within the finder's noise (about 15%)")
+    assert advice.endswith("speclens-bench --target '/m/target dir/t.gguf' --prompts YOUR_PROMPTS.jsonl --k 1,2 "
+                           "--max-new-tokens 128 --draft /m/d.gguf --modes plain,draft,ngram")
+    assert advice in df.table(tie)
+    two = df.FinderResult(tgt, cfg, 3, [_measured("d", "/m/d.gguf", 1.3, 2), _measured("e", "/m/e.gguf", 1.25, 2)])
+    assert df.near_tie_advice(two.to_json()).count("--modes plain,draft") == 2  # bench takes one draft a run
+    assert df.FinderResult(tgt, cfg, 3, [_measured("d", "/m/d.gguf", 1.3, 2)]).near_tie is False

@@ -294,3 +294,19 @@ def test_load_engine_takes_the_context_asked_for_within_the_models_limit(tmp_pat
     assert load_engine(str(folder), context=64).max_seq_len == 64
     assert load_engine(str(folder), context=100_000).max_seq_len == 128  # never past what the model allows
     assert load_engine(str(folder)).max_seq_len == 128
+
+
+@pytest.mark.parametrize("label, counted, expect", [
+    ("0.5B", 630_167_424, 0.5),  # Qwen2.5 0.5B's GGUF stores its tied head twice
+    ("270M", 268_098_176, 0.27),
+    ("1.5B", 1_777_088_000, 1.5),
+    ("8x7B", 46_700_000_000, 46.7),  # a mixture's label is no count: counted
+    ("70B", 1_000_000, 0.001),  # far from the count: not believed
+    ("9" * 40 + "B", 1_000_000, 0.001),  # too long to be a label
+    (None, 123_456_789, 0.123),
+])
+def test_a_gguf_is_listed_at_its_known_size(label, counted, expect):
+    from types import SimpleNamespace
+
+    gf = SimpleNamespace(num_params=counted, metadata={} if label is None else {"general.size_label": label})
+    assert hub._params_b(gf) == pytest.approx(expect)
