@@ -3,14 +3,15 @@
 Two stages. The static checks read headers only: a candidate must run here (its family), be smaller than the
 target, and speak the target's tokens (the same vocabulary, id for id, and the same BOS/EOS); each one turned down
 keeps its reason. Then each compatible candidate, and the n-gram drafter (no model: it drafts from the
-conversation itself), is measured: the pair is loaded as the app loads it, the prompts are decoded greedily and
-plainly, then at each K, every replay from an empty cache (as speclens-bench does). From those replays come
+conversation itself), is measured: the pair is loaded as the app loads it and each prompt is decoded greedily,
+plainly and at each K in turn before the next prompt (every replay from an empty cache, as speclens-bench does;
+which setting goes first moves along prompt by prompt, so the machine's drift falls on all). From those replays come
 alpha (accepted drafts over decided tests, the geometric MLE), c (a draft step over a target step: draft ms per
 drafted token over plain ms per token), the mean accepted length, the measured speedup at the best K (decode rate
 over the plain rate measured in the same load) and Leviathan's prediction from that alpha and c beside it.
 
 Measuring is bounded: few tokens per prompt, a time budget checked between rounds, and a cancel checked between
-rounds; a replay cut short is dropped, never counted. A candidate that fails to load is reported and skipped.
+rounds; a replay cut short is dropped, never counted, and so is a prompt some setting did not finish. A candidate that fails to load is reported and skipped.
 `find_drafts` returns a FinderResult whose `to_json()` is plain JSON; `main` is `speclens-bench --find-drafts`.
 """
 from __future__ import annotations
@@ -42,9 +43,9 @@ Cancelled = Callable[[], bool]
 Messages = list[dict[str, str]]
 
 NGRAM = "n-gram (prompt lookup)"  # the no-model candidate's name
-# A lead smaller than this is within the finder's noise: the same 0.5B file, found in three places and measured in
-# three loads of a few short replays each, read 1.00x, 1.04x and 1.17x (docs/models.md)
-NEAR_TIE = 1.15
+# A lead smaller than this is within the finder's noise: four runs of 16 tokens a prompt, the settings taking turns
+# prompt by prompt, measured the embedded 0.5B draft at 1.03-1.12x on the quiet Zen 3 (docs/models.md)
+NEAR_TIE = 1.10
 MAX_PROMPTS = 16
 MAX_TOKENS = 512
 # Short and of different kinds: code repeats its context (the n-gram drafter's case), prose and lists do not.
@@ -424,30 +425,30 @@ def _spec(drafter: str | None, k: int) -> SpecParams:
     return SpecParams(enabled=True, drafter=drafter, k=k, k_max=max(k, 1), adaptive=False, stop_below=0.0)
 
 
-def _replay(engine, prompts: list[list[int]], drafter: str | None, k: int, sampling: SamplingParams,
-            clock: _Clock, stage: str) -> tuple[SweepRun, list[tuple[int, ...]]]:
-    """Every prompt decoded once from an empty cache: the totals as one SweepRun, and each reply's tokens."""
-    parts: list[SweepRun] = []
-    for i, ids in enumerate(prompts):
+def _replay(engine, ids: list[int], drafter: str | None, k: int, sampling: SamplingParams,
+            clock: _Clock) -> SweepRun:
+    """One prompt decoded from an empty cache (as a separate benchmark run starts). Raises _Stop when cut short:
+    a replay cut short is dropped, never counted."""
+    engine.reset()
+    controls = _Watched(sampling, _spec(drafter, k), clock.stop_now)
+    rounds: list[RoundEvent] = []
+    summary: Summary | None = None
+    for item in engine.generate(ids, sampling, controls.spec, controls):
+        if isinstance(item, RoundEvent):
+            rounds.append(item)
+        elif isinstance(item, Summary):
+            summary = item
+    if summary is None or summary.stop_reason == "cancelled":
         clock.check()
-        clock.tell(f"{stage} (prompt {i + 1} of {len(prompts)})", i / len(prompts))
-        engine.reset()  # an empty cache, as a separate benchmark run starts with
-        controls = _Watched(sampling, _spec(drafter, k), clock.stop_now)
-        rounds: list[RoundEvent] = []
-        summary: Summary | None = None
-        for item in engine.generate(ids, sampling, controls.spec, controls):
-            if isinstance(item, RoundEvent):
-                rounds.append(item)
-            elif isinstance(item, Summary):
-                summary = item
-        if summary is None or summary.stop_reason == "cancelled":
-            clock.check()  # a replay cut short is dropped, never counted
-            raise _Stop("cancelled")
-        parts.append(run_of(drafter, k, summary, rounds))
-    total = SweepRun(drafter, k, *(sum(getattr(p, f) for p in parts) for f in (
+        raise _Stop("cancelled")
+    return run_of(drafter, k, summary, rounds)
+
+
+def _total(drafter: str | None, k: int, parts: list[SweepRun]) -> SweepRun:
+    """Replays of several prompts as one SweepRun (the sums; stop reasons joined)."""
+    return SweepRun(drafter, k, *(sum(getattr(p, f) for p in parts) for f in (
         "new_tokens", "rounds", "drafted", "accepted", "trials", "decode_s", "draft_ms", "verify_ms")),
         stop_reason=",".join(sorted({p.stop_reason for p in parts})))
-    return total, [p.token_ids for p in parts]
 
 
 def figures(cand: Candidate, plain: SweepRun, runs: list[SweepRun], identical: bool, note: str = "") -> Measured:
@@ -465,27 +466,46 @@ def figures(cand: Candidate, plain: SweepRun, runs: list[SweepRun], identical: b
                     predicted, best.tokens_per_s, base, by_k, identical, note)
 
 
-def _measure(engine, cand: Candidate, prompts: list[list[int]], plain: SweepRun, plain_out: list,
-             cfg: FinderConfig, sampling: SamplingParams, clock: _Clock) -> Measured | None:
-    """The candidate's replays at each K on a loaded engine; None when not even one K was measured."""
-    runs: list[SweepRun] = []
-    identical = True
-    note = ""
-    for k in cfg.ks:
-        try:
-            run, out = _replay(engine, prompts, cand.drafter, k, sampling, clock, f"{cand.name}: K={k}")
-        except _Stop:
-            if runs:
-                note = f"{clock.why} after K={runs[-1].k}; larger K not tried"
-            break
-        clock.done += 1
-        runs.append(run)
-        identical = identical and out == plain_out
-    if not runs:
-        return None
-    if not identical:
-        note = (note + "; " if note else "") + "its output differed from plain decoding: a bug, please report it"
-    return figures(cand, plain, runs, identical, note)
+Setting = tuple[Candidate | None, int]  # (candidate, K); (None, 0): plain decoding
+
+
+def _measure_load(engine, riders: list[Candidate], prompts: list[list[int]], cfg: FinderConfig,
+                  sampling: SamplingParams, clock: _Clock, name: str) -> list[Measured]:
+    """Plain decoding and every rider at every K on one loaded engine, prompt by prompt: each prompt is replayed in
+    every setting before the next prompt starts, and the setting that goes first moves one along with each prompt,
+    so a machine that speeds up or slows down over the minutes weighs on plain decoding and the drafts alike (run
+    one setting after another, the same file measured in three loads read 1.00-1.17x). A stop keeps the prompts
+    every setting finished; a rider measured on none of them is left out (not measured)."""
+    settings: list[Setting] = [(None, 0), *((c, k) for c in riders for k in cfg.ks)]
+    parts: dict[Setting, list[SweepRun]] = {s: [] for s in settings}
+    complete = 0
+    try:
+        for i, ids in enumerate(prompts):
+            turn = i % len(settings)
+            for cand, k in settings[turn:] + settings[:turn]:
+                clock.check()
+                what = f"{name}: plain decoding" if cand is None else f"{cand.name}: K={k}"
+                clock.tell(f"{what} (prompt {i + 1} of {len(prompts)})")
+                parts[(cand, k)].append(_replay(engine, ids, cand.drafter if cand else None, k, sampling, clock))
+                clock.done += 1
+            complete += 1
+    except _Stop:
+        pass
+    if not complete:
+        return []
+    note = f"{clock.why} after {complete} of {len(prompts)} prompts" if complete < len(prompts) else ""
+    plain_parts = parts[(None, 0)][:complete]
+    plain = _total(None, 0, plain_parts)
+    out = []
+    for cand in riders:
+        runs = [_total(cand.drafter, k, parts[(cand, k)][:complete]) for k in cfg.ks]
+        identical = all(a.token_ids == b.token_ids for k in cfg.ks
+                        for a, b in zip(parts[(cand, k)][:complete], plain_parts))
+        why = note
+        if not identical:
+            why = (why + "; " if why else "") + "its output differed from plain decoding: a bug, please report it"
+        out.append(figures(cand, plain, runs, identical, why))
+    return out
 
 
 def _load(loader, target: str | None, draft: str | None, cfg: FinderConfig):
@@ -504,8 +524,9 @@ def measure_all(target: str, candidates: list[Candidate], prompts: Sequence[Mess
     early ("" when it did not)."""
     models = [c for c in candidates if not c.is_ngram]
     ngram = next((c for c in candidates if c.is_ngram), None)
-    per_load = 1 + len(cfg.ks)
-    total = per_load * len(models) + ((len(cfg.ks) + (0 if models else 1)) if ngram else 0)
+    n = len(prompts)
+    per_model = n * (1 + len(cfg.ks))  # a model's load: plain decoding and each K, every prompt
+    total = per_model * len(models) + ((n * len(cfg.ks) + (0 if models else n)) if ngram else 0)
     clock = _Clock(progress, cancelled, time.monotonic() + cfg.time_budget_s, total)
     sampling = SamplingParams(temperature=0.0, max_new_tokens=cfg.max_new_tokens, seed=cfg.seed)
     measured: list[Measured] = []
@@ -528,15 +549,9 @@ def measure_all(target: str, candidates: list[Candidate], prompts: Sequence[Mess
             ids = [engine.encode_chat(list(m)) for m in prompts]
             for _ in engine.generate(ids[0], sampling.with_(max_new_tokens=4), SpecParams(enabled=False)):
                 pass  # first-call allocations stay out of the timings
-            plain, plain_out = _replay(engine, ids, None, 0, sampling, clock, f"{name}: plain decoding")
-            clock.done += 1
-            for c in riders:
-                m = _measure(engine, c, ids, plain, plain_out, cfg, sampling, clock)
-                if m is not None:
-                    measured.append(m)
-                    ngram_open = ngram_open and c is not ngram
-                if clock.why:
-                    break
+            got = _measure_load(engine, riders, ids, cfg, sampling, clock, name)
+            measured += got
+            ngram_open = ngram_open and all(m.candidate is not ngram for m in got)
         except _Stop:
             pass
         except Exception as e:  # noqa: BLE001 - one candidate that fails is reported, never ends the search
@@ -545,7 +560,7 @@ def measure_all(target: str, candidates: list[Candidate], prompts: Sequence[Mess
                 ngram_open = False
             else:
                 failed.append(Rejected(cand, f"failed to load or run: {_why(e)}"))
-                clock.done += per_load
+                clock.done += per_model
         finally:
             del engine
             gc.collect()  # one pair in memory at a time

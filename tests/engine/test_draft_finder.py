@@ -246,10 +246,44 @@ def test_a_lead_within_the_finders_noise_says_how_to_tell_the_two_apart():
     tie = df.FinderResult(tgt, cfg, 3, [_measured("d", "/m/d.gguf", 1.30, 2), _measured(df.NGRAM, None, 1.20, 1)])
     assert tie.near_tie and tie.to_json()["near_tie"]
     advice = df.near_tie_advice(tie.to_json())
-    assert advice.startswith("d leads n-gram (prompt lookup) by 8%, within the finder's noise (about 15%)")
+    assert advice.startswith("d leads n-gram (prompt lookup) by 8%, within the finder's noise (about 10%)")
     assert advice.endswith("speclens-bench --target '/m/target dir/t.gguf' --prompts YOUR_PROMPTS.jsonl --k 1,2 "
                            "--max-new-tokens 128 --draft /m/d.gguf --modes plain,draft,ngram")
     assert advice in df.table(tie)
     two = df.FinderResult(tgt, cfg, 3, [_measured("d", "/m/d.gguf", 1.3, 2), _measured("e", "/m/e.gguf", 1.25, 2)])
     assert df.near_tie_advice(two.to_json()).count("--modes plain,draft") == 2  # bench takes one draft a run
     assert df.FinderResult(tgt, cfg, 3, [_measured("d", "/m/d.gguf", 1.3, 2)]).near_tie is False
+
+
+def test_every_setting_replays_a_prompt_before_the_next_and_the_first_moves_along(zoo):
+    """Plain decoding and each K take turns prompt by prompt, so drift over the minutes weighs on all; a cancel keeps
+    the prompts every setting finished."""
+    replays: list[tuple[int, str | None, int]] = []  # (prompt length, drafter, K)
+
+    def loader(target, draft, device=None):
+        engine = no_eos_loader(target, draft, device)
+        original = engine.generate
+
+        def generate(ids, sampling, spec, controls=None):
+            if sampling.max_new_tokens > 4:  # not the warm-up
+                replays.append((len(ids), spec.drafter if spec.enabled else None, spec.k if spec.enabled else 0))
+            yield from original(ids, sampling, spec, controls)
+        engine.generate = generate
+        return engine
+
+    cfg = df.FinderConfig(max_new_tokens=6, ks=(1, 2))
+    result = df.find_drafts(str(zoo["target"]), [str(zoo["draft"])], PROMPTS, cfg, loader=loader)
+    settings = [(None, 0), ("model", 1), ("model", 2), ("ngram", 1), ("ngram", 2)]
+    assert [r[1:] for r in replays] == settings + settings[1:] + settings[:1]
+    assert len({r[0] for r in replays[:5]}) == 1 and len({r[0] for r in replays[5:]}) == 1
+    assert replays[0][0] != replays[5][0]  # the first prompt's five replays, then the second's
+    assert {m.candidate.name for m in result.measured} == {"draft", df.NGRAM}
+    assert not any(m.note for m in result.measured)
+
+    replays.clear()
+    stopped = df.find_drafts(str(zoo["target"]), [str(zoo["draft"])], PROMPTS, cfg, loader=loader,
+                             cancelled=lambda: len(replays) > 6)
+    assert stopped.cancelled and len(replays) == 7  # the second prompt cut short in its second setting
+    assert {m.candidate.name for m in stopped.measured} == {"draft", df.NGRAM}
+    for m in stopped.measured:  # measured on the first prompt alone, as every setting finished it
+        assert m.note == "cancelled after 1 of 2 prompts" and m.identical_to_plain
