@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     except ProvisionError as e:
         raise SystemExit(f"gemma_agreement: Gemma 3 270M is not available: {e}") from e
     build = subprocess.run(["bash", str(SHARED / "llama_cpp_build.sh")], env=os.environ | {"PYTHON": sys.executable},
-                           text=True, capture_output=True, timeout=1800)
+                           text=True, capture_output=True, timeout=1800, check=False)
     if build.returncode != 0:
         raise SystemExit(f"gemma_agreement: llama.cpp did not build: {build.stderr.strip()[-300:]}")
     binary = Path(build.stdout.strip()) / "llama-server"
