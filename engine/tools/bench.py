@@ -375,6 +375,8 @@ def _parser() -> _Parser:
                     f"that the whole draft passes falls below this (the app's default: {STOP_BELOW}; 0: always K)")
     ap.add_argument("--adaptive", action="store_true", help="adaptive K: K is a ceiling, chosen each round")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--repeats", type=int, default=1, help="ask every prompt this many times (the modes' turns moving "
+                    "on each time), for rates steadier than one reply's")
     ap.add_argument("--modes", default="plain,draft,ngram")
     ap.add_argument("--device", default=None)
     ap.add_argument("--json", dest="json_out", help="write the results here")
@@ -398,6 +400,8 @@ def _checked(a: argparse.Namespace) -> tuple[list[str], list[int], SamplingParam
     if not modes:
         fail("--modes names no mode")
     ks = parse_ks(a.k)
+    if not 1 <= a.repeats <= 100:
+        fail(f"--repeats must be in 1..100, got {a.repeats}")
     try:
         sampling = SamplingParams(temperature=a.temperature, top_p=a.top_p, max_new_tokens=a.max_new_tokens,
                                   seed=a.seed)
@@ -444,7 +448,7 @@ def main(argv: list[str] | None = None) -> int:
 
     runs = [ModeRun(mode, k, sampling, a.stop_below, a.adaptive)
             for mode in modes for k in ([ks[0]] if mode in ("plain", "default") else ks)]  # neither reads --k
-    results = run_interleaved(engine, questions, runs)
+    results = run_interleaved(engine, questions * a.repeats, runs)
     out = {"device": str(engine.device), "kernels": kernels, "target": engine.target_name,
            "draft": engine.draft_name, **report(results, sampling.greedy, by_category)}
     if a.json_out:

@@ -12,6 +12,7 @@ import torch
 import engine.io.provision
 import engine.tools.bench as bench_mod
 from engine.tools.bench import main
+from engine.tools.prompt_file import read_prompts
 
 GOOD_LINE = json.dumps({"id": "a", "messages": [{"role": "user", "content": "hi"}]})
 
@@ -70,6 +71,7 @@ CASES = [
      "message 1 must be an object"),
     ("no-prompts", lambda t: ["--prompts", write(t, "e.jsonl", b"\n\n")], "holds no prompts"),
     ("stop-below-one", lambda t: ["--stop-below", "1.0"], "stop_below must be in [0, 1), got 1.0"),
+    ("no-repeats", lambda t: ["--repeats", "0"], "--repeats must be in 1..100, got 0"),
 ]
 
 
@@ -120,6 +122,14 @@ def test_good_arguments_reach_loading_and_run(tmp_path, prompts, monkeypatch):
     results = json.loads(out.read_text())["results"]
     assert [(r["mode"], r["k"]) for r in results] == [("plain", 0), ("draft", 1), ("draft", 16)]
     assert json.loads(out.read_text())["kernels"] == "none (dense weights)"  # which kernels ran, said
+    # --repeats asks every prompt again: twice the tokens, each mode's outputs the same list twice over
+    n_prompts = len(read_prompts(str(prompts)))
+    assert main(["--prompts", str(prompts), "--k", "1", "--max-new-tokens", "4", "--modes", "plain,draft",
+                 "--json", str(out), "--repeats", "2"]) == 0
+    twice = json.loads(out.read_text())
+    for r in twice["results"]:
+        assert len(r["outputs"]) == 2 * n_prompts and r["outputs"][:n_prompts] == r["outputs"][n_prompts:]
+    assert twice["identical_to_plain"] == {"draft K=1": True}
 
 
 def test_the_json_records_what_each_mode_drafted_and_cost(tmp_path, prompts, monkeypatch):
