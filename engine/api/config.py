@@ -48,6 +48,10 @@ class ModelConfig:
     rope_local_theta: float | None = None  # the windowed layers' RoPE base (Gemma 3); None: rope_theta everywhere
     rotary_dim: int = 0  # 0: head_dim; else RoPE turns the first rotary_dim dims of each head, the rest pass
     attn_scale: float = 0.0  # 0: 1/sqrt(head_dim); Gemma 3: query_pre_attn_scalar ** -0.5
+    # One flag per layer: it attends without RoPE (SmolLM3's NoPE layers); empty: every layer rotates
+    nope_layers: tuple[bool, ...] = ()
+    residual_scale: float = 1.0  # each sublayer's output times this before it joins the residual (Granite)
+    logit_scale: float = 1.0  # the LM head's logits divided by this (Granite's logits_scaling)
 
     def __post_init__(self) -> None:
         if self.head_dim == 0:
@@ -57,6 +61,7 @@ class ModelConfig:
         if self.attn_scale == 0.0:
             object.__setattr__(self, "attn_scale", 1.0 / math.sqrt(self.head_dim))
         object.__setattr__(self, "window_layers", tuple(bool(w) for w in self.window_layers))
+        object.__setattr__(self, "nope_layers", tuple(bool(w) for w in self.nope_layers))
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads"):
             if getattr(self, name) < 1:
                 raise ValueError(f"ModelConfig.{name} must be >= 1, got {getattr(self, name)}")
@@ -66,10 +71,13 @@ class ModelConfig:
             raise ValueError(f"rotary_dim must be even and in (0, head_dim = {self.head_dim}], got {self.rotary_dim}")
         if self.activation not in get_args(Activation):
             raise ValueError(f"activation must be one of {get_args(Activation)}, got {self.activation!r}")
-        for name in ("norm_offset", "embedding_scale", "attn_scale"):
+        for name in ("norm_offset", "embedding_scale", "attn_scale", "residual_scale", "logit_scale"):
             _check_finite(type(self).__name__, name, getattr(self, name))
-        if self.embedding_scale <= 0 or self.attn_scale <= 0:
-            raise ValueError("embedding_scale and attn_scale must be > 0")
+        for name in ("embedding_scale", "attn_scale", "residual_scale", "logit_scale"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        if self.nope_layers and len(self.nope_layers) != self.num_layers:
+            raise ValueError(f"nope_layers has {len(self.nope_layers)} flags for {self.num_layers} layers")
         if self.rope_local_theta is not None and not self.rope_local_theta > 0:
             raise ValueError(f"rope_local_theta must be > 0, got {self.rope_local_theta}")
         if self.window_layers and len(self.window_layers) != self.num_layers:
@@ -110,6 +118,11 @@ class ModelConfig:
                              f"{orig} tokens up to which LongRoPE uses its short factors")
 
     @property
+    def rotated(self) -> tuple[bool, ...]:
+        """One flag per layer: whether it turns q and k by RoPE."""
+        return tuple(not n for n in self.nope_layers) or (True,) * self.num_layers
+
+    @property
     def windowed(self) -> tuple[bool, ...]:
         """One flag per layer: whether it attends through the sliding window."""
         return self.window_layers or (False,) * self.num_layers
@@ -141,6 +154,13 @@ class ModelConfig:
             context = min(context, scaling["original_max_position_embeddings"])
         act = cfg.get("hidden_activation") or cfg.get("hidden_act") or "silu"
         scalar = cfg.get("query_pre_attn_scalar")
+        nope = families.nope_layers(fam, cfg)
+        scaled = "multipliers" in fam.extra  # Granite: the four scalars stated in config.json
+        if scaled:
+            embedding_scale, attn_scale = cfg["embedding_multiplier"], cfg["attention_multiplier"]
+        else:
+            embedding_scale = math.sqrt(cfg["hidden_size"]) if fam.embedding_scale else 1.0
+            attn_scale = scalar ** -0.5 if scalar else 0.0
         return cls(
             vocab_size=cfg["vocab_size"],
             hidden_size=cfg["hidden_size"],
@@ -161,13 +181,16 @@ class ModelConfig:
             norm_offset=fam.norm_offset,
             qk_norm=fam.qk_norm,
             activation="silu" if act == "silu" else "gelu_tanh",
-            embedding_scale=math.sqrt(cfg["hidden_size"]) if fam.embedding_scale else 1.0,
+            embedding_scale=embedding_scale,
             sandwich_norm="sandwich_norm" in fam.extra,
             sliding_window=cfg.get("sliding_window") if any(windowed) else None,
             window_layers=windowed if any(windowed) else (),
             rope_local_theta=rope_local.get("rope_theta") if rope_local is not None else None,
             rotary_dim=rotary_dim,
-            attn_scale=scalar ** -0.5 if scalar else 0.0,
+            attn_scale=attn_scale,
+            nope_layers=nope if any(nope) else (),
+            residual_scale=cfg["residual_multiplier"] if scaled else 1.0,
+            logit_scale=cfg["logits_scaling"] if scaled else 1.0,
         )
 
 

@@ -67,6 +67,12 @@ def _features(model: Transformer, rotary_dim: int) -> list[tuple]:
     or [] when no layer has any of them (a Llama/Qwen2 stack, which a build from before them runs too)."""
     cfg, local = model.cfg, getattr(model, "rope_local", None)
     local_table = _table(local, rotary_dim) if local is not None else (None, None)
+    # A NoPE layer turns by angle zero: cos 1 and sin 0 leave every value as it is (x * 1 - y * 0 is x exactly)
+    still = None
+    if not all(getattr(b.attn, "rotates", True) for b in model.layers):
+        cos = model.rope.cos
+        still = (torch.ones_like(cos, dtype=torch.float32).contiguous(),
+                 torch.zeros_like(cos, dtype=torch.float32).contiguous())
     out = []
     for block in model.layers:
         attn, mlp = block.attn, block.mlp
@@ -79,6 +85,8 @@ def _features(model: Transformer, rotary_dim: int) -> list[tuple]:
             raise ValueError(f"sliding window {window}")
         # windowed layers turn by the local table where the model has one (Gemma 3), else every layer by the global
         cos, sin = local_table if window else (None, None)
+        if not getattr(attn, "rotates", True):
+            cos, sin = still
         out.append((_norm(getattr(attn, "q_norm", None), cfg.head_dim), _norm(getattr(attn, "k_norm", None), cfg.head_dim),
                     _norm(getattr(block, "attn_post_norm", None), cfg.hidden_size),
                     _norm(getattr(block, "mlp_post_norm", None), cfg.hidden_size), int(window), cos, sin))
@@ -115,6 +123,10 @@ class QuantStack:
         if mod is None:
             raise ValueError("the quantized kernels are not available")
         cfg = model.cfg
+        residual = {float(getattr(b, "residual_scale", 1.0)) for b in model.layers}
+        if len(residual) != 1:
+            raise ValueError("residual scales that differ between layers")
+        residual_scale = residual.pop()
         layers = []
         for block in model.layers:
             qkv, gu = _linear_parts(block.attn.qkv), _linear_parts(block.mlp.gate_up)
@@ -128,12 +140,14 @@ class QuantStack:
         args = (cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.intermediate_size,
                 cfg.rms_norm_eps, cos, sin, model.norm.weight.detach(), layers)
         features = _features(model, rotary_dim)
-        if not features and rotary_dim == cfg.head_dim and scale == cfg.head_dim ** -0.5 and activation == "silu":
+        if (not features and rotary_dim == cfg.head_dim and scale == cfg.head_dim ** -0.5 and activation == "silu"
+                and residual_scale == 1.0):
             self._stack = mod.Stack(*args)  # the arguments every build takes
             return
+        extra = {"residual_scale": residual_scale} if residual_scale != 1.0 else {}  # a build before it: refused
         try:
             self._stack = mod.Stack(*args, features=features, rotary_dim=rotary_dim, attn_scale=scale,
-                                    activation=activation)
+                                    activation=activation, **extra)
         except TypeError as e:  # a build from before these features (scripts/profile/ab_builds.py's base)
             raise ValueError(f"these kernels do not run this model's layers: {e}") from e
 

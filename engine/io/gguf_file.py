@@ -326,26 +326,7 @@ class GGUFFile:
         if hidden != embd.shape[1]:
             raise ModelLoadError(f"{self.path}: GGUF metadata {self.arch}.embedding_length is {hidden} but "
                                  f"token_embd.weight has rows of {embd.shape[1]}")
-        heads = self._int("attention.head_count", 1, _MAX_WIDTH)
-        kv = self._int("attention.head_count_kv", 1, heads, heads)
-        if heads % kv:
-            raise ModelLoadError(f"{self.path}: GGUF metadata {self.arch}.attention.head_count ({heads}) is not a "
-                                 f"multiple of attention.head_count_kv ({kv})")
-        head_dim = self._int("attention.key_length", 0, _MAX_WIDTH, 0) or hidden // heads
-        if head_dim < 2 or head_dim % 2:  # rotary embeddings turn pairs of values
-            raise ModelLoadError(f"{self.path}: GGUF metadata gives heads of {head_dim} values "
-                                 f"({self.arch}.attention.head_count {heads}); rotary embeddings need an even size")
-        value_dim = self._int("attention.value_length", 0, _MAX_WIDTH, 0) or head_dim
-        if value_dim != head_dim:
-            raise ModelLoadError(f"{self.path}: GGUF metadata {self.arch}.attention.value_length ({value_dim}) "
-                                 f"differs from key_length ({head_dim}); SpecLens needs keys and values of one size")
-        rotary = self._int("rope.dimension_count", 0, head_dim, 0) or head_dim
-        if rotary < 2 or rotary % 2:
-            raise ModelLoadError(f"{self.path}: GGUF metadata {self.arch}.rope.dimension_count is {rotary}; "
-                                 "rotary embeddings turn pairs of values, so it must be even")
-        if self.arch == "llama" and rotary != head_dim:  # its q/k rows are permuted over whole heads
-            raise ModelLoadError(f"{self.path}: GGUF metadata llama.rope.dimension_count is {rotary} for heads of "
-                                 f"{head_dim}; llama.cpp's llama architecture turns whole heads (it refuses this too)")
+        heads, kv, head_dim, rotary = self._attention_shape(hidden)
         # every layer has at least one tensor, so a count beyond the file's tensors is a lie (and would size lists)
         layers = self._int("block_count", 1, max(1, len(self.tensors)))
         ffn = self._int("feed_forward_length", 1, _MAX_WIDTH)
@@ -361,6 +342,9 @@ class GGUFFile:
             # the engine runs LongRoPE within the short factors' range (ModelConfig._check_longrope)
             context = min(context, scaling["original_max_position_embeddings"])
         tokens = self.metadata.get("tokenizer.ggml.tokens") or []
+        embedding_scale, attn_scale, residual_scale, logit_scale = self._multipliers(fam, hidden, heads, layers)
+        # NoPE layers: llama.cpp's own pattern for the arch (the file states none), every nope_step-th layer
+        nope = tuple(fam.nope_step > 0 and (i + 1) % fam.nope_step == 0 for i in range(layers))
         try:
             cfg = ModelConfig(
                 vocab_size=vocab,
@@ -382,19 +366,47 @@ class GGUFFile:
                 norm_offset=0.0,  # llama.cpp's converter already added Gemma's 1 to its norm weights
                 qk_norm=fam.qk_norm,
                 activation="silu" if fam.activation == "silu" else "gelu_tanh",
-                # llama.cpp scales by sqrtf(n_embd) in f32, whatever the weights' type
-                embedding_scale=float(np.sqrt(np.float32(hidden))) if fam.embedding_scale else 1.0,
+                embedding_scale=embedding_scale,
                 sandwich_norm="sandwich_norm" in fam.extra,
                 sliding_window=window,
                 window_layers=windowed if window is not None else (),
                 rope_local_theta=local_theta,
                 rotary_dim=rotary,
-                attn_scale=self._attn_scale(fam, hidden, heads, layers),
+                attn_scale=attn_scale,
+                nope_layers=nope if any(nope) else (),
+                residual_scale=residual_scale,
+                logit_scale=logit_scale,
             )
         except ValueError as e:
             raise ModelLoadError(f"{self.path}: invalid model metadata: {e}") from e
         self._check_shapes(cfg)
         return cfg
+
+    def _attention_shape(self, hidden: int) -> tuple[int, int, int, int]:
+        """(heads, KV heads, head size, rotary size), each checked against the others: whole KV groups, an even
+        head and rotary size, keys and values of one size."""
+        heads = self._int("attention.head_count", 1, _MAX_WIDTH)
+        kv = self._int("attention.head_count_kv", 1, heads, heads)
+        if heads % kv:
+            raise ModelLoadError(f"{self.path}: GGUF metadata {self.arch}.attention.head_count ({heads}) is not a "
+                                 f"multiple of attention.head_count_kv ({kv})")
+        head_dim = self._int("attention.key_length", 0, _MAX_WIDTH, 0) or hidden // heads
+        if head_dim < 2 or head_dim % 2:  # rotary embeddings turn pairs of values
+            raise ModelLoadError(f"{self.path}: GGUF metadata gives heads of {head_dim} values "
+                                 f"({self.arch}.attention.head_count {heads}); rotary embeddings need an even size")
+        value_dim = self._int("attention.value_length", 0, _MAX_WIDTH, 0) or head_dim
+        if value_dim != head_dim:
+            raise ModelLoadError(f"{self.path}: GGUF metadata {self.arch}.attention.value_length ({value_dim}) "
+                                 f"differs from key_length ({head_dim}); SpecLens needs keys and values of one size")
+        rotary = self._int("rope.dimension_count", 0, head_dim, 0) or head_dim
+        if rotary < 2 or rotary % 2:
+            raise ModelLoadError(f"{self.path}: GGUF metadata {self.arch}.rope.dimension_count is {rotary}; "
+                                 "rotary embeddings turn pairs of values, so it must be even")
+        if BY_GGUF_ARCH[self.arch].gguf_qk_interleaved and rotary != head_dim:  # q/k permuted over whole heads
+            raise ModelLoadError(f"{self.path}: GGUF metadata {self.arch}.rope.dimension_count is {rotary} for heads "
+                                 f"of {head_dim}; llama.cpp's {self.arch} architecture turns whole heads (it refuses "
+                                 "this too)")
+        return heads, kv, head_dim, rotary
 
     def _windows(self, kind: str, layers: int, context: int) -> tuple[int | None, tuple[bool, ...]]:
         """The attention window and which layers use it, as llama.cpp reads them: Gemma 3 windows all layers but
@@ -419,12 +431,21 @@ class GGUFFile:
             return None, ()
         return window, windowed
 
-    def _attn_scale(self, fam: Family, hidden: int, heads: int, layers: int) -> float:
-        """0 (1/sqrt(head_dim)) except where llama.cpp scales queries otherwise: Gemma 3 27B (62 layers) by
-        1/sqrt(embedding_length / head_count)."""
+    def _multipliers(self, fam: Family, hidden: int, heads: int, layers: int) -> tuple[float, float, float, float]:
+        """(embedding, attention, residual, logit) scales as llama.cpp applies them: Granite states all four
+        (attention.scale absent: 1/sqrt(head_dim), returned as 0); Gemma scales embeddings by sqrtf(n_embd) in
+        f32 whatever the weights' type, and Gemma 3 27B (62 layers) queries by 1/sqrt(embedding_length /
+        head_count); every other family by none of them."""
+        if "multipliers" in fam.extra:
+            stated = self._meta("attention.scale", None)
+            attn = 0.0 if stated is None else self._float("attention.scale", 0.0, 0.0, 1e6)
+            return (self._float("embedding_scale", 1.0, 0.0, 1e6), attn, self._float("residual_scale", 1.0, 0.0, 1e6),
+                    self._float("logit_scale", 1.0, 0.0, 1e6))
+        embedding = float(np.sqrt(np.float32(hidden))) if fam.embedding_scale else 1.0
+        attn = 0.0
         if fam.gguf_arch == "gemma3" and layers == 62:
-            return float(np.float32(1.0) / np.sqrt(np.float32(hidden // heads)))
-        return 0.0
+            attn = float(np.float32(1.0) / np.sqrt(np.float32(hidden // heads)))
+        return embedding, attn, 1.0, 1.0
 
     def _check_shapes(self, c: ModelConfig) -> None:
         """Every tensor the config implies is in the file with the shape it implies: a missing one or a
@@ -601,10 +622,11 @@ class GGUFFile:
         return raw
 
     def _permuted_heads(self, name: str) -> int:
-        """llama.cpp's converter interleaves the two rotary halves of each head of llama's q and k: over how many
-        heads (0: not permuted)."""
+        """llama.cpp's converter interleaves the two rotary halves of each head of q and k in the families whose row
+        says so (llama and its heirs): over how many heads (0: not permuted)."""
         kind = name.split(".")[-2] if name.count(".") >= 2 else ""
-        if self.arch != "llama" or kind not in ("attn_q", "attn_k"):
+        fam = BY_GGUF_ARCH.get(self.arch)
+        if fam is None or not fam.gguf_qk_interleaved or kind not in ("attn_q", "attn_k"):
             return 0
         n = self._meta("attention.head_count")
         return (self._meta("attention.head_count_kv", None) or n) if kind == "attn_k" else n

@@ -3,7 +3,8 @@
 The engine (engine.model.transformer) is one decoder: RMSNorm (its weights offset at load where a family stores
 w - 1), RoPE (plain, Llama 3, linear or LongRoPE scaled, on whole heads or part of each), grouped-query attention with
 optional q/k/v biases, per-head q/k norms and a sliding window on chosen layers (with their own RoPE base), a SiLU- or
-GELU(tanh)-gated MLP, optional sandwich norms, a scaled embedding and an optional tied head. A family runs when
+GELU(tanh)-gated MLP, optional sandwich norms, layers without RoPE (NoPE), a scaled embedding, scaled residual
+branches and logits (Granite's multipliers) and an optional tied head. A family runs when
 every feature of its row is one the engine implements; otherwise it is refused by name, with the features it lacks,
 before any weight is read. Adding a family is adding a row (and, when it needs one, implementing a feature), never
 a path.
@@ -49,8 +50,8 @@ _FEATURES = (
     Feature("fused_qkv", "fused qkv_proj/gate_up_proj weights", True),
     Feature("sandwich_norm", "sandwich norms (a second norm after each sublayer)", True),
     Feature("local_rope", "a separate RoPE base for its sliding-window layers", True),
-    Feature("nope_layers", "layers without RoPE (NoPE)", False),
-    Feature("multipliers", "scaling multipliers (embedding/attention/residual/logit)", False),
+    Feature("nope_layers", "layers without RoPE (NoPE)", True),
+    Feature("multipliers", "scaling multipliers (embedding/attention/residual/logit)", True),
     Feature("moe", "mixture-of-experts layers", False),
 )
 FEATURES: dict[str, Feature] = {f.key: f for f in _FEATURES}
@@ -89,6 +90,11 @@ class Family:
     extra: tuple[str, ...] = ()  # further feature keys of its math
     # config.json fields the family's transformers config defaults when a file leaves them out
     hf_defaults: tuple[tuple[str, Any], ...] = ()
+    # NoPE layers in a GGUF, which states none: every nope_step-th layer, as llama.cpp hard-codes for the arch
+    nope_step: int = 0
+    # llama.cpp's converter interleaves the two rotary halves of each q and k head (its LlamaModel and heirs); the
+    # GGUF reader undoes it
+    gguf_qk_interleaved: bool = False
 
     def __post_init__(self) -> None:
         unknown = [k for k in (*self.extra, *(ROPE_KINDS[r] for r in self.rope_scaling)) if k not in FEATURES]
@@ -125,7 +131,7 @@ class Family:
 
 FAMILIES: tuple[Family, ...] = (
     Family("llama", "Llama", "llama", qkv_bias="config", o_bias="config", mlp_bias="config", rope_scaling=("llama3",),
-           hf_defaults=(("rms_norm_eps", 1e-6), ("max_position_embeddings", 2048))),
+           gguf_qk_interleaved=True, hf_defaults=(("rms_norm_eps", 1e-6), ("max_position_embeddings", 2048))),
     Family("qwen2", "Qwen2", "qwen2", qkv_bias="always", window="layers",
            hf_defaults=(("rms_norm_eps", 1e-6), ("max_position_embeddings", 32768), ("sliding_window", 4096))),
     Family("mistral", "Mistral", None, window="all",
@@ -143,8 +149,18 @@ FAMILIES: tuple[Family, ...] = (
     Family("phi3", "Phi-3", "phi3", window="all", partial_rotary=True, rope_scaling=("longrope",),
            extra=("fused_qkv",), hf_defaults=(("rms_norm_eps", 1e-5), ("max_position_embeddings", 4096))),
     Family("smollm3", "SmolLM3", "smollm3", qkv_bias="config", o_bias="config", mlp_bias="config",
-           extra=("nope_layers",)),
-    Family("granite", "Granite", "granite", o_bias="config", mlp_bias="config", extra=("multipliers",)),
+           extra=("nope_layers",), nope_step=4, gguf_qk_interleaved=True,
+           hf_defaults=(("rms_norm_eps", 1e-6), ("max_position_embeddings", 32768), ("rope_theta", 2_000_000.0),
+                        ("tie_word_embeddings", True))),
+    # Granite 3.x: a Llama with four scalars (embedding, attention, residual and logit multipliers)
+    Family("granite", "Granite", "granite", qkv_bias="config", o_bias="config", mlp_bias="config",
+           extra=("multipliers",), gguf_qk_interleaved=True,
+           hf_defaults=(("rms_norm_eps", 1e-6), ("max_position_embeddings", 2048), ("embedding_multiplier", 1.0),
+                        ("attention_multiplier", 1.0), ("residual_multiplier", 1.0), ("logits_scaling", 1.0))),
+    # Named so that a refusal says which family and what it lacks, rather than "unsupported model_type"
+    Family("gemma2", "Gemma 2", "gemma2", norm_offset=1.0, activation="gelu_pytorch_tanh", window="pattern",
+           embedding_scale=True, logit_softcap=True, extra=("sandwich_norm",)),
+    Family("qwen3_moe", "Qwen3 MoE", "qwen3moe", qk_norm=True, window="layers", extra=("moe",)),
 )
 BY_MODEL_TYPE: dict[str, Family] = {f.model_type: f for f in FAMILIES} | {"gemma3": FAMILIES[4]}
 BY_GGUF_ARCH: dict[str, Family] = {f.gguf_arch: f for f in FAMILIES if f.gguf_arch}
@@ -183,7 +199,10 @@ def gguf_refusal(arch: str, metadata: Mapping[str, Any] | None = None, tensors: 
         return why
     meta = metadata or {}
     head_dim = _gguf_head_dim(arch, meta)
-    needs = [f for key, f in _GGUF_KEYS.items() if _changes_math(key, meta.get(f"{arch}.{key}"), head_dim)]
+    # a family whose row has the feature reads these keys (engine.io.gguf_file); in any other family's file they are
+    # math its architecture leaves out
+    needs = [f for key, f in _GGUF_KEYS.items() if not (FEATURES[f].implemented and f in fam.features)
+             and _changes_math(key, meta.get(f"{arch}.{key}"), head_dim)]
     others = []
     for name in tensors:
         parts = name.split(".", 2)
@@ -200,9 +219,13 @@ def gguf_refusal(arch: str, metadata: Mapping[str, Any] | None = None, tensors: 
     rot = _count(meta.get(f"{arch}.rope.dimension_count"))
     if rot and head_dim and rot < head_dim and not FEATURES["partial_rotary"].implemented:
         needs.append("partial_rotary")
-    if needs:
-        phrases = [FEATURES[k].phrase for k in dict.fromkeys(needs)]
-        return f"this {fam.title} GGUF needs {_phrases(phrases)}, which SpecLens does not implement yet"
+    lacking = [FEATURES[k].phrase for k in dict.fromkeys(needs) if not FEATURES[k].implemented]
+    if lacking:
+        return f"this {fam.title} GGUF needs {_phrases(lacking)}, which SpecLens does not implement yet"
+    foreign = [FEATURES[k].phrase for k in dict.fromkeys(needs)]
+    if foreign:
+        return (f"this {fam.title} GGUF sets {_phrases(foreign)}, which the {fam.title} architecture does not have; "
+                "SpecLens will not guess which model was meant")
     if others:
         more = f" and {len(others) - 3} more" if len(others) > 3 else ""
         return (f"this {fam.title} GGUF holds tensors SpecLens has no place for ({', '.join(others[:3])}{more}); "
@@ -283,6 +306,9 @@ def check_hf_config(cfg: Mapping[str, Any]) -> Family:
         raise ValueError(f"partial_rotary_factor = {factor}: {fam.title} applies RoPE to whole heads; SpecLens will "
                          "not guess which one the checkpoint was trained with")
     window_layers(fam, cfg)
+    if fam.window == "none" and cfg.get("use_sliding_window") and cfg.get("sliding_window"):
+        raise ValueError(f"use_sliding_window: SpecLens does not run {fam.title} with a sliding window")
+    nope_layers(fam, cfg)
     rope_parameters(fam, cfg)
     return fam
 
@@ -335,6 +361,24 @@ def window_layers(fam: Family, cfg: Mapping[str, Any]) -> tuple[bool, ...]:
     if isinstance(pattern, bool) or not isinstance(pattern, int) or pattern < 1:
         raise ValueError(f"sliding_window_pattern must be a positive integer, got {pattern!r}")
     return tuple(bool((i + 1) % pattern) for i in range(n))
+
+
+def nope_layers(fam: Family, cfg: Mapping[str, Any]) -> tuple[bool, ...]:
+    """Which layers attend without RoPE, one flag per layer (all False: none). SmolLM3's config.json lists
+    no_rope_layers as 1 where a layer uses RoPE and 0 where it does not, or states an interval (every 4th)."""
+    n = cfg.get("num_hidden_layers", 0)
+    n = n if isinstance(n, int) and n > 0 else 0
+    if "nope_layers" not in fam.extra:
+        return (False,) * n
+    listed = cfg.get("no_rope_layers")
+    if listed is None:
+        every = cfg.get("no_rope_layer_interval", 4)
+        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+            raise ValueError(f"no_rope_layer_interval must be a positive integer, got {every!r}")
+        return tuple((i + 1) % every == 0 for i in range(n))
+    if not isinstance(listed, list) or len(listed) != n or any(v not in (0, 1) for v in listed):
+        raise ValueError(f"no_rope_layers must list a 0 or 1 per layer ({n}), got {str(listed)[:60]}")
+    return tuple(not v for v in listed)
 
 
 def rope_parameters(fam: Family, cfg: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any] | None]:

@@ -1,7 +1,7 @@
 """The decoder of every family the engine runs (engine.model.families), for batch size 1 over a paged KV cache.
 
 A family is a set of ModelConfig fields read here (q/k norms, sandwich norms, the MLP's activation, windowed layers
-with their own RoPE table, partial rotary), not a path of its own. q/k/v and gate/up are fused into one matmul each:
+with their own RoPE table, partial rotary, NoPE layers, Granite's residual and logit scales), not a path of its own. q/k/v and gate/up are fused into one matmul each:
 fewer, larger kernels run faster at decode time.
 """
 from __future__ import annotations
@@ -123,6 +123,7 @@ class Attention(nn.Module):
         self.h, self.hkv, self.d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         self.rotary_dim, self.scale = cfg.rotary_dim, cfg.attn_scale
         self.window = cfg.sliding_window if cfg.windowed[layer] else None  # keys p - window + 1 .. p, or all
+        self.rotates = cfg.rotated[layer]  # False: a NoPE layer (SmolLM3) attends by content alone
         self.qkv = Linear(cfg.hidden_size, (self.h + 2 * self.hkv) * self.d, bias=cfg.attention_bias)
         self.o = Linear(self.h * self.d, cfg.hidden_size, bias=False)
         self.q_norm = RMSNorm(self.d, cfg.rms_norm_eps) if cfg.qk_norm else None
@@ -135,7 +136,8 @@ class Attention(nn.Module):
         if self.q_norm is not None:  # per head, before RoPE
             qk = torch.cat([self.q_norm(qk[:, : self.h]), self.k_norm(qk[:, self.h :])], dim=1)
         # q and k rotated in one go: half the elementwise kernels, each a launch that a GPU step waits on
-        qk = rotate(qk, angles)  # (T, H + Hkv, D)
+        if self.rotates:
+            qk = rotate(qk, angles)  # (T, H + Hkv, D)
         q, k = qk[:, : self.h], qk[:, self.h :]  # (T, H, D), (T, Hkv, D)
         keys, values = cache.update(self.layer, k, qkv[:, qk_width:].view(T, self.hkv, self.d))  # (Hkv, S, D)
         return self.o(cache.attend(q, keys, values, self.window, self.scale))  # (T, C)
@@ -164,12 +166,16 @@ class Block(nn.Module):
         # Gemma's sandwich: each sublayer's output normed again before it joins the residual
         self.attn_post_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps) if cfg.sandwich_norm else None
         self.mlp_post_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps) if cfg.sandwich_norm else None
+        self.residual_scale = cfg.residual_scale  # Granite's residual_multiplier on each sublayer's output
 
     def forward(self, x: torch.Tensor, angles: Angles, cache: CacheView | SlotView) -> torch.Tensor:
         h = self.attn(self.attn_norm(x), angles, cache)
-        x = x + (h if self.attn_post_norm is None else self.attn_post_norm(h))
+        x = x + self._branch(h if self.attn_post_norm is None else self.attn_post_norm(h))
         h = self.mlp(self.mlp_norm(x))
-        return x + (h if self.mlp_post_norm is None else self.mlp_post_norm(h))
+        return x + self._branch(h if self.mlp_post_norm is None else self.mlp_post_norm(h))
+
+    def _branch(self, h: torch.Tensor) -> torch.Tensor:
+        return h if self.residual_scale == 1.0 else h * self.residual_scale
 
 
 class Transformer(nn.Module):
@@ -228,7 +234,8 @@ class Transformer(nn.Module):
             x = self.norm(x)
         if last_only:
             x = x[-1:]
-        return self.lm_head(x).float()  # (T, V), or (T, len(head))
+        logits = self.lm_head(x).float()  # (T, V), or (T, len(head))
+        return logits if self.cfg.logit_scale == 1.0 else logits / self.cfg.logit_scale
 
     @classmethod
     def from_state_dict(

@@ -10,7 +10,8 @@ another disk):
 
 - LM Studio, ~/.lmstudio/models/<publisher>/<repo>/<file>.gguf: the embedded Qwen2.5-Coder 0.5B draft's file and
   Gemma 3 270M's (its vocabulary is not Qwen's, so the finder turns it down with the first token that differs), and a
-  stub GGUF of the Granite family written here (a few KB of random weights; SpecLens refuses Granite by name);
+  stub GGUF of the Gemma 2 family written here (a few KB of random weights; SpecLens refuses Gemma 2 by name, for
+  its logit soft-capping);
 - Ollama, ~/.ollama/models: a manifest for qwen2.5-coder:0.5b whose model layer names the blob
   blobs/sha256-<the file's real SHA-256>, the 0.5B file again.
 
@@ -33,7 +34,7 @@ from scripts.screenshots import xvfb_window
 
 LMSTUDIO_DRAFT = "lmstudio-community/Qwen2.5-Coder-0.5B-Instruct-GGUF/Qwen2.5-Coder-0.5B-Instruct-Q4_K_M.gguf"
 LMSTUDIO_GEMMA = "lmstudio-community/gemma-3-270m-GGUF/gemma-3-270m-Q4_K_M.gguf"
-LMSTUDIO_STUB = "speclens-demo/granite-stub-GGUF/granite-stub-F32.gguf"
+LMSTUDIO_STUB = "speclens-demo/gemma-2-stub-GGUF/gemma-2-stub-F32.gguf"
 OLLAMA_NAME, OLLAMA_TAG = "qwen2.5-coder", "0.5b"
 FINDER_TOKENS = 16
 FINDER_KS = [2, 4]
@@ -61,28 +62,26 @@ def _sha256(path: Path, known: str | None) -> str:
     return h.hexdigest()
 
 
-def _granite_stub(dest: Path) -> None:
-    """A small but well-formed GGUF of the Granite family: listed with its facts, refused for its multipliers."""
+def _gemma2_stub(dest: Path) -> None:
+    """A small but well-formed GGUF of the Gemma 2 family: listed with its facts, refused for its logit soft-capping."""
     import gguf
     import numpy as np
 
     dest.parent.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(0)
     vocab, width = 64, 32
-    w = gguf.GGUFWriter(str(dest), "granite")
-    w.add_name("granite-stub")
+    w = gguf.GGUFWriter(str(dest), "gemma2")
+    w.add_name("gemma-2-stub")
     w.add_block_count(1)
-    w.add_context_length(4096)
+    w.add_context_length(8192)
     w.add_embedding_length(width)
     w.add_feed_forward_length(64)
     w.add_head_count(4)
     w.add_head_count_kv(4)
-    w.add_layer_norm_rms_eps(1e-5)
-    w.add_float32("granite.embedding_scale", 12.0)
-    w.add_float32("granite.residual_scale", 0.22)
-    w.add_float32("granite.attention.scale", 0.0078125)
-    w.add_float32("granite.logit_scale", 8.0)
-    w.add_tokenizer_model("gpt2")
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_float32("gemma2.attn_logit_softcapping", 50.0)
+    w.add_float32("gemma2.final_logit_softcapping", 30.0)
+    w.add_tokenizer_model("llama")
     w.add_token_list([f"t{i}" for i in range(vocab)])
     w.add_tensor("token_embd.weight", rng.standard_normal((vocab, width), dtype=np.float32))
     w.add_tensor("output_norm.weight", np.ones(width, dtype=np.float32))
@@ -104,7 +103,7 @@ def build_home(home: Path, cache: Path) -> None:
     lms = home / ".lmstudio" / "models"
     _link(draft, lms / LMSTUDIO_DRAFT)
     _link(gemma, lms / LMSTUDIO_GEMMA)
-    _granite_stub(lms / LMSTUDIO_STUB)
+    _gemma2_stub(lms / LMSTUDIO_STUB)
     ollama = home / ".ollama" / "models"
     digest = _sha256(draft, provision.DRAFT.sha256 if provision.is_trusted(draft, provision.DRAFT) else None)
     _link(draft, ollama / "blobs" / f"sha256-{digest}")

@@ -19,10 +19,10 @@ def test_a_line_names_size_family_quantization_and_app():
 
 
 def test_a_refused_model_is_listed_greyed_with_its_reason(qtbot):
-    why = "Granite needs scaling multipliers, which SpecLens does not implement yet"
+    why = "Gemma 2 needs logit soft-capping, which SpecLens does not implement yet"
     big = M("big", "hf-cache", params=1.5)
     small = M("small", "ollama")
-    refused = M("granite", "lm-studio", arch="granite", why_not=why)
+    refused = M("gemma-2", "lm-studio", arch="gemma2", why_not=why)
     p = ControlsPanel()
     qtbot.addWidget(p)
     p.set_local_models([refused, big, small])

@@ -13,7 +13,6 @@ import torch
 
 from engine.api.config import CacheConfig, ModelConfig, SamplingParams, SpecParams
 from engine.io.weights import ModelLoadError, load_checkpoint
-from engine.model import families
 from engine.model.kv_cache import BlockManager, KVPool
 from engine.model.row_padding import pad_short_passes
 from engine.model.step_graphs import StepGraphs
@@ -46,6 +45,11 @@ FAMILIES = {
     "mistral": dict(BASE, model_type="mistral", sliding_window=WINDOW),
     "qwen2-windowed": dict(BASE, model_type="qwen2", use_sliding_window=True, sliding_window=WINDOW,
                            max_window_layers=1),
+    # the middle layer attends without RoPE (its no_rope_layers flag is 0)
+    "smollm3": dict(BASE, model_type="smollm3", no_rope_layers=[1, 0, 1], rope_theta=2e6),
+    # all four multipliers away from 1 (and the attention one away from 1/sqrt(head_dim)), so each one shows
+    "granite": dict(BASE, model_type="granite", embedding_multiplier=12.0, attention_multiplier=0.09,
+                    residual_multiplier=0.22, logits_scaling=8.0),
 }
 
 
@@ -126,9 +130,14 @@ def test_the_config_reads_the_family_features(family):
         assert (c.norm_offset, c.activation, c.embedding_scale) == (1.0, "gelu_tanh", 8.0)
         assert c.attn_scale == hc.query_pre_attn_scalar ** -0.5 and c.rope_local_theta == 1e4
         assert model.rope_local is not None and not torch.equal(model.rope_local.cos, model.rope.cos)
+    elif name == "granite":
+        assert (c.embedding_scale, c.attn_scale, c.residual_scale, c.logit_scale) == (12.0, 0.09, 0.22, 8.0)
+        assert all(b.residual_scale == 0.22 for b in model.layers)
     else:
         assert (c.norm_offset, c.activation, c.embedding_scale, c.rope_local_theta) == (0.0, "silu", 1.0, None)
         assert model.rope_local is None and c.attn_scale == 1 / math.sqrt(16)
+        assert (c.residual_scale, c.logit_scale) == (1.0, 1.0)
+    assert [b.attn.rotates for b in model.layers] == ([True, False, True] if name == "smollm3" else [True] * 3)
     if name == "phi4-mini":
         assert c.rotary_dim == 12 and model.rope.cos.shape[1] == 12
         assert c.max_position_embeddings == 64  # where the short factors end
@@ -240,13 +249,49 @@ def test_a_vision_language_gemma_folder_is_refused_as_such():
 
 
 @pytest.mark.parametrize("model_type, words", [
-    ("smollm3", "SmolLM3 needs layers without RoPE (NoPE)"),
-    ("granite", "Granite needs scaling multipliers"),
+    ("gemma2", "Gemma 2 needs logit soft-capping, which SpecLens does not implement yet"),
+    ("qwen3_moe", "Qwen3 MoE needs mixture-of-experts layers, which SpecLens does not implement yet"),
 ])
 def test_families_not_implemented_stay_refused(model_type, words):
     with pytest.raises(ValueError) as e:
         ModelConfig.from_hf(dict(BASE, model_type=model_type))
     assert words in str(e.value)
+
+
+@pytest.mark.parametrize("name, change, words", [
+    ("smollm3", {"use_sliding_window": True, "sliding_window": WINDOW},
+     "use_sliding_window: SpecLens does not run SmolLM3 with a sliding window"),
+    ("smollm3", {"no_rope_layers": [1, 0]}, "no_rope_layers must list a 0 or 1 per layer (3)"),
+    ("smollm3", {"no_rope_layers": [1, 2, 1]}, "no_rope_layers must list a 0 or 1 per layer (3)"),
+    ("granite", {"residual_multiplier": 0.0}, "residual_scale must be > 0"),
+    ("granite", {"logits_scaling": "8"}, "logit_scale must be a number"),
+    ("granite", {"attention_bias": True}, "Granite attention bias includes an output-projection (o_proj) bias"),
+])
+def test_the_new_features_fields_are_checked(name, change, words):
+    with pytest.raises(ValueError) as e:
+        ModelConfig.from_hf(dict(FAMILIES[name], **change))
+    assert words in str(e.value)
+
+
+def test_smollm3_states_its_nope_layers_by_interval_when_it_lists_none():
+    cfg = dict(FAMILIES["smollm3"], num_hidden_layers=8)
+    del cfg["no_rope_layers"]
+    assert ModelConfig.from_hf(cfg).rotated == (True, True, True, False) * 2  # transformers' default: every 4th
+    assert ModelConfig.from_hf(dict(cfg, no_rope_layer_interval=2)).rotated == (True, False) * 4
+    assert ModelConfig.from_hf(dict(cfg, num_hidden_layers=3)).nope_layers == ()  # none within 3 layers
+
+
+def test_nope_layers_and_multipliers_change_the_answer():
+    """What the new features guard against: the same weights with every layer rotated, or without the
+    multipliers, give other logits."""
+    x = torch.tensor([ids()])
+    for name, neutral in (("smollm3", {"no_rope_layers": [1, 1, 1]}),
+                          ("granite", {"embedding_multiplier": 1.0, "attention_multiplier": 0.25,
+                                       "residual_multiplier": 1.0, "logits_scaling": 1.0})):
+        with torch.no_grad():
+            ref = hf_model(FAMILIES[name])(x).logits[0]
+            other = hf_model(dict(FAMILIES[name], **neutral))(x).logits[0]
+        assert (ref - other).abs().max() > 1e-2, name
 
 
 def test_weights_the_engine_has_no_place_for_are_refused(tmp_path):
@@ -262,20 +307,17 @@ def test_weights_the_engine_has_no_place_for_are_refused(tmp_path):
         load_checkpoint(tmp_path)
 
 
-def test_the_table_marks_the_new_families_runnable():
-    runnable = {f.model_type for f in families.FAMILIES if f.runnable}
-    assert runnable == {"llama", "qwen2", "mistral", "qwen3", "gemma3_text", "phi3"}
-
-
-def test_on_the_cpu_kernels_a_new_family_runs_on_the_stack(tmp_path):
-    """A Gemma 3 folder placed on the CPU runs its matrices on the kernels and its short passes on the C++ stack
-    (q/k and sandwich norms, GELU, windows with their local RoPE), and equals transformers."""
+@pytest.mark.parametrize("name", ["gemma3", "smollm3", "granite"])
+def test_on_the_cpu_kernels_a_new_family_runs_on_the_stack(tmp_path, name):
+    """A folder placed on the CPU runs its matrices on the kernels and its short passes on the C++ stack (Gemma 3:
+    q/k and sandwich norms, GELU, windows with their local RoPE; SmolLM3: a NoPE layer turned by angle zero;
+    Granite: the scaled residual), and equals transformers."""
     from engine.cpu import ext
     from engine.io.loading import place
 
     if ext.load() is None:
         pytest.skip("the compiled kernels are not available here")
-    hf = hf_model(FAMILIES["gemma3"])
+    hf = hf_model(FAMILIES[name])
     hf.save_pretrained(tmp_path)
     model = place(load_checkpoint(tmp_path), torch.float32, torch.device("cpu"), 256, int8=False)
     assert model.stack is not None and type(model.layers[0].attn.qkv).__name__ == "QuantLinear"

@@ -1,4 +1,4 @@
-"""Qwen3, Gemma 3 and Phi-3 GGUFs as llama.cpp writes them: tiny random models built with transformers' own classes,
+"""Qwen3, Gemma 3, Phi-3, SmolLM3 and Granite GGUFs as llama.cpp writes them: tiny random models built with transformers' own classes,
 converted by llama.cpp's own convert_hf_to_gguf.py (f32), read by our GGUF loader and run on the quantized-kernel
 path. Their logits equal transformers' within a stated tolerance (deep enough to cross the sliding windows), and
 greedy speculation equals plain decoding.
@@ -56,6 +56,13 @@ FAMILIES = {
                  sliding_window=8, rope_scaling={"rope_type": "longrope",
                                                  "short_factor": [1.0 + 0.1 * i for i in range(6)],
                                                  "long_factor": [2.0 + 0.5 * i for i in range(6)]}, **COMMON),
+    # 4 layers: the last attends without RoPE (transformers' default interval, which llama.cpp hard-codes)
+    "smollm3": dict(model_type="smollm3", num_hidden_layers=4, num_key_value_heads=2, rope_theta=2e6,
+                    max_position_embeddings=256, **COMMON),
+    # Granite's four multipliers, each away from 1 (and the attention one from 1/sqrt(head_dim))
+    "granite": dict(model_type="granite", num_hidden_layers=2, num_key_value_heads=2, max_position_embeddings=256,
+                    embedding_multiplier=12.0, attention_multiplier=0.09, residual_multiplier=0.22,
+                    logits_scaling=8.0, **COMMON),
 }
 IDS = [2] + [(7 * i + 11) % 300 + 4 for i in range(39)]  # 40 tokens: five windows of 8
 
@@ -162,13 +169,19 @@ def test_the_config_carries_each_familys_features(family):
         assert cfg.max_position_embeddings == 64  # capped where the short factors end
         torch.testing.assert_close(torch.tensor(rs["short_factor"]), torch.tensor(FAMILIES["phi3"]["rope_scaling"][
             "short_factor"]))
+    assert cfg.rotated == ((True, True, True, False) if name == "smollm3" else (True,) * cfg.num_layers)
+    if name == "granite":
+        scales = (cfg.embedding_scale, cfg.attn_scale, cfg.residual_scale, cfg.logit_scale)
+        assert scales == pytest.approx((12.0, 0.09, 0.22, 8.0), rel=1e-6)  # stored as f32
+    else:
+        assert (cfg.residual_scale, cfg.logit_scale) == (1.0, 1.0)
 
 
 @pytest.mark.parametrize("path_kind", ["torch", "stack", "dequantized"])
 def test_logits_equal_transformers_in_one_pass_and_in_decode_steps(family, path_kind):
     """Every path: the quantized-kernel model with its torch decoder or the C++ stack (where it takes the model),
     and the dequantized weights under their Hugging Face names (how a GGUF loads on a GPU)."""
-    _, hf, _, path = family
+    name, hf, _, path = family
     with torch.no_grad():
         ref = hf(torch.tensor([IDS])).logits[0]  # (T, V)
     if path_kind == "dequantized":
@@ -178,6 +191,8 @@ def test_logits_equal_transformers_in_one_pass_and_in_decode_steps(family, path_
         model = build_model(GGUFFile(path), MAX_LEN, act="fp32")
     if path_kind == "torch":
         model.stack = None
+    if path_kind == "stack":  # every family: SmolLM3's NoPE layers by angle zero, Granite's residual scaled
+        assert model.stack is not None, name
     one_pass = logits(model, IDS)
     torch.testing.assert_close(one_pass, ref, atol=ATOL, rtol=RTOL)
     torch.testing.assert_close(logits(model, IDS, steps=True), ref, atol=ATOL, rtol=RTOL)

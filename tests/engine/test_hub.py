@@ -187,7 +187,7 @@ def test_list_finds_compatible_cache_models_and_skips_the_rest(cache, no_embedde
     every = {m.name: m for m in list_local_models(include_unrunnable=True)}
     assert set(every) == set(models) | {"tiny/gpt2"}
     assert every["tiny/gpt2"].why_not == ("unsupported model_type 'gpt2': SpecLens runs llama, qwen2, mistral, qwen3, "
-                                           "gemma3_text, phi3")
+                                           "gemma3_text, phi3, smollm3, granite")
     assert not every["tiny/gpt2"].runnable and all(m.runnable for m in models.values())
 
 

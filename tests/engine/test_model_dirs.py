@@ -92,9 +92,9 @@ def test_locations_follow_home_and_the_apps_variables(home, monkeypatch, tmp_pat
 
 def test_lists_every_apps_models_with_family_size_quant_context_and_whether_they_run(home, qwen_gguf):
     put(qwen_gguf, home / ".lmstudio" / "models" / "Qwen" / "Qwen2-GGUF" / "qwen2-q8_0.gguf")
-    header_gguf(home / ".cache" / "lm-studio" / "models" / "HF" / "SmolLM3-GGUF" / "smollm3-q8_0.gguf", "smollm3")
+    header_gguf(home / ".cache" / "lm-studio" / "models" / "HF" / "gemma-2-GGUF" / "gemma-2-q8_0.gguf", "gemma2")
     ollama_manifest(home / ".ollama" / "models", "qwen2.5", "0.5b", qwen_gguf)
-    ollama_manifest(home / ".ollama" / "models", "granite3", "2b", header_gguf(home / "g3.gguf", "granite"))
+    ollama_manifest(home / ".ollama" / "models", "qwen3", "30b-a3b", header_gguf(home / "q3.gguf", "qwen3moe"))
     ollama_manifest(home / ".ollama" / "models", "repo", "Q8_0", qwen_gguf, registry="hf.co", namespace="me")
     put(qwen_gguf, home / ".cache" / "llama.cpp" / "Qwen_Qwen2-GGUF_qwen2-q8_0.gguf")
 
@@ -106,12 +106,12 @@ def test_lists_every_apps_models_with_family_size_quant_context_and_whether_they
     assert (lm.source, lm.arch, lm.quant, lm.context_limit, lm.runnable) == ("lm-studio", "qwen2", "Q8_0", 128, True)
     params = sum(p.numel() for p in make_hf_model("qwen2", lm.vocab_size).parameters())
     assert lm.params_b == float(f"{params / 1e9:.3g}")
-    q3 = models["HF/SmolLM3-GGUF/smollm3-q8_0.gguf"]
-    assert (q3.source, q3.arch, q3.num_layers, q3.context_limit, q3.quant) == ("lm-studio", "smollm3", 3, 40960, "Q8_0")
-    assert q3.why_not == "SmolLM3 needs layers without RoPE (NoPE), which SpecLens does not implement yet"
+    g2 = models["HF/gemma-2-GGUF/gemma-2-q8_0.gguf"]
+    assert (g2.source, g2.arch, g2.num_layers, g2.context_limit, g2.quant) == ("lm-studio", "gemma2", 3, 40960, "Q8_0")
+    assert g2.why_not == "Gemma 2 needs logit soft-capping, which SpecLens does not implement yet"
     ol = models["qwen2.5:0.5b"]
     assert ol.source == "ollama" and ol.runnable and ol.path.parent == home / ".ollama" / "models" / "blobs"
-    assert models["granite3:2b"].why_not.startswith("Granite needs")
+    assert models["qwen3:30b-a3b"].why_not.startswith("Qwen3 MoE needs mixture-of-experts layers")
     assert models["Qwen_Qwen2-GGUF_qwen2-q8_0.gguf"].source == "llama.cpp"
 
 
@@ -187,18 +187,18 @@ def test_the_switch_turns_the_other_apps_off(home, qwen_gguf, monkeypatch):
 
 def test_speclens_models_prints_the_list_and_json(home, qwen_gguf, capsys):
     ollama_manifest(home / ".ollama" / "models", "qwen2.5", "0.5b", qwen_gguf)
-    header_gguf(home / ".cache" / "llama.cpp" / "s3.gguf", "smollm3")
+    header_gguf(home / ".cache" / "llama.cpp" / "g2.gguf", "gemma2")
     assert models_tool.main([]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0].split() == ["SOURCE", "NAME", "FAMILY", "PARAMS", "QUANT", "CONTEXT", "RUNS"]
     assert out[1].split()[:3] == ["ollama", "qwen2.5:0.5b", "qwen2"] and out[1].endswith("yes")
-    assert out[2].split()[:3] == ["llama.cpp", "s3.gguf", "smollm3"] and out[2].endswith(
-        "no: SmolLM3 needs layers without RoPE (NoPE), which SpecLens does not implement yet")
+    assert out[2].split()[:3] == ["llama.cpp", "g2.gguf", "gemma2"] and out[2].endswith(
+        "no: Gemma 2 needs logit soft-capping, which SpecLens does not implement yet")
     assert models_tool.main(["--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
     assert [(r["source"], r["name"], r["family"], r["quant"], r["runnable"]) for r in rows] == [
-        ("ollama", "qwen2.5:0.5b", "qwen2", "Q8_0", True), ("llama.cpp", "s3.gguf", "smollm3", "Q8_0", False)]
-    assert rows[0]["context"] == 128 and rows[0]["why_not"] is None and rows[1]["why_not"].startswith("SmolLM3 needs")
+        ("ollama", "qwen2.5:0.5b", "qwen2", "Q8_0", True), ("llama.cpp", "g2.gguf", "gemma2", "Q8_0", False)]
+    assert rows[0]["context"] == 128 and rows[0]["why_not"] is None and rows[1]["why_not"].startswith("Gemma 2 needs")
 
 
 def test_nothing_found_says_where_it_looked(home, capsys):

@@ -199,7 +199,8 @@ class PyStack {
     // features: one entry per layer, or none (no layer has any). rotary_dim 0: D. attn_scale 0: 1 / sqrt(D).
     PyStack(int64_t C, int64_t H, int64_t Hkv, int64_t D, int64_t I, double eps, const at::Tensor& cos,
             const at::Tensor& sin, const at::Tensor& final_norm, const std::vector<LayerT>& layers,
-            const std::vector<FeatT>& features, int64_t rotary_dim, double attn_scale, const std::string& activation) {
+            const std::vector<FeatT>& features, int64_t rotary_dim, double attn_scale, const std::string& activation,
+            double residual_scale) {
         require(H > 0 && Hkv > 0 && H % Hkv == 0, "heads ", H, " must be a multiple of kv heads ", Hkv);
         require(D > 0 && D % 8 == 0 && D <= MAX_HEAD_DIM, "head_dim must be a multiple of 8 up to ", MAX_HEAD_DIM);
         require(I > 0 && I % 8 == 0, "intermediate size ", I, " must be a multiple of 8");
@@ -210,13 +211,15 @@ class PyStack {
         require(std::isfinite(scale) && scale > 0.0, "attention scale ", attn_scale, " must be positive");
         require(activation == "silu" || activation == "gelu_tanh", "activation ", activation,
                 " is not one of silu, gelu_tanh");
+        require(std::isfinite(residual_scale) && residual_scale > 0.0, "residual scale ", residual_scale,
+                " must be positive");
         require(features.empty() || features.size() == layers.size(), "features for ", features.size(),
                 " layers, the stack has ", layers.size());
         const float *cp = vec(cos, cos.numel()), *sp = vec(sin, sin.numel());
         st_ = Stack{static_cast<int>(C), static_cast<int>(H), static_cast<int>(Hkv), static_cast<int>(D),
                     static_cast<int>(I), static_cast<float>(eps), cos.size(0), static_cast<int>(R),
                     static_cast<float>(scale), activation == "gelu_tanh" ? ACT_GELU_TANH : ACT_SILU,
-                    vec(final_norm, C), {}};
+                    vec(final_norm, C), {}, static_cast<float>(residual_scale)};
         for (size_t li = 0; li < layers.size(); ++li) {
             const auto& [an, mn, qkv, o, gu, down] = layers[li];
             Layer L{vec(an, C), vec(mn, C), {}, lin(o, H * D, C), {}, lin(down, I, C)};
@@ -317,12 +320,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     pybind11::class_<PyStack>(m, "Stack")
         .def(pybind11::init<int64_t, int64_t, int64_t, int64_t, int64_t, double, const at::Tensor&, const at::Tensor&,
                             const at::Tensor&, const std::vector<LayerT>&, const std::vector<FeatT>&, int64_t, double,
-                            const std::string&>(),
+                            const std::string&, double>(),
              pybind11::arg("C"), pybind11::arg("H"), pybind11::arg("Hkv"), pybind11::arg("D"), pybind11::arg("I"),
              pybind11::arg("eps"), pybind11::arg("cos"), pybind11::arg("sin"), pybind11::arg("final_norm"),
              pybind11::arg("layers"), pybind11::arg("features") = std::vector<FeatT>{},
              pybind11::arg("rotary_dim") = 0, pybind11::arg("attn_scale") = 0.0,
-             pybind11::arg("activation") = std::string("silu"))
+             pybind11::arg("activation") = std::string("silu"), pybind11::arg("residual_scale") = 1.0)
         .def("forward", &PyStack::forward, "decoder layers + final norm for a pass of up to 16 tokens");
     m.def("isa", [] { return std::string(ISAS[g_isa].name); }, "the instruction set the kernels run");
     m.def("set_isa", &set_isa);

@@ -85,13 +85,19 @@ void norm_heads(float* x, int heads, int D, const float* w, float eps) {
     }
 }
 
-// x (T, C) += y, or += rmsnorm(y) by the layer's post-norm where it has one (Gemma's sandwich norms)
-void add_residual(float* x, float* y, int T, int C, const float* post_norm, float eps, float* tmp) {
+// x (T, C) += y, or += rmsnorm(y) by the layer's post-norm where it has one (Gemma's sandwich norms), times scale
+// (Granite's residual multiplier; 1 elsewhere, where the product is skipped)
+void add_residual(float* x, float* y, int T, int C, const float* post_norm, float eps, float* tmp, float scale) {
     if (post_norm) {
         for (int t = 0; t < T; ++t) rmsnorm(y + t * C, post_norm, C, eps, tmp + t * C);
         y = tmp;
     }
-    for (int64_t i = 0; i < static_cast<int64_t>(T) * C; ++i) x[i] += y[i];
+    const int64_t n = static_cast<int64_t>(T) * C;
+    if (scale == 1.0f) {
+        for (int64_t i = 0; i < n; ++i) x[i] += y[i];
+    } else {
+        for (int64_t i = 0; i < n; ++i) x[i] += y[i] * scale;
+    }
 }
 
 // Linear layers made of parts (q|k|v stored as different block types): each part into its columns, all in one call
@@ -145,13 +151,13 @@ void decode(const Stack& st, const Cache& c, float* x, int T, int64_t start, con
         f.attend(AttnArgs{q.data(), kc, vc, c.kv, c.slots, c.read, c.base, c.S, T, H, Hkv, D, st.attn_scale,
                           att.data(), nthreads, L.window});
         linear(L.o, att.data(), T, y.data(), f, nthreads);
-        add_residual(x, y.data(), T, C, L.post_attn_norm, st.eps, h.data());
+        add_residual(x, y.data(), T, C, L.post_attn_norm, st.eps, h.data(), st.residual_scale);
         for (int t = 0; t < T; ++t) rmsnorm(x + t * C, L.mlp_norm, C, st.eps, h.data() + t * C);
         linear_parts(L.gate_up, h.data(), T, gu.data(), 2 * I, f, nthreads);
         if (st.act == ACT_GELU_TANH) f.gelu_tanh_mul(gu.data(), T, I, act.data(), nthreads);
         else f.silu_mul(gu.data(), T, I, act.data(), nthreads);
         linear(L.down, act.data(), T, y.data(), f, nthreads);
-        add_residual(x, y.data(), T, C, L.post_mlp_norm, st.eps, h.data());
+        add_residual(x, y.data(), T, C, L.post_mlp_norm, st.eps, h.data(), st.residual_scale);
     }
     for (int t = 0; t < T; ++t) {
         rmsnorm(x + t * C, st.final_norm, C, st.eps, h.data() + t * C);

@@ -1,4 +1,4 @@
-// A whole stack of Llama-family decoder layers (Llama, Qwen2/3, Gemma 3, Phi-3, Mistral) over quantized weights, for passes of T <= MAX_ROWS tokens
+// A whole stack of Llama-family decoder layers (Llama, Qwen2/3, Gemma 3, Phi-3, Mistral, SmolLM3, Granite) over quantized weights, for passes of T <= MAX_ROWS tokens
 // (decode steps, draft steps and verify passes), in one call: at that width the per-operation cost of
 // running norms, rope, attention and residuals as separate framework ops (~10 us each, ~300 a step) is a
 // fifth of the step. Torch-free; bindings.cpp wraps it.
@@ -46,6 +46,7 @@ struct Stack {
     Activation act;
     const float* final_norm;  // (C,)
     std::vector<Layer> layers;
+    float residual_scale = 1.0f;  // each sublayer's output times this before its residual add (Granite)
 };
 
 struct Cache {  // one sequence's view of the pool (L, Hkv, slots, D) for this pass
