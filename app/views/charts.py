@@ -112,7 +112,22 @@ class ChartsPanel(QWidget):
         self._shown: dict[tuple[str, str], object] = {}  # what each title / range shows now
         self._build_view()
 
-        self.plots: dict[str, pg.PlotItem] = {}
+        self.plots = self._build_plots()
+        self._range("acceptance", "y", 0, 1.05)
+        self._range("position", "y", 0, 1.05)
+        self.curves, self.bars = self._build_curves()
+        self._build_overlays()
+        # Each plot's draw, by name (the full flush below draws every plot, so a missing one fails at once)
+        self._drawers: dict[str, Callable[[ChartBuffer, np.ndarray, float], None]] = {
+            "acceptance": self._draw_acceptance, "tokens": self._draw_tokens, "histogram": self._draw_histogram,
+            "position": self._draw_position, "speedup": self._draw_speedup, "k": self._draw_k,
+        }
+        self._restyle()
+        self.flush(full=True)
+
+    def _build_plots(self) -> dict[str, pg.PlotItem]:
+        """The six plots in their grid: fixed axes, no mouse, no menu; their axis labels."""
+        plots: dict[str, pg.PlotItem] = {}
         for name, row, col in (("acceptance", 0, 0), ("tokens", 0, 1), ("histogram", 1, 0),
                                ("position", 1, 1), ("speedup", 2, 0), ("k", 2, 1)):
             p = self.view.addPlot(row=row, col=col)
@@ -127,13 +142,15 @@ class ChartsPanel(QWidget):
                 p.getAxis(side).setCacheMode(QGraphicsItem.CacheMode.DeviceCoordinateCache)
                 p.getAxis(side).enableAutoSIPrefix(False)
             p.getAxis("left").setWidth(AXIS_WIDTH)  # fixed: new tick labels never re-layout the whole grid
-            self.plots[name] = p
-        self._range("acceptance", "y", 0, 1.05)
-        self._range("position", "y", 0, 1.05)
+            plots[name] = p
         for name in ("acceptance", "tokens", "speedup", "k"):
-            self.plots[name].setLabel("bottom", "round")
-        self.plots["histogram"].setLabel("bottom", "accepted drafts")
-        self.plots["position"].setLabel("bottom", "draft position")
+            plots[name].setLabel("bottom", "round")
+        plots["histogram"].setLabel("bottom", "accepted drafts")
+        plots["position"].setLabel("bottom", "draft position")
+        return plots
+
+    def _build_curves(self) -> tuple[dict[str, pg.PlotDataItem], dict[str, pg.BarGraphItem]]:
+        """Each plot's lines and bars (curves by series name, bars by plot)."""
 
         def pen(key: str, width: float = 2.0, style=Qt.PenStyle.SolidLine) -> object:
             return pg.mkPen(SERIES[key], width=width, style=style)
@@ -143,7 +160,7 @@ class ChartsPanel(QWidget):
         # a ScatterPlotItem rebuilds every spot in Python on each update.
         smooth = {"antialias": True}
         acc = self.plots["acceptance"]
-        self.curves: dict[str, pg.PlotDataItem] = {
+        curves: dict[str, pg.PlotDataItem] = {
             "acceptance": acc.plot(pen=pen("acceptance", 1.0), connect="finite"),  # NaN: a plain round, a break
             "acceptance_mean": acc.plot(pen=pen("rolling"), connect="finite", **smooth),
             "tokens": self.plots["tokens"].plot(pen=pen("tokens", 1.0)),
@@ -154,12 +171,16 @@ class ChartsPanel(QWidget):
             "k": self.plots["k"].plot(pen=pen("k"), stepMode="left", connect="finite"),
             "drafted": self.plots["k"].plot(pen=pen("drafted", 1.0), connect="finite"),
         }
-        self.bars = {
+        bars = {
             "histogram": pg.BarGraphItem(x=[], height=[], width=0.8, brush=SERIES["histogram"], pen=None),
             "position": pg.BarGraphItem(x=[], height=[], width=0.8, brush=SERIES["position"], pen=None),
         }
-        self.plots["histogram"].addItem(self.bars["histogram"])
-        self.plots["position"].addItem(self.bars["position"])
+        self.plots["histogram"].addItem(bars["histogram"])
+        self.plots["position"].addItem(bars["position"])
+        return curves, bars
+
+    def _build_overlays(self) -> None:
+        """The plain-step line, the speedup plot's note and the legends."""
         self.plain_line = pg.InfiniteLine(angle=0, movable=False,  # its value is in the plot's title
                                           pen=pg.mkPen(SERIES["plain"], width=1.5, style=Qt.PenStyle.DashLine))
         self.plain_line.setVisible(False)
@@ -183,13 +204,6 @@ class ChartsPanel(QWidget):
             legend.setParentItem(self.plots[name].vb)
             self.legends[name] = legend
             self._fill_legend(name)
-        # Each plot's draw, by name (the full flush below draws every plot, so a missing one fails at once)
-        self._drawers: dict[str, Callable[[ChartBuffer, np.ndarray, float], None]] = {
-            "acceptance": self._draw_acceptance, "tokens": self._draw_tokens, "histogram": self._draw_histogram,
-            "position": self._draw_position, "speedup": self._draw_speedup, "k": self._draw_k,
-        }
-        self._restyle()
-        self.flush(full=True)
 
     # The legends' entries: (curve, label); "plain" is the tokens plot's dashed plain-step line
     LEGENDS: ClassVar[dict[str, tuple[tuple[str, str], ...]]] = {

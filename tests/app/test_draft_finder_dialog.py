@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from engine.service.loaders import Factory
+from engine.tools import draft_candidates as dc
 from engine.tools import draft_finder as df
 
 SCRIPTED = "tests.app.test_draft_finder_dialog:scripted_finder"
@@ -19,17 +20,17 @@ def scripted_result(target: str | None, cancelled: bool) -> dict:
     """A finder's JSON, built from the engine's own dataclasses: two drafts measured (unsorted on purpose: the
     finder sorts them) unless cancelled, one model turned down."""
     cfg = df.FinderConfig(max_new_tokens=8, ks=(1, 2))
-    small = df.Candidate("small-draft", "/models/small.gguf", "lm-studio", "qwen2", 0.5, "Q4_K_M")
+    small = dc.Candidate("small-draft", "/models/small.gguf", "lm-studio", "qwen2", 0.5, "Q4_K_M")
     measured = [] if cancelled else [
-        df.Measured(df.NGRAM_CANDIDATE, 1.12, 4, 0.5, 0.01, 1.6, 1.9, 33.6, 30.0, {1: 1.05, 4: 1.12}, True),
+        df.Measured(dc.NGRAM_CANDIDATE, 1.12, 4, 0.5, 0.01, 1.6, 1.9, 33.6, 30.0, {1: 1.05, 4: 1.12}, True),
         df.Measured(small, 1.47, 2, 0.8, 0.1, 2.4, 2.03, 44.1, 30.0, {1: 1.3, 2: 1.47}, True),
     ]
     measured.sort(key=lambda m: m.speedup, reverse=True)
-    big = df.Candidate("huge", "/models/huge.gguf", "ollama", "qwen2", 32.0)
-    rejected = [df.Rejected(big, "not smaller than the target (32B against 1.5B): a draft pays only when its steps "
+    big = dc.Candidate("huge", "/models/huge.gguf", "ollama", "qwen2", 32.0)
+    rejected = [dc.Rejected(big, "not smaller than the target (32B against 1.5B): a draft pays only when its steps "
                                  "are cheap")]
-    not_measured = [df.Rejected(small, "cancelled before it was measured")] if cancelled else []
-    tgt = df.Candidate("the-target", target or "/models/target.gguf", "embedded", "qwen2", 1.5)
+    not_measured = [dc.Rejected(small, "cancelled before it was measured")] if cancelled else []
+    tgt = dc.Candidate("the-target", target or "/models/target.gguf", "embedded", "qwen2", 1.5)
     return df.FinderResult(tgt, cfg, 3, measured, rejected, not_measured, cancelled=cancelled,
                            elapsed_s=1.0).to_json()
 
@@ -87,7 +88,7 @@ def test_progress_then_the_table_fills_and_the_chosen_pair_loads(qtbot, open_dia
     # Measured rows, fastest first, with their figures; the turned-down model with its reason
     rows = [[dlg.table.item(r, c).text() for c in range(dlg.table.columnCount())] for r in range(dlg.table.rowCount())]
     assert [r[:7] for r in rows] == [["small-draft", "1.47\u00d7", "2.03\u00d7", "2", "0.80", "0.100", "2.40"],
-                                     [df.NGRAM, "1.12\u00d7", "1.90\u00d7", "4", "0.50", "0.010", "1.60"]]
+                                     [dc.NGRAM, "1.12\u00d7", "1.90\u00d7", "4", "0.50", "0.010", "1.60"]]
     assert dlg.rejected.rowCount() == 1 and dlg.rejected.item(0, 1).text().startswith("not smaller than the target")
     assert "Fastest here: small-draft at K=2" in dlg.status.text() and not dlg.cancel_button.isEnabled()
     # The first row is selected: one click loads it and sets its K
@@ -167,5 +168,5 @@ def test_the_real_finder_on_tiny_models(qtbot, open_dialog, tmp_path):
     qtbot.waitUntil(lambda: dlg.result is not None or dlg.error is not None, timeout=120_000)
     assert dlg.error is None
     names = sorted(dlg.table.item(r, 0).text() for r in range(dlg.table.rowCount()))
-    assert names == sorted(["draft", df.NGRAM])
+    assert names == sorted(["draft", dc.NGRAM])
     assert all(m["identical_to_plain"] for m in dlg.result["measured"])

@@ -1,5 +1,6 @@
 """Find a draft's tables as the screenshot showed them: names short enough that the reasons stay in view, the
 reasons wrapped in their column, and a label that does not call a model left unmeasured "not a draft"."""
+from engine.tools import draft_candidates as dc
 from engine.tools import draft_finder as df
 from tests.app.test_draft_finder_dialog import scripted
 
@@ -8,15 +9,15 @@ LONG = "lmstudio-community/Qwen2.5-Coder-0.5B-Instruct-GGUF/Qwen2.5-Coder-0.5B-I
 
 def result(rejected: bool, not_measured: bool) -> dict:
     cfg = df.FinderConfig(max_new_tokens=8, ks=(2,))
-    lms = df.Candidate(LONG, "/lms/" + LONG, "lm-studio", "qwen2", 0.49, "Q4_K_M")
-    ollama = df.Candidate("qwen2.5-coder:0.5b", "/ollama/blobs/sha256-x", "ollama", "qwen2", 0.49, "Q4_K_M")
-    gemma = df.Candidate("lmstudio-community/gemma-3-270m-GGUF/gemma-3-270m-Q4_K_M.gguf", "/lms/g.gguf", "lm-studio",
+    lms = dc.Candidate(LONG, "/lms/" + LONG, "lm-studio", "qwen2", 0.49, "Q4_K_M")
+    ollama = dc.Candidate("qwen2.5-coder:0.5b", "/ollama/blobs/sha256-x", "ollama", "qwen2", 0.49, "Q4_K_M")
+    gemma = dc.Candidate("lmstudio-community/gemma-3-270m-GGUF/gemma-3-270m-Q4_K_M.gguf", "/lms/g.gguf", "lm-studio",
                          "gemma3", 0.27)
     measured = [df.Measured(lms, 1.3, 2, 0.7, 0.2, 2.1, 1.5, 20.0, 15.0, {2: 1.3}, True)]
-    turned = [df.Rejected(gemma, "a different vocabulary size (262144 tokens, the target 151936): SpecLens pairs "
+    turned = [dc.Rejected(gemma, "a different vocabulary size (262144 tokens, the target 151936): SpecLens pairs "
                                  "models whose vocabularies match in size and in every token")] if rejected else []
-    left = [df.Rejected(ollama, "the time budget (60 s) ran out before it was measured")] if not_measured else []
-    tgt = df.Candidate("the-target", "/models/target.gguf", "embedded", "qwen2", 1.5)
+    left = [dc.Rejected(ollama, "the time budget (60 s) ran out before it was measured")] if not_measured else []
+    tgt = dc.Candidate("the-target", "/models/target.gguf", "embedded", "qwen2", 1.5)
     return df.FinderResult(tgt, cfg, 1, measured, turned, left, out_of_time=not_measured).to_json()
 
 
@@ -58,12 +59,12 @@ def test_copies_are_listed_and_a_near_tie_offers_the_bench_command(qtbot):
     from app.dialogs.draft_finder import DraftFinderDialog
 
     cfg = df.FinderConfig(max_new_tokens=8, ks=(2,))
-    lms = df.Candidate(LONG, "/lms/" + LONG, "lm-studio", "qwen2", 0.49, "Q4_K_M")
-    ollama = df.Candidate("qwen2.5-coder:0.5b", "/ollama/blobs/sha256-x", "ollama", "qwen2", 0.49, "Q4_K_M")
+    lms = dc.Candidate(LONG, "/lms/" + LONG, "lm-studio", "qwen2", 0.49, "Q4_K_M")
+    ollama = dc.Candidate("qwen2.5-coder:0.5b", "/ollama/blobs/sha256-x", "ollama", "qwen2", 0.49, "Q4_K_M")
     measured = [df.Measured(lms, 1.3, 2, 0.7, 0.2, 2.1, 1.5, 20.0, 15.0, {2: 1.3}, True),
-                df.Measured(df.NGRAM_CANDIDATE, 1.2, 2, 0.5, 0.01, 1.6, 1.4, 18.0, 15.0, {2: 1.2}, True)]
-    tgt = df.Candidate("the-target", "/models/target.gguf", "embedded", "qwen2", 1.5)
-    data = df.FinderResult(tgt, cfg, 1, measured, copies=[df.Copy(ollama, lms)], elapsed_s=3.0).to_json()
+                df.Measured(dc.NGRAM_CANDIDATE, 1.2, 2, 0.5, 0.01, 1.6, 1.4, 18.0, 15.0, {2: 1.2}, True)]
+    tgt = dc.Candidate("the-target", "/models/target.gguf", "embedded", "qwen2", 1.5)
+    data = df.FinderResult(tgt, cfg, 1, measured, copies=[dc.Copy(ollama, lms)], elapsed_s=3.0).to_json()
     dlg = DraftFinderDialog(None, "the-target", finder=scripted())
     qtbot.addWidget(dlg)
     assert dlg.copy_button.isHidden()

@@ -12,6 +12,7 @@ from engine.analysis.theory import theoretical_speedup
 from engine.io import hub
 from engine.io.loading import load_engine
 from engine.tools import bench
+from engine.tools import draft_candidates as dc
 from engine.tools import draft_finder as df
 from tests.engine.test_model_dirs import header_gguf, home, put  # noqa: F401 - home: a fixture
 from tests.engine.test_weights import make_hf_model, make_tokenizer, write_gguf
@@ -63,7 +64,7 @@ def described(*paths: Path) -> list:
 
 def test_static_checks_keep_what_can_draft_and_say_why_not_for_the_rest(zoo):
     target = hub.describe(zoo["target"], "test")
-    ok, rejected = df.static_checks(target, described(zoo["target"], zoo["draft"], zoo["draft-q8"], zoo["big"],
+    ok, rejected = dc.static_checks(target, described(zoo["target"], zoo["draft"], zoo["draft-q8"], zoo["big"],
                                                        zoo["swapped"], zoo["other"]))
     assert sorted(c.path for c in ok) == sorted([str(zoo["draft"]), str(zoo["draft-q8"])])
     why = {Path(r.candidate.path).name: r.reason for r in rejected}
@@ -74,12 +75,12 @@ def test_static_checks_keep_what_can_draft_and_say_why_not_for_the_rest(zoo):
 
 
 def test_vocabulary_mismatch_reads_specials_and_skips_ids_one_side_leaves_empty():
-    t = df.Vocabulary(("a", "b", "c"), {"bos": 0, "eos": 2})
-    assert df.vocabulary_mismatch(t, df.Vocabulary(("a", "b", "c", "[PAD3]"), {"eos": 2})) is None
-    assert df.vocabulary_mismatch(t, df.Vocabulary(("a", None, "c"), {})) is None
-    assert df.vocabulary_mismatch(t, df.Vocabulary(("a", "x", "c"), {})) == \
+    t = dc.Vocabulary(("a", "b", "c"), {"bos": 0, "eos": 2})
+    assert dc.vocabulary_mismatch(t, dc.Vocabulary(("a", "b", "c", "[PAD3]"), {"eos": 2})) is None
+    assert dc.vocabulary_mismatch(t, dc.Vocabulary(("a", None, "c"), {})) is None
+    assert dc.vocabulary_mismatch(t, dc.Vocabulary(("a", "x", "c"), {})) == \
         "a different vocabulary: token 1 is 'b' in the target and 'x' in this model"
-    assert "EOS" in df.vocabulary_mismatch(t, df.Vocabulary(("a", "b", "c"), {"eos": 1}))
+    assert "EOS" in dc.vocabulary_mismatch(t, dc.Vocabulary(("a", "b", "c"), {"eos": 1}))
 
 
 def test_the_ranking_is_measured_sorted_and_exact(zoo):
@@ -88,7 +89,7 @@ def test_the_ranking_is_measured_sorted_and_exact(zoo):
                                                  str(tmp_missing := zoo["target"].parent / "nowhere")],
                             PROMPTS, CFG, lambda stage, f: seen.append((stage, f)), loader=no_eos_loader)
     names = [m.candidate.name for m in result.measured]
-    assert sorted(names) == sorted(["draft", "draft-q8", df.NGRAM])
+    assert sorted(names) == sorted(["draft", "draft-q8", dc.NGRAM])
     speedups = [m.speedup for m in result.measured]
     assert speedups == sorted(speedups, reverse=True) and result.best is result.measured[0]
     for m in result.measured:
@@ -141,7 +142,7 @@ def test_a_draft_that_fails_to_load_is_reported_and_the_others_measured(zoo):
 
     result = df.find_drafts(str(zoo["target"]), [str(zoo["draft-q8"]), str(zoo["draft"])], PROMPTS[:1],
                             df.FinderConfig(max_new_tokens=4, ks=(1,)), loader=loader)
-    assert sorted(m.candidate.name for m in result.measured) == ["draft", df.NGRAM]
+    assert sorted(m.candidate.name for m in result.measured) == ["draft", dc.NGRAM]
     failed = [r for r in result.rejected if r.candidate.name == "draft-q8"]
     assert failed and failed[0].reason == "failed to load or run: the file is damaged"
 
@@ -166,7 +167,7 @@ def test_a_cancel_stops_between_rounds_and_leaves_the_rest_unmeasured(zoo):
     assert result.cancelled and not result.measured
     # The warm-up (a few rounds) and then the plain replay, cut within a round of the cancel
     assert len(rounds) <= 12 + 2
-    assert sorted(r.candidate.name for r in result.not_measured) == ["draft", "draft-q8", df.NGRAM]
+    assert sorted(r.candidate.name for r in result.not_measured) == ["draft", "draft-q8", dc.NGRAM]
     assert all(r.reason == "cancelled before it was measured" for r in result.not_measured)
 
 
@@ -174,7 +175,7 @@ def test_the_time_budget_bounds_the_measuring(zoo):
     result = df.find_drafts(str(zoo["target"]), [str(zoo["draft"])], PROMPTS[:1],
                             df.FinderConfig(max_new_tokens=4, ks=(1,), time_budget_s=1e-3), loader=no_eos_loader)
     assert result.out_of_time and not result.measured
-    assert {r.candidate.name for r in result.not_measured} == {"draft", df.NGRAM}
+    assert {r.candidate.name for r in result.not_measured} == {"draft", dc.NGRAM}
     assert "time budget" in result.not_measured[0].reason
 
 
@@ -216,13 +217,13 @@ def test_a_file_found_in_several_places_is_measured_once(zoo, home):  # noqa: F8
     data = bytearray(other.read_bytes())
     data[-1] ^= 0xFF  # the last weight byte: the same size, not the same file
     other.write_bytes(bytes(data))
-    cands = [df.Candidate("a", str(lms), "lm-studio"), df.Candidate("dir", str(zoo["draft"]), "folder"),
-             df.Candidate("b", str(cpp), "llama.cpp"), df.Candidate("c", str(other), "given"), df.NGRAM_CANDIDATE]
-    kept, copies = df.distinct_files(cands)
-    assert [c.name for c in kept] == ["a", "dir", "c", df.NGRAM]
+    cands = [dc.Candidate("a", str(lms), "lm-studio"), dc.Candidate("dir", str(zoo["draft"]), "folder"),
+             dc.Candidate("b", str(cpp), "llama.cpp"), dc.Candidate("c", str(other), "given"), dc.NGRAM_CANDIDATE]
+    kept, copies = dc.distinct_files(cands)
+    assert [c.name for c in kept] == ["a", "dir", "c", dc.NGRAM]
     assert [(c.candidate.name, c.same_as.name) for c in copies] == [("b", "a")]
     assert copies[0].reason == "the same file as a (LM Studio): measured once, under that name"
-    assert df.distinct_files(cands, cancelled=lambda: True) == (cands, [])  # a cancel leaves the list as it was
+    assert dc.distinct_files(cands, cancelled=lambda: True) == (cands, [])  # a cancel leaves the list as it was
 
     result = df.find_drafts(str(zoo["target"]), None, PROMPTS[:1], df.FinderConfig(max_new_tokens=4, ks=(1,)),
                             ngram=False, loader=no_eos_loader)
@@ -234,16 +235,16 @@ def test_a_file_found_in_several_places_is_measured_once(zoo, home):  # noqa: F8
 
 
 def _measured(name: str, path: str | None, speedup: float, k: int) -> df.Measured:
-    return df.Measured(df.Candidate(name, path), speedup, k, 0.7, 0.1, 2.0, 1.5, 30.0, 20.0, {k: speedup}, True)
+    return df.Measured(dc.Candidate(name, path), speedup, k, 0.7, 0.1, 2.0, 1.5, 30.0, 20.0, {k: speedup}, True)
 
 
 def test_a_lead_within_the_finders_noise_says_how_to_tell_the_two_apart():
-    tgt = df.Candidate("tgt", "/m/target dir/t.gguf")
+    tgt = dc.Candidate("tgt", "/m/target dir/t.gguf")
     cfg = df.FinderConfig(ks=(1, 2))
-    clear = df.FinderResult(tgt, cfg, 3, [_measured("d", "/m/d.gguf", 1.40, 2), _measured(df.NGRAM, None, 1.20, 1)])
+    clear = df.FinderResult(tgt, cfg, 3, [_measured("d", "/m/d.gguf", 1.40, 2), _measured(dc.NGRAM, None, 1.20, 1)])
     assert clear.near_tie is False and not clear.to_json()["near_tie"]  # 1.40 / 1.20 = 1.167: a lead
     assert "noise" not in df.table(clear)
-    tie = df.FinderResult(tgt, cfg, 3, [_measured("d", "/m/d.gguf", 1.30, 2), _measured(df.NGRAM, None, 1.20, 1)])
+    tie = df.FinderResult(tgt, cfg, 3, [_measured("d", "/m/d.gguf", 1.30, 2), _measured(dc.NGRAM, None, 1.20, 1)])
     assert tie.near_tie and tie.to_json()["near_tie"]
     advice = df.near_tie_advice(tie.to_json())
     assert advice.startswith("d leads n-gram (prompt lookup) by 8%, within the finder's noise (about 10%)")
@@ -277,13 +278,13 @@ def test_every_setting_replays_a_prompt_before_the_next_and_the_first_moves_alon
     assert [r[1:] for r in replays] == settings + settings[1:] + settings[:1]
     assert len({r[0] for r in replays[:5]}) == 1 and len({r[0] for r in replays[5:]}) == 1
     assert replays[0][0] != replays[5][0]  # the first prompt's five replays, then the second's
-    assert {m.candidate.name for m in result.measured} == {"draft", df.NGRAM}
+    assert {m.candidate.name for m in result.measured} == {"draft", dc.NGRAM}
     assert not any(m.note for m in result.measured)
 
     replays.clear()
     stopped = df.find_drafts(str(zoo["target"]), [str(zoo["draft"])], PROMPTS, cfg, loader=loader,
                              cancelled=lambda: len(replays) > 6)
     assert stopped.cancelled and len(replays) == 7  # the second prompt cut short in its second setting
-    assert {m.candidate.name for m in stopped.measured} == {"draft", df.NGRAM}
+    assert {m.candidate.name for m in stopped.measured} == {"draft", dc.NGRAM}
     for m in stopped.measured:  # measured on the first prompt alone, as every setting finished it
         assert m.note == "cancelled after 1 of 2 prompts" and m.identical_to_plain
