@@ -215,9 +215,11 @@ def save(folder: str | Path, rec: Record) -> Path:
 
 
 def write_record(folder: str | Path, tool: str, args: Sequence[str] | None, figures: dict,
-                 device: str | None = None, cpu: Cpu | None = None) -> Path:
-    """One run's record, written into folder; its path."""
-    commit, dirty = git_state()
+                 device: str | None = None, cpu: Cpu | None = None,
+                 state: tuple[str, bool | None] | None = None) -> Path:
+    """One run's record, written into folder; its path. state: git_state() when the run started (the code that
+    ran; a commit made while a long benchmark ran is not it), else read now."""
+    commit, dirty = state or git_state()
     rec = Record(tool=tool, args=None if args is None else [str(a) for a in args],
                  date=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"), commit=commit, dirty=dirty,
                  machine=machine(cpu, gpu_name(device)), figures=plain(figures))
@@ -246,6 +248,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
                     help=f"write this run's results record into DIR (default: docs/results in the checkout, or "
                          f"${ENV}; 'off' there writes none)")
     ap.add_argument("--no-record", action="store_true", help="a trial run: write no results record")
+    ap.set_defaults(git_at_start=git_state())  # read as the run starts: the record names the code that ran
 
 
 def default_folder() -> Path | None:
@@ -267,7 +270,8 @@ def record(a: argparse.Namespace, tool: str, figures: dict, argv: Sequence[str] 
     if folder is None:
         return None
     try:
-        path = write_record(folder, tool, sys.argv[1:] if argv is None else argv, figures, device)
+        path = write_record(folder, tool, sys.argv[1:] if argv is None else argv, figures, device,
+                            state=getattr(a, "git_at_start", None))
     except OSError as e:
         print(f"results record not written: {e}", file=sys.stderr)
         return None

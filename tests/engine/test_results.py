@@ -178,3 +178,19 @@ def test_imported_runs_of_one_day_keep_their_order_and_the_profiles_get_a_headli
     assert "| AMD Zen 4 | 2026-11-25 | not recorded | 30.00 |" in page  # run b is the current one
     assert ("peak 449.00 G products/s; all: step 24.84 ms, 5 tokens 1.99 steps (goal needs 55%), 9 tokens 3.46 "
             "steps (goal needs 78%)") in page
+
+
+def test_the_record_names_the_code_as_the_run_started(tmp_path, monkeypatch):
+    """A commit made while a long benchmark runs is not the code that ran: the state is read with the arguments."""
+    import argparse
+
+    monkeypatch.setattr(results, "git_state", lambda: ("a" * 40, False))
+    ap = argparse.ArgumentParser()
+    results.add_arguments(ap)
+    a = ap.parse_args(["--results", str(tmp_path)])
+    monkeypatch.setattr(results, "git_state", lambda: ("b" * 40, True))  # committed and edited since
+    path = results.record(a, "t", {"x": 1})
+    rec = json.loads(path.read_text())
+    assert (rec["commit"], rec["dirty"]) == ("a" * 40, False)
+    later = write_record(tmp_path, "t", [], {}, cpu=parse_cpuinfo(ZEN3, 2))  # no state given: read now
+    assert json.loads(later.read_text())["commit"] == "b" * 40
