@@ -51,7 +51,7 @@ Progress = Callable[[str, float], None]  # stage text, fraction of the measuring
 Cancelled = Callable[[], bool]
 Messages = list[dict[str, str]]
 
-# A lead smaller than this is within the finder's noise: four runs of 16 tokens a prompt, the settings taking turns
+# A lead smaller than this is within the finder's noise: five runs of 16 tokens a prompt, the settings taking turns
 # prompt by prompt, measured the embedded 0.5B draft at 1.03-1.12x on the quiet Zen 3 (docs/models.md)
 NEAR_TIE = 1.10
 MAX_PROMPTS = 16
