@@ -31,17 +31,18 @@ def tensors(ffn: int = F, layers: int = LAYERS) -> dict[str, np.ndarray]:
     return {k: rng.standard_normal(v).astype(np.float32) for k, v in out.items()}
 
 
-def write(path: Path, meta: dict | None = None, drop: tuple[str, ...] = (), ts: dict | None = None) -> Path:
-    """A tiny llama GGUF; meta maps a key (after "llama.") to a value (None: left out), written with its Python
-    type: str as a string, float as f32, int as u32 (u64 when it does not fit)."""
+def write(path: Path, meta: dict | None = None, drop: tuple[str, ...] = (), ts: dict | None = None,
+          arch: str = "llama") -> Path:
+    """A tiny GGUF of a Llama-shaped arch; meta maps a key (after "<arch>.") to a value (None: left out), written
+    with its Python type: str as a string, float as f32, int as u32 (u64 when it does not fit)."""
     values = {"block_count": LAYERS, "context_length": 128, "embedding_length": H, "feed_forward_length": F,
               "attention.head_count": HEADS, "attention.head_count_kv": KV, "rope.freq_base": 10000.0,
               "attention.layer_norm_rms_epsilon": 1e-5} | (meta or {})
-    w = gguf.GGUFWriter(str(path), "llama")
+    w = gguf.GGUFWriter(str(path), arch)
     for key, v in values.items():
         if v is None:
             continue
-        full = f"llama.{key}"
+        full = f"{arch}.{key}"
         if isinstance(v, str):
             w.add_string(full, v)
         elif isinstance(v, float):
@@ -186,3 +187,16 @@ def test_an_architecture_that_is_not_a_name_is_refused(tmp_path):
     w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
     msg = refuses(path, "general.architecture must be a short name")
     assert len(msg) < 300
+
+
+def test_granites_multipliers_are_read_and_checked_where_they_enter(tmp_path):
+    scales = {"embedding_scale": 12.0, "attention.scale": 0.0078125, "residual_scale": 0.22, "logit_scale": 8.0}
+    cfg = GGUFFile(write(tmp_path / "g.gguf", scales, arch="granite")).config()
+    got = (cfg.embedding_scale, cfg.attn_scale, cfg.residual_scale, cfg.logit_scale)
+    assert got == pytest.approx((12.0, 0.0078125, 0.22, 8.0), rel=1e-6)
+    assert GGUFFile(write(tmp_path / "d.gguf", arch="granite")).config().attn_scale == pytest.approx(8 ** -0.5)
+    for key, bad in (("residual_scale", -1.0), ("logit_scale", 0.0), ("embedding_scale", float("inf")),
+                     ("attention.scale", "x")):
+        gf = GGUFFile(write(tmp_path / f"{key}.gguf", {**scales, key: bad}, arch="granite"))
+        with pytest.raises(ModelLoadError, match=rf"granite\.{key} must be a finite number in \(0, 1e\+06\)"):
+            gf.config()
