@@ -30,7 +30,7 @@ from PySide6.QtWidgets import (
 
 from app.views.context_setting import ContextSetting
 from engine.api.config import APP_DEFAULTS, NEEDS_DRAFT_MODEL, SamplingParams, SpecParams
-from engine.io.model_dirs import SOURCE_NAMES
+from engine.io.model_dirs import SOURCE_NAMES, size_text
 
 K_MIN = 1
 SEED_RANDOM = -1
@@ -62,9 +62,7 @@ SOURCES = SOURCE_NAMES
 
 def describe_model(m: Any) -> str:
     """One picker line: name, size, family and quantization, and which app keeps it."""
-    p = getattr(m, "params_b", None)
-    # in the unit a model card would use: a stub's few thousand weights are "2.1K", not "0.00B"
-    size = "?" if not p else f"{p:.2f}B" if p >= 0.01 else f"{p * 1e3:.2g}M" if p >= 1e-3 else f"{p * 1e6:.2g}K"
+    size = size_text(getattr(m, "params_b", None))
     facts = " ".join(f for f in (size, m.arch, getattr(m, "quant", "") or "") if f)
     where = SOURCES.get(getattr(m, "source", ""), "")
     name = m.name

@@ -26,6 +26,15 @@ ENV_SWITCH = "SPECLENS_OTHER_APPS"
 # Where a model was found, as the user knows the place (LocalModel.source -> words)
 SOURCE_NAMES = {"embedded": "embedded", "hf-cache": "Hugging Face cache", "gguf": "Hugging Face cache",
                 "lm-studio": "LM Studio", "ollama": "Ollama", "llama.cpp": "llama.cpp"}
+
+
+def size_text(params_b: float | None) -> str:
+    """A parameter count in billions as a model card writes it: "1.50B", "0.27B"; a stub's few thousand weights
+    "2.1K", not "0.00B"; "?" when unknown."""
+    p = params_b or 0.0
+    if p <= 0:
+        return "?"
+    return f"{p:.2f}B" if p >= 0.01 else f"{p * 1e3:.2g}M" if p >= 1e-3 else f"{p * 1e6:.2g}K"
 _SPLIT = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$")  # llama.cpp's split files: name-00001-of-00003.gguf
 _DIGEST = re.compile(r"sha256[:-]([0-9a-f]{64})")
 

@@ -8,6 +8,7 @@ import logging
 import sys
 
 from engine.io.hub import LocalModel, list_local_models
+from engine.io.model_dirs import size_text
 
 
 def record(m: LocalModel) -> dict:
@@ -19,7 +20,7 @@ def record(m: LocalModel) -> dict:
 
 def table(models: list[LocalModel]) -> str:
     head = ("SOURCE", "NAME", "FAMILY", "PARAMS", "QUANT", "CONTEXT", "RUNS")
-    rows = [(m.source, m.name, m.arch, f"{m.params_b:g}B" if m.params_b else "?", m.quant or "?",
+    rows = [(m.source, m.name, m.arch, size_text(m.params_b), m.quant or "?",
              str(m.context_limit or "?"), "yes" if m.runnable else "no: " + m.why_not) for m in models]
     widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head) - 1)]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1] for r in [head, *rows]]

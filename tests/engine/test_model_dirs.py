@@ -204,3 +204,8 @@ def test_speclens_models_prints_the_list_and_json(home, qwen_gguf, capsys):
 def test_nothing_found_says_where_it_looked(home, capsys):
     assert models_tool.main([]) == 0
     assert "no models found" in capsys.readouterr().out
+
+
+def test_sizes_read_as_a_model_card_writes_them():
+    assert [model_dirs.size_text(p) for p in (1.5, 0.27, 0.005, 2.08e-6, 0.0, None)] == [
+        "1.50B", "0.27B", "5M", "2.1K", "?", "?"]
