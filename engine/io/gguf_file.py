@@ -433,12 +433,12 @@ class GGUFFile:
 
     def _multipliers(self, fam: Family, hidden: int, heads: int, layers: int) -> tuple[float, float, float, float]:
         """(embedding, attention, residual, logit) scales as llama.cpp applies them: Granite states all four
-        (attention.scale absent: 1/sqrt(head_dim), returned as 0); Gemma scales embeddings by sqrtf(n_embd) in
+        (attention.scale absent or 0: 1/sqrt(head_dim), returned as 0); Gemma scales embeddings by sqrtf(n_embd) in
         f32 whatever the weights' type, and Gemma 3 27B (62 layers) queries by 1/sqrt(embedding_length /
         head_count); every other family by none of them."""
         if "multipliers" in fam.extra:
-            stated = self._meta("attention.scale", None)
-            attn = 0.0 if stated is None else self._float("attention.scale", 0.0, 0.0, 1e6)
+            stated = self._meta("attention.scale", None)  # absent or 0: llama.cpp's 1/sqrt(head_dim)
+            attn = 0.0 if stated is None or stated == 0 else self._float("attention.scale", 0.0, 0.0, 1e6)
             return (self._float("embedding_scale", 1.0, 0.0, 1e6), attn, self._float("residual_scale", 1.0, 0.0, 1e6),
                     self._float("logit_scale", 1.0, 0.0, 1e6))
         embedding = float(np.sqrt(np.float32(hidden))) if fam.embedding_scale else 1.0

@@ -195,6 +195,8 @@ def test_granites_multipliers_are_read_and_checked_where_they_enter(tmp_path):
     got = (cfg.embedding_scale, cfg.attn_scale, cfg.residual_scale, cfg.logit_scale)
     assert got == pytest.approx((12.0, 0.0078125, 0.22, 8.0), rel=1e-6)
     assert GGUFFile(write(tmp_path / "d.gguf", arch="granite")).config().attn_scale == pytest.approx(8 ** -0.5)
+    zero = GGUFFile(write(tmp_path / "z.gguf", {"attention.scale": 0.0}, arch="granite"))
+    assert zero.config().attn_scale == pytest.approx(8 ** -0.5)  # llama.cpp reads 0 as unset too
     for key, bad in (("residual_scale", -1.0), ("logit_scale", 0.0), ("embedding_scale", float("inf")),
                      ("attention.scale", "x")):
         gf = GGUFFile(write(tmp_path / f"{key}.gguf", {**scales, key: bad}, arch="granite"))
