@@ -29,8 +29,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.views.controls_panel import SOURCES
 from engine.service.loaders import Factory
+from engine.io.model_dirs import SOURCE_NAMES
 from engine.tools.draft_finder import near_tie_advice
 from engine.tools.draft_worker import CANCEL, FINDER, spawn
 
@@ -136,7 +136,7 @@ def _name(r: dict) -> str:
 
 
 def _source(r: dict) -> str:
-    return SOURCES.get(r.get("source") or "", r.get("source") or "")
+    return SOURCE_NAMES.get(r.get("source") or "", r.get("source") or "")
 
 
 def _x(v: float | None) -> str:

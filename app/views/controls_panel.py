@@ -57,14 +57,13 @@ def _with_value(slider: QSlider, label: QLabel) -> QWidget:
 
 
 # Where a model was found, as the picker names it (engine.io.hub.LocalModel.source)
-SOURCES = SOURCE_NAMES
 
 
 def describe_model(m: Any) -> str:
     """One picker line: name, size, family and quantization, and which app keeps it."""
     size = size_text(getattr(m, "params_b", None))
     facts = " ".join(f for f in (size, m.arch, getattr(m, "quant", "") or "") if f)
-    where = SOURCES.get(getattr(m, "source", ""), "")
+    where = SOURCE_NAMES.get(getattr(m, "source", ""), "")
     name = m.name
     if getattr(m, "source", "") in ("lm-studio", "llama.cpp"):  # publisher/repo/file: the file says which model,
         name = name.rsplit("/", 1)[-1]  # and the item's tooltip has the whole path

@@ -61,7 +61,8 @@ class ModelConfig:
         if self.attn_scale == 0.0:
             object.__setattr__(self, "attn_scale", 1.0 / math.sqrt(self.head_dim))
         object.__setattr__(self, "window_layers", tuple(bool(w) for w in self.window_layers))
-        object.__setattr__(self, "nope_layers", tuple(bool(w) for w in self.nope_layers))
+        nope = tuple(bool(w) for w in self.nope_layers)
+        object.__setattr__(self, "nope_layers", nope if any(nope) else ())  # no NoPE layer: one way to say it
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads"):
             if getattr(self, name) < 1:
                 raise ValueError(f"ModelConfig.{name} must be >= 1, got {getattr(self, name)}")
@@ -154,7 +155,6 @@ class ModelConfig:
             context = min(context, scaling["original_max_position_embeddings"])
         act = cfg.get("hidden_activation") or cfg.get("hidden_act") or "silu"
         scalar = cfg.get("query_pre_attn_scalar")
-        nope = families.nope_layers(fam, cfg)
         scaled = "multipliers" in fam.extra  # Granite: the four scalars stated in config.json
         if scaled:
             embedding_scale, attn_scale = cfg["embedding_multiplier"], cfg["attention_multiplier"]
@@ -188,7 +188,7 @@ class ModelConfig:
             rope_local_theta=rope_local.get("rope_theta") if rope_local is not None else None,
             rotary_dim=rotary_dim,
             attn_scale=attn_scale,
-            nope_layers=nope if any(nope) else (),
+            nope_layers=families.nope_layers(fam, cfg),
             residual_scale=cfg["residual_multiplier"] if scaled else 1.0,
             logit_scale=cfg["logits_scaling"] if scaled else 1.0,
         )

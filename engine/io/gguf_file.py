@@ -22,7 +22,8 @@ from gguf.quants import dequantize
 
 from engine.api.config import ModelConfig
 from engine.api.errors import ModelLoadError
-from engine.model.families import BY_GGUF_ARCH, Family, gguf_refusal
+from engine.model.families import BY_GGUF_ARCH, Family
+from engine.model.gguf_refusal import gguf_refusal
 
 _MAGIC = b"GGUF"
 _SCALARS = {  # value type -> struct format (little-endian)
@@ -312,7 +313,7 @@ class GGUFFile:
         """The model's config, every value it is built from checked first (type, range, agreement with the
         tensors' shapes): a hostile or damaged header is a ModelLoadError naming the key, never an allocation
         sized by it. The family's row (engine.model.families) says which features the file's tensors carry."""
-        if (why := gguf_refusal(self.arch, self.metadata, self.tensors)) is not None:  # engine.model.families
+        if (why := gguf_refusal(self.arch, self.metadata, self.tensors)) is not None:  # engine.model.gguf_refusal
             raise ModelLoadError(f"{self.path}: {why}")
         fam = BY_GGUF_ARCH[self.arch]
         embd = self.tensors.get("token_embd.weight")
@@ -373,7 +374,7 @@ class GGUFFile:
                 rope_local_theta=local_theta,
                 rotary_dim=rotary,
                 attn_scale=attn_scale,
-                nope_layers=nope if any(nope) else (),
+                nope_layers=nope,
                 residual_scale=residual_scale,
                 logit_scale=logit_scale,
             )

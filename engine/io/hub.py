@@ -204,7 +204,7 @@ def _describe_gguf(path: Path, source: str, name: str, check_data: bool, parts: 
     """check_data: refuse a file shorter than its tensors (a truncated download); off for the first part of an
     embedded model not assembled yet, whose header is all that is read."""
     from engine.io.gguf_file import GGUFFile
-    from engine.model.families import gguf_refusal
+    from engine.model.gguf_refusal import gguf_refusal
 
     gf = GGUFFile(path, check_data=check_data and parts == 1)
     why = gguf_refusal(gf.arch, gf.metadata, gf.tensors)

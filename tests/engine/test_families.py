@@ -11,6 +11,7 @@ from engine.api.config import CacheConfig, ModelConfig, SamplingParams, SpecPara
 from engine.api.errors import ContextFullError
 from engine.io.weights import ModelLoadError, load_checkpoint
 from engine.model import families
+from engine.model.gguf_refusal import gguf_refusal
 from engine.model.transformer import Transformer
 from engine.runtime.engine import Engine
 from tests.tiny import LLAMA32_TINY, QWEN2_TINY, VOCAB, hf_model, state_dict, tiny_tokenizer
@@ -172,13 +173,13 @@ def test_the_table_runs_exactly_the_families_whose_features_are_all_implemented(
 
 
 def test_gguf_architectures_are_judged_by_the_same_table():
-    assert families.gguf_refusal("llama") is None and families.gguf_refusal("qwen2") is None
-    assert families.gguf_refusal("qwen3") is None and families.gguf_refusal("gemma3") is None
-    assert families.gguf_refusal("phi3") is None and families.gguf_refusal("smollm3") is None
-    assert families.gguf_refusal("granite") is None
-    assert families.gguf_refusal("gemma2") == ("Gemma 2 needs logit soft-capping, which SpecLens does not "
+    assert gguf_refusal("llama") is None and gguf_refusal("qwen2") is None
+    assert gguf_refusal("qwen3") is None and gguf_refusal("gemma3") is None
+    assert gguf_refusal("phi3") is None and gguf_refusal("smollm3") is None
+    assert gguf_refusal("granite") is None
+    assert gguf_refusal("gemma2") == ("Gemma 2 needs logit soft-capping, which SpecLens does not "
                                                 "implement yet")
-    assert families.gguf_refusal("gpt2") == "unsupported architecture 'gpt2' (SpecLens runs llama, qwen2, qwen3, " \
+    assert gguf_refusal("gpt2") == "unsupported architecture 'gpt2' (SpecLens runs llama, qwen2, qwen3, " \
                                             "gemma3, phi3, smollm3, granite)"
 
 
@@ -248,4 +249,4 @@ def test_gguf_values_that_keep_the_math_are_not_refused(tmp_path):
 
     neutral = {"expert_count": 0, "rope.dimension_count": 16, "attention.scale": 0.25, "embedding_scale": 1.0}
     gf = GGUFFile(small_gguf(tmp_path / "m.gguf", "llama", neutral, ("rope_freqs.weight", "blk.0.attn_q.bias")))
-    assert families.gguf_refusal(gf.arch, gf.metadata, gf.tensors) is None
+    assert gguf_refusal(gf.arch, gf.metadata, gf.tensors) is None
