@@ -45,13 +45,19 @@ from PySide6.QtCore import QObject, Signal
 from app.attach import Attached, AttachError, attached, remote_host
 from app.host_protocol import Host, LoadRequest
 from app.request_handle import RequestHandle
-from app.session.plain_probe import PlainProbes
 from engine.analysis.stats import MessageRecord, SessionStats
 from engine.api.config import SamplingParams, SpecParams
 from engine.api.events import PhaseEvent, RoundEvent, Summary
 from engine.api.messages import replace_surrogates
 
 Messages = list[dict[str, str]]
+
+# A chat reply's measured speedup is speculative tokens/s over plain tokens/s, and on a machine whose load changes
+# from one minute to the next both rates must come from the same minutes. So the local engine runs one round in
+# PLAIN_EVERY as a plain step (engine.api.live.plain_step_due: by round number, so a sampled reply stays the same
+# from the same seed; under greedy decoding it commits the very token speculation would have): a few % of the time.
+# The charts (app/views/chart_data.py) set the speculative rounds' wall time against these steps'.
+PLAIN_EVERY = 16
 
 
 @dataclass
@@ -66,7 +72,6 @@ class Request:
     record: MessageRecord
     handle: RequestHandle = field(repr=False)
     failed: bool = False  # ended with an error or the engine's death
-    probes: PlainProbes | None = None  # a chat reply's plain steps, the basis of its measured speedup
 
     def cancel(self) -> None:
         self.handle.cancel()
@@ -156,19 +161,18 @@ class ChatController(QObject):
         text, system = replace_surrogates(text), replace_surrogates(system)
         messages = self.messages_for(text, system)
         self.conversation.append({"role": "user", "content": text})
-        self.active = self.submit(messages, sampling, spec, "chat", text, stepping=self.stepping)
-        if self.remote is None:  # a server takes no live controls: its replies have no plain steps of their own
-            self.active.probes = PlainProbes(spec)
+        self.active = self.submit(messages, sampling, spec, "chat", text, stepping=self.stepping,
+                                  plain_every=PLAIN_EVERY)
         self.last_request = (messages, sampling, spec)
         self.replyStarted.emit(text, self.info.target_name if self.info else "Assistant")
         return True
 
     def submit(self, messages: Messages, sampling: SamplingParams, spec: SpecParams, kind: str,
-               prompt: str | None = None, stepping: bool = False) -> Request:
-        """Any request: its rounds go into the session stats as `kind`."""
+               prompt: str | None = None, stepping: bool = False, plain_every: int = 0) -> Request:
+        """Any request: its rounds go into the session stats as `kind` (plain_every: PLAIN_EVERY's)."""
         if prompt is None:
             prompt = next((m["content"] for m in reversed(messages) if m["role"] == "user"), "")
-        handle = self.source.generate(messages, sampling, spec, stepping)
+        handle = self.source.generate(messages, sampling, spec, stepping, plain_every)
         record = self.stats.begin(prompt, kind)
         record.messages, record.sampling, record.spec = [dict(m) for m in messages], sampling, spec  # for traces
         record.target, record.draft = (self.info.target_name, self.info.draft_name) if self.info else (None, None)
@@ -191,8 +195,6 @@ class ChatController(QObject):
             req = self.active
             req.sampling = sampling
             req.handle.update(sampling, spec)
-            if req.probes is not None:
-                req.probes.set_user(spec)
 
     def cancel(self, rid: int) -> None:
         if rid in self.requests:
@@ -363,9 +365,6 @@ class ChatController(QObject):
         req = self.requests[rid]
         req.record.rounds.extend(events)
         if req is self.active:
-            if req.probes is not None:  # a plain step now and then, timed beside the speculative rounds
-                if req.probes.after(events, may_start=not self.stepping):
-                    req.handle.plain_round()
             self.roundsArrived.emit(events)
 
     def _on_phase(self, rid: int, event: PhaseEvent) -> None:

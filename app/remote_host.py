@@ -126,8 +126,8 @@ class RemoteHost(HostSignals):
 
     # ---- requests --------------------------------------------------------------------------------------------
     def generate(self, messages: list[dict[str, str]], sampling: SamplingParams, spec: SpecParams,
-                 stepping: bool = False) -> RequestHandle:
-        """stepping is not the server's to do: the request runs without pausing."""
+                 stepping: bool = False, plain_every: int = 0) -> RequestHandle:
+        """stepping and plain steps are not the server's to do: the request runs as set, without pausing."""
         handle = RequestHandle(next(self._ids), self._command)
         self.pending[handle.id] = handle
         self._cancels[handle.id] = threading.Event()

@@ -32,7 +32,6 @@ from engine.api.protocol import (
     Errored,
     Finished,
     PhaseReached,
-    PlainRound,
     Prefilling,
     RequestSummary,
     Rounds,
@@ -65,11 +64,6 @@ class RequestHandle(QObject):
     def update(self, sampling: SamplingParams, spec: SpecParams) -> None:
         """Live settings, read by the engine at the start of the request's next round."""
         self._send(UpdateControls(self.id, sampling, spec))
-
-    def plain_round(self) -> None:
-        """The request's next round is one plain step (timed beside its speculative rounds); then it goes on with
-        its settings."""
-        self._send(PlainRound(self.id))
 
     def step(self) -> None:
         """Step-through: run to the next phase."""

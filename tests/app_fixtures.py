@@ -21,7 +21,7 @@ import pytest  # noqa: E402
 
 from engine.api.config import SamplingParams, SpecParams  # noqa: E402
 from engine.api.events import CommittedToken, DraftToken, Origin, RoundEvent, Summary  # noqa: E402
-from engine.api.live import Controls  # noqa: E402
+from engine.api.live import Controls, plain_step_due  # noqa: E402
 from engine.runtime.tally import RoundTally  # noqa: E402
 from engine.service.loaders import Factory  # noqa: E402
 
@@ -148,9 +148,9 @@ class FakeEngine:
                 stop = "cancelled"
                 break
             s, sp = controls.sampling, controls.spec
-            if controls.plain_round:  # as the engine does: one plain step, once
-                controls.plain_round, sp = False, sp.with_(enabled=False)
             rounds += 1
+            if plain_step_due(rounds, controls.plain_every):  # as the engine does
+                sp = sp.with_(enabled=False)
             self.seen.append(SeenRound(rounds, s.temperature, s.top_p, sp.k, sp.enabled, sp.drafter, sp.adaptive))
             self._note("seen", asdict(self.seen[-1]))
             if failing and self.fail_at_round == rounds:

@@ -11,8 +11,8 @@ a slow one refreshes less often, never slower generation.
 Speedup, measured vs theoretical (Leviathan et al.), each reply's own: the measured figure is the reply's
 speculative tokens/s over its plain tokens/s, both in wall time (each round's time runs from the end of the one
 before it, so catch-ups, sampling and rollback count; round 1, which reads the prompt, counts on neither side). The
-plain side is the reply's plain steps: the app makes every 16th round of a chat reply one
-(app/session/plain_probe.py). A plain rate from other minutes (an earlier reply, Run > Compare) never enters it:
+plain side is the reply's plain steps: the engine makes every 16th round of a chat reply one
+(app.controller.PLAIN_EVERY). A plain rate from other minutes (an earlier reply, Run > Compare) never enters it:
 under a load that changes, the two would measure different machines. Until the reply has timed a plain step the
 figure is "—", with the reason in the tooltip.
 theory = (1 - a^(K+1)) / ((1 - a)(1 + K c)), with a the reply's acceptance rate, K its mean number of tokens drafted

@@ -51,6 +51,17 @@ class StepGate:
             return ok
 
 
+PLAIN_FIRST = 5  # a reply's first plain step: after its first rounds (the first one carries the draft's prefill)
+
+
+def plain_step_due(round_no: int, every: int) -> bool:
+    """With `every` > 0, round PLAIN_FIRST and every `every`-th round after it is one plain step, and speculation as
+    set goes on in the next. Fixed by round number, never asked for when the window gets round to it: each choice
+    changes how many random numbers a round draws, so a sampled reply is the same from the same seed only if its
+    plain steps fall on the same rounds however fast the window reads (step-through and its twin rely on it)."""
+    return every > 0 and round_no >= PLAIN_FIRST and (round_no - PLAIN_FIRST) % every == 0
+
+
 class Controls:
     """Values another thread may change while a request runs; read at the start of every round.
 
@@ -61,9 +72,8 @@ class Controls:
         self.sampling = sampling
         self.spec = spec
         self.cancelled = False
-        # One plain step asked for (the window's measured speedup times these beside the speculative rounds): the
-        # next round runs it and clears this, and the rounds after it go on with `spec`.
-        self.plain_round = False
+        # The window's measured speedup times plain steps beside the speculative rounds: see plain_step_due.
+        self.plain_every = 0
         self.gate = StepGate()  # step-through: see StepGate
         self.on_phase: Callable[[Any], None] | None = None  # receives each engine.api.events.PhaseEvent while stepping
         self.on_prefill: Callable[[Any], None] | None = None  # each engine.api.events.PrefillProgress of a long prompt

@@ -7,9 +7,9 @@ at once, so they reach a running request between two of its rounds.
     Load(target, draft, device, context)   target None: the embedded default pair; context: KV cache tokens
     CancelLoad()                       the running load stops at its next progress check
     Scan()                             list the local models for the picker
-    Generate(rid, messages, sampling, spec, stepping)   stepping: pause after each phase of a round
+    Generate(rid, messages, sampling, spec, stepping, plain_every)   stepping: pause after each phase of a round;
+                                       plain_every: a plain step on rounds engine.api.live.plain_step_due names
     UpdateControls(rid, sampling, spec)   live settings, read by the engine at the start of its next round
-    PlainRound(rid)                    the request's next round is one plain step, then it goes on as set
     Cancel(rid)                        rid None: every request, running or queued
     Reset()                            forget the cached conversation
     QueryStatus()                      answered at once with EngineStatus, even mid-request
@@ -53,7 +53,7 @@ from engine.api.config import SamplingParams, SpecParams
 from engine.api.events import PhaseEvent, PrefillProgress, RoundEvent, Summary
 
 # A change either side would misread bumps this; the window checks the engine's in Started.
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3
 
 Messages = list[dict[str, str]]
 
@@ -93,6 +93,7 @@ class Generate(_Checked):
     sampling: SamplingParams
     spec: SpecParams
     stepping: bool = False
+    plain_every: int = 0  # 0: no plain steps but those the spec asks for
 
 
 @dataclass(frozen=True)
@@ -100,11 +101,6 @@ class UpdateControls(_Checked):
     rid: int
     sampling: SamplingParams
     spec: SpecParams
-
-
-@dataclass(frozen=True)
-class PlainRound(_Checked):
-    rid: int
 
 
 @dataclass(frozen=True)
@@ -143,7 +139,7 @@ class Shutdown(_Checked):
     pass
 
 
-COMMANDS: tuple[type, ...] = (Load, CancelLoad, Scan, Generate, UpdateControls, PlainRound, Cancel, Reset, QueryStatus,
+COMMANDS: tuple[type, ...] = (Load, CancelLoad, Scan, Generate, UpdateControls, Cancel, Reset, QueryStatus,
                               Step, Continue, SetStepping, Shutdown)
 
 

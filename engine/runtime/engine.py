@@ -10,7 +10,7 @@ import torch
 from engine.api.config import NEEDS_DRAFT_MODEL, CacheConfig, SamplingParams, SpecParams
 from engine.api.errors import ContextFullError
 from engine.api.events import DraftToken, PrefillProgress, RoundEvent, Summary
-from engine.api.live import Controls
+from engine.api.live import Controls, plain_step_due
 from engine.api.messages import check_messages, check_prompt_ids
 from engine.model.forward import chunk_tokens, common_prefix, forward_chunked
 from engine.model.kv_cache import BlockManager, KVPool
@@ -245,8 +245,7 @@ class Engine:
         params = replace(controls.sampling, seed=sampling.seed, max_new_tokens=sampling.max_new_tokens,
                          stop=sampling.stop)
         spec = controls.spec
-        if controls.plain_round:  # asked for once: this round is a plain step, the next goes on with spec
-            controls.plain_round = False
+        if plain_step_due(round_no, controls.plain_every):  # the next round goes on with spec
             spec = spec.with_(enabled=False)
         drafter, k = self._plan(spec, transcript.room())
         # Draft.

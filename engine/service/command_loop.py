@@ -32,7 +32,6 @@ from engine.api.protocol import (
     LoadFailed,
     LoadProgress,
     ModelsListed,
-    PlainRound,
     QueryStatus,
     Reset,
     Scan,
@@ -79,7 +78,6 @@ class Service:
             Reset: lambda _: self._queue(self.reset),
             # at once
             UpdateControls: self._update_controls,
-            PlainRound: self._plain_round,
             Cancel: lambda c: self._cancel(c.rid),
             CancelLoad: lambda _: self._cancel_load(),
             QueryStatus: lambda _: self.send(self.status()),
@@ -144,6 +142,7 @@ class Service:
             return
         controls = Controls(cmd.sampling, cmd.spec)  # registered now, so a cancel that follows finds it queued
         controls.gate.set_stepping(cmd.stepping)
+        controls.plain_every = cmd.plain_every
         self.requests[cmd.rid] = controls
         self._queue(partial(self.generate, cmd))
 
@@ -152,9 +151,6 @@ class Service:
             c.sampling, c.spec = cmd.sampling, cmd.spec
 
         self._request(cmd.rid, update)
-
-    def _plain_round(self, cmd: PlainRound) -> None:
-        self._request(cmd.rid, lambda c: setattr(c, "plain_round", True))
 
     def _gate(self, rid: int, act: Callable[[StepGate], None]) -> None:
         self._request(rid, lambda c: act(c.gate))

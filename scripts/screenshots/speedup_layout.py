@@ -6,7 +6,7 @@ a 1280x800 screen (how docs/images/speedup-vs-compare.png and docs/images/layout
 
 One greedy reply of the embedded pair in the app's default mode (N new tokens, 256 unless set), then Run > Compare on
 the same prompt. It prints the chart's speedup (this reply's speculative rounds against the plain steps timed in it,
-both in wall time, app/session/plain_probe.py) beside Compare's paired A/B and their ratio, and grabs the screen with
+both in wall time, app.controller.PLAIN_EVERY) beside Compare's paired A/B and their ratio, and grabs the screen with
 both in view. HOG=1 runs a busy process during the reply and both of Compare's halves, as a load. STATS=path writes
 every round of the reply and of Compare's replays (the CSV export), to see where the two differ. Then
 step-through is turned on, a token is clicked for the inspector, a second prompt is sent, and the screen is grabbed at

@@ -3,6 +3,7 @@ cancel and closing the generator leave the engine ready for the next request; ad
 from __future__ import annotations
 
 import random
+import time
 
 import pytest
 import torch
@@ -10,6 +11,7 @@ import torch
 from engine.analysis.theory import theoretical_speedup
 from engine.api.config import SamplingParams, SpecParams
 from engine.api.events import Origin, RoundEvent, Summary
+from engine.api.live import PLAIN_FIRST, plain_step_due
 from engine.runtime.engine import Controls, Engine
 from engine.spec.adaptive import AdaptiveK
 from tests.tiny import tiny_engine
@@ -400,20 +402,38 @@ def test_adaptive_k_measures_the_verify_width():
     assert wide.choose(spec) == max(range(1, 17), key=lambda k: theoretical_speedup(wide.alpha, k, wide.c, 0.25))
 
 
-def test_an_asked_for_plain_round_is_one_plain_step_then_speculation_goes_on(engine, prompt, plain):
-    """The window's measured speedup asks for single plain steps (engine.api.protocol.PlainRound); the engine
-    runs exactly one and goes back to the request's settings without being told, and greedy output is plain's."""
+def test_plain_steps_fall_on_fixed_rounds():
+    assert [r for r in range(1, 40) if plain_step_due(r, 16)] == [PLAIN_FIRST, PLAIN_FIRST + 16, PLAIN_FIRST + 32]
+    assert not any(plain_step_due(r, 0) for r in range(1, 40))
+    assert not any(plain_step_due(r, -3) for r in range(1, 40))
+
+
+def test_plain_steps_are_single_rounds_and_greedy_output_is_plains(engine, prompt, plain):
+    """The window's measured speedup times single plain steps (Controls.plain_every); the engine runs them on the
+    rounds plain_step_due names and speculation goes on after each, and greedy output is plain's."""
     engine.reset()
     controls = Controls(GREEDY, SPEC)
-
-    def on_round(ev: RoundEvent) -> None:
-        if ev.round in (3, 9):
-            controls.plain_round = True
-
-    events, s = drive(engine, prompt, GREEDY, SPEC, controls, on_round)
+    controls.plain_every = 6
+    events, s = drive(engine, prompt, GREEDY, SPEC, controls, lambda ev: None)
     modes = {ev.round: ev.mode for ev in events}
     last = events[-1].round  # may be plain: the length budget leaves room for its one token only
-    assert [r for r, m in modes.items() if m == "plain" and r != last] == [4, 10], modes
-    assert modes[5] == modes[11] == "speculative"
-    assert not controls.plain_round and s.token_ids == plain.token_ids
+    assert [r for r, m in modes.items() if m == "plain" and r != last] == [5, 11], modes
+    assert modes[6] == modes[12] == "speculative"
+    assert s.token_ids == plain.token_ids
     assert_consistent(engine)
+
+
+def test_a_sampled_reply_with_plain_steps_is_the_same_however_slowly_it_is_read(engine, prompt, monkeypatch):
+    """The plain steps' rounds do not depend on when the reader gets to them: the same seed gives the same reply
+    read at once or with a pause after every round (as step-through reads it)."""
+    monkeypatch.setattr(engine, "eos_ids", set())
+    sampling = SamplingParams(temperature=0.9, seed=5, max_new_tokens=30)
+    replies = []
+    for pause in (0.0, 0.02):
+        engine.reset()
+        controls = Controls(sampling, SPEC)
+        controls.plain_every = 4
+        events, s = drive(engine, prompt, sampling, SPEC, controls, lambda ev, p=pause: time.sleep(p))
+        assert "plain" in [ev.mode for ev in events[:-1]]
+        replies.append(s.token_ids)
+    assert replies[0] == replies[1]

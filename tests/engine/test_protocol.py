@@ -68,8 +68,8 @@ def samples() -> list:
     rid, sampling, spec = 1, SamplingParams(), SpecParams()
     phase = PhaseEvent(1, Phase.DRAFTED, "model", 1, (5,), ("a",), (0.5,))
     return [
-        p.Load("/models/t", None, "cpu"), p.CancelLoad(), p.Scan(), p.Generate(rid, MESSAGES, sampling, spec, True),
-        p.UpdateControls(rid, sampling, spec), p.PlainRound(rid), p.Cancel(None), p.Reset(), p.QueryStatus(),
+        p.Load("/models/t", None, "cpu"), p.CancelLoad(), p.Scan(), p.Generate(rid, MESSAGES, sampling, spec, True, 16),
+        p.UpdateControls(rid, sampling, spec), p.Cancel(None), p.Reset(), p.QueryStatus(),
         p.Step(rid), p.Continue(rid), p.SetStepping(rid, False), p.Shutdown(),
         p.Started(2), p.LoadProgress("Loading", 1), p.Loaded(p.EngineInfo("t", None, "cpu", "float32")),
         p.LoadFailed("no"), p.LoadCancelled(), p.ModelsListed(["m"]), p.Rounds(rid, [make_round()]),
