@@ -51,15 +51,14 @@ LEVEL_WINDOW = 3  # the level follows the load within two rounds and still drops
 # A catch-up pass is paid once and then the draft model drafts several rounds in a row, so a round is charged this
 # share of it. Larger values would keep a drafter that lost its lead drafting after the text turned predictable.
 CATCHUP_ROUNDS = 4.0
-CATCHUP_MAX_TOKENS = 64  # a longer catch-up is a prompt's prefill, paid once whichever drafter runs: not a round cost
 # Priors, each worth a few rounds, for what has not been measured yet on this machine or in this request.
-PRIOR_ALPHA, PRIOR_TRIALS = 0.6, 4.0  # the long-run acceptance before any, and its weight in a request's estimate
+PRIOR_ALPHA, PRIOR_TRIALS = 0.6, 2.0  # the long-run acceptance before any, and its weight in a request's estimate
 PRIOR_ROUND_TOKENS, PRIOR_ROUND_DRAFTED = 2.2, 2.0  # a model round under the stop rule, before any was measured
 PRIOR_C = 0.3  # a draft-model token in plain steps
 PRIOR_ROW = 0.15  # what each verify row past the first adds, in plain steps (0.06-0.28 measured on Zen 3/4 CPUs)
 ROW_PRIOR_WEIGHT = 3  # pseudo-measurements of rho at PRIOR_ROW beside the measured pairs (observe_pass)
 TYPICAL = (2 / 3, 1.5)  # a pass's time over the level's prediction, outside which it measures no shape
-PRIOR_CATCHUP = 2.0  # a catch-up pass in draft-model tokens
+PRIOR_CATCHUP_ID = 0.3  # what each id of a catch-up pass costs, in draft-model tokens (0.25-0.3 measured on Zen 3)
 
 
 class Recent:
@@ -83,7 +82,7 @@ class PolicyState:
     last_pass: tuple[int, float, bool] | None = None  # (width, seconds, usual) of the pass before
     model_token_s: float | None = None  # the draft model's drafting seconds per drafted token
     model_c: float | None = None  # a drafted token in plain steps, each model round's own ratio (None: from the above)
-    catchup_s: float | None = None  # one catch-up pass of the draft model's cache
+    catchup_id_s: float | None = None  # what each id of a catch-up pass of the draft model's cache costs
     fed_row: float | None = None  # what each lagging id fed with the first drafting pass adds, in plain steps
     lookup_s: float = 0.0  # the n-gram lookup (paid every round, whatever is chosen)
     hits: float = 0.0  # the draft model's decayed accepted tokens in this request ...
@@ -150,11 +149,20 @@ class PolicyState:
 @dataclass(frozen=True)
 class Offer:
     """The n-gram lookup's continuation this round: `tokens` of them after a `match`-token match, each passing with
-    probability `pass_rate` (the lookup's own estimate for that match length)."""
+    probability `pass_rate` (the lookup's own estimate for that match length). `chain`, where the lookup measured
+    it: the chance that the first i tokens all pass, i = 1..tokens (passes along a copied span are not
+    independent); otherwise pass_rate^i."""
 
     tokens: int
     match: int
     pass_rate: float
+    chain: tuple[float, ...] = ()
+
+    def passing(self, j: int) -> float:
+        """Expected passing tokens among the first j."""
+        if self.chain:
+            return sum(self.chain[:j])
+        return sum(self.pass_rate ** i for i in range(1, j + 1))
 
 
 @dataclass(frozen=True)
@@ -234,9 +242,10 @@ def observe_model(state: PolicyState, drafted: int, accepted: int, draft_s: floa
 
 
 def observe_catchup(state: PolicyState, tokens: int, seconds: float) -> None:
-    """The draft model caught up with `tokens` committed ids in one pass of `seconds`."""
-    if state.measuring and 0 < tokens <= CATCHUP_MAX_TOKENS and seconds > 0:
-        state.catchup_s = state.measure("catch-up", seconds)
+    """The draft model caught up with `tokens` committed ids in one pass of `seconds` (a prompt's reading too: its
+    chunks cost what a catch-up's ids do)."""
+    if state.measuring and tokens > 0 and seconds > 0:
+        state.catchup_id_s = state.measure("catch-up id", seconds / tokens)
 
 
 def observe_lookup(state: PolicyState, seconds: float) -> None:
@@ -261,10 +270,12 @@ def _model_c(state: PolicyState) -> float:
 
 
 def catchup_steps(state: PolicyState, lag: int) -> float:
-    """A catch-up pass over `lag` committed ids, in plain steps (0 where none is needed or it is a prefill)."""
-    if not 0 < lag <= CATCHUP_MAX_TOKENS:
+    """A catch-up pass over `lag` committed ids, in plain steps (0 where none is needed). Priced by the id: after a
+    run of n-gram rounds the draft model may lag by dozens of ids, a pass of several steps (~5.5 for 62 ids on Zen 3)
+    that a re-try of the model pays first."""
+    if lag <= 0:
         return 0.0
-    return _steps_of(state, state.catchup_s, PRIOR_CATCHUP * _model_c(state))
+    return lag * _steps_of(state, state.catchup_id_s, PRIOR_CATCHUP_ID * _model_c(state))
 
 
 def model_options(state: PolicyState, k_max: int, lag: int, fed: int = 0) -> list[Choice]:
@@ -272,7 +283,7 @@ def model_options(state: PolicyState, k_max: int, lag: int, fed: int = 0) -> lis
     fed: lagging ids it reads with its first drafting pass instead (a wider pass, paid this round)."""
     c = _model_c(state)
     catchup, why_catchup = 0.0, ""
-    if 0 < lag <= CATCHUP_MAX_TOKENS:
+    if lag > 0:
         catchup = catchup_steps(state, lag) / CATCHUP_ROUNDS
         why_catchup = f", catch-up {catchup * CATCHUP_ROUNDS:.2f} steps"
     elif fed > 0:
@@ -302,14 +313,15 @@ def model_options(state: PolicyState, k_max: int, lag: int, fed: int = 0) -> lis
 
 
 def ngram_options(state: PolicyState, offer: Offer | None) -> list[Choice]:
-    """The first j tokens of the lookup's continuation, each j: sum of pass_rate^i for i <= j pass on average."""
+    """The first j tokens of the lookup's continuation, each j: Offer.passing(j) pass on average."""
     if offer is None or offer.tokens < 1:
         return []
     lookup = _steps_of(state, state.lookup_s, 0.0)
     out = []
     for j in range(1, offer.tokens + 1):
-        tokens = 1.0 + sum(offer.pass_rate ** i for i in range(1, j + 1))
-        why = f"{offer.match}-token match, {j} of {offer.tokens} tokens at pass rate {offer.pass_rate:.2f}"
+        tokens = 1.0 + offer.passing(j)
+        why = (f"{offer.match}-token match, {j} of {offer.tokens} tokens at pass rate {offer.pass_rate:.2f}"
+               + (f" (all {j} pass {offer.chain[j - 1]:.2f})" if offer.chain else ""))
         out.append(Choice(NGRAM, j, tokens, pass_steps(state, j + 1)[0] + lookup, why))
     return out
 

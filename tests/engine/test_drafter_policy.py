@@ -188,14 +188,20 @@ def test_a_re_try_that_needs_a_catch_up_comes_as_much_less_often():
     assert len(gaps) >= 3 and all(g == 3 * policy.EXPLORE_EVERY for g in gaps), tries
 
 
-def test_a_catch_up_is_charged_to_the_model():
-    """The same model, behind the committed text by 20 ids: its round costs its share of a catch-up pass."""
+def test_a_catch_up_is_charged_to_the_model_by_the_id():
+    """The same model, behind the committed text by 20 ids, then by 80 (a long run of n-gram rounds): its round costs
+    its share of a catch-up pass that grows with the ids it reads, measured per id. A lag past what one round leaves
+    is never free: after 60-odd n-gram rounds a re-try's catch-up took ~5.5 steps (Zen 3)."""
     state = machine()
-    state.catchup_s = 0.5 * STEP_S
+    policy.observe_catchup(state, 40, 1.0 * STEP_S)  # 0.025 steps an id
     near = policy.model_options(state, 2, lag=0)
     far = policy.model_options(state, 2, lag=20)
+    farther = policy.model_options(state, 2, lag=80)
     assert far[1].steps == pytest.approx(near[1].steps + 0.5 / policy.CATCHUP_ROUNDS)
-    assert policy.model_options(state, 2, lag=5000)[1].steps == pytest.approx(near[1].steps)  # a prompt's prefill
+    assert farther[1].steps == pytest.approx(near[1].steps + 2.0 / policy.CATCHUP_ROUNDS)
+    assert policy.catchup_steps(state, 0) == 0.0
+    fresh = machine(c=0.3)  # nothing measured: a catch-up id is priced at PRIOR_CATCHUP_ID draft tokens
+    assert policy.catchup_steps(fresh, 60) == pytest.approx(60 * policy.PRIOR_CATCHUP_ID * 0.3)
 
 
 def test_lagging_ids_read_with_the_first_draft_pass_are_priced_and_measured():
@@ -377,9 +383,9 @@ def test_a_sampled_reply_is_reproducible_from_its_seed(engine):
 
     state = engine.hybrid_drafter.state
     first = reply(sampled)
-    costs = ((state.level_s, state.row), state.model_token_s, state.catchup_s, state.lookup_s, state.prior_alpha)
+    costs = ((state.level_s, state.row), state.model_token_s, state.catchup_id_s, state.lookup_s, state.prior_alpha)
     assert reply(sampled) == first
-    assert ((state.level_s, state.row), state.model_token_s, state.catchup_s, state.lookup_s, state.prior_alpha) == costs
+    assert ((state.level_s, state.row), state.model_token_s, state.catchup_id_s, state.lookup_s, state.prior_alpha) == costs
     reply(SamplingParams(temperature=0.0, max_new_tokens=30))
     assert (state.level_s, state.row) != costs[0]  # greedy rounds measured the passes
     moved = (state.level_s, state.row)
@@ -444,3 +450,16 @@ def test_under_the_stop_rule_a_model_round_is_priced_by_what_rounds_really_made(
     assert ch.tokens == pytest.approx(3.4, abs=0.3) and "stops when unsure" in ch.reason, ch
     ch = policy.choose(bad, None, 4, model_lag=0)
     assert ch.drafter == NONE, ch
+
+
+def test_an_offer_that_passes_whole_once_begun_is_taken_whole():
+    """A copied span: the first token passes one time in two, the rest follow it. Priced as pass_rate^i the later
+    rows are not worth their cost; priced by the measured chain the whole offer is."""
+    state = machine(row=0.3)
+    geometric = Offer(tokens=4, match=1, pass_rate=0.6)
+    copied = Offer(tokens=4, match=1, pass_rate=0.6, chain=(0.55, 0.52, 0.5, 0.48))
+    assert copied.passing(4) == pytest.approx(2.05) and geometric.passing(2) == pytest.approx(0.96)
+    ch = policy.choose(state, geometric, 4, model_lag=0, have_model=False)
+    assert ch.drafter == NGRAM and ch.k < 4, ch
+    ch = policy.choose(state, copied, 4, model_lag=0, have_model=False)
+    assert ch.drafter == NGRAM and ch.k == 4 and "all 4 pass 0.48" in ch.reason, ch

@@ -41,3 +41,25 @@ def test_a_new_conversation_forgets_the_estimates():
     assert d.hits
     d.reset()
     assert not d.hits and not d.trials and d.pass_rate(2) == 0.5
+
+
+def test_a_continuation_that_starts_right_goes_on_right():
+    """Copied spans: "5 1" is always followed by the span, "6 1" by tokens never seen again, so a 2-token match's
+    first follower is right one time in two and, once it is, the rest of the span follows. Each position's own rate
+    sees that; a_n^i would have the later tokens fail as often as the first."""
+    d = NGramDrafter(1000, torch.device("cpu"), n_min=2, n_max=2)
+    span = [7, 8, 9, 10, 11, 12]
+    text = []
+    for i in range(30):
+        text += [5, 1, *span, 300 + i] if i % 2 else [6, 1, 100 + i, 200 + i]
+    for i in range(1, len(text)):
+        if text[i - 1] == 1:  # look up after every "1" only, and score the whole continuation
+            d.lookup(text[:i], 6)
+            d.rollback(text[: i + 6])
+    chain = d.chain(2, 6)
+    a = d.pass_rate(2)
+    assert 0.35 < chain[0] < 0.65  # the first follower: right one time in two
+    assert chain[5] / chain[0] > 0.8 > a ** 5  # then the span: nearly always whole
+    assert list(chain) == sorted(chain, reverse=True)
+    d.reset()
+    assert not d.reached and not d.passed and d.chain(2, 2) == (0.5, 0.25)

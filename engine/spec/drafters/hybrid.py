@@ -65,7 +65,10 @@ class HybridDrafter:
         t0 = time.perf_counter()
         match, cont = self.ngram.lookup(ids, k)
         policy.observe_lookup(self.state, time.perf_counter() - t0)
-        offer = policy.Offer(len(cont), match, self.ngram.pooled_pass_rate(match)) if cont else None
+        offer = None
+        if cont:
+            rate = self.ngram.pooled_pass_rate(match)
+            offer = policy.Offer(len(cont), match, rate, self.ngram.chain(match, len(cont), rate))
         choice = policy.choose(self.state, offer, k, self.model.catchup_tokens(ids), model_fed=self._fed)
         if choice.drafter == policy.NGRAM:
             return replace(self.ngram.tokens(cont[: choice.k]), source=self.ngram.name, reason=choice.reason)

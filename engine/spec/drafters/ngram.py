@@ -17,14 +17,20 @@ class NGramDrafter(OwnK):
     continuation is right, scored after every round against the tokens the target committed, whether the
     continuation was proposed or only looked up (so a length that stopped proposing can earn its way back).
     For a point mass q = 1 a draft passes with probability p(t), which is also the chance that the target's
-    own token equals it: one estimate serves greedy and sampling alike. The i-th token is proposed while the
-    chance the first i all pass, a_n^i, is at least MIN_PASS: below that a verify row costs more than it
-    is expected to save.
+    own token equals it: one estimate serves greedy and sampling alike.
+
+    Passes are not independent along a continuation: in copied text (a summary quoting its source) the first token
+    of a match often fails, and once it passes the rest follow. So besides each length's rate a_n, each position i
+    of its continuations keeps its own rate given that the tokens before it passed, shrunk towards a_n
+    (POSITION_PRIOR pseudo-trials), and the chance the first i all pass is the product of those (`chain`): a_n^i
+    while a position has seen little. The i-th token is proposed while that chance is at least MIN_PASS: below
+    that a verify row costs more than it is expected to save.
     """
 
     name = "ngram"
     MIN_PASS = 0.3
     DECAY = 0.9  # recent rounds count most: the text's repetitiveness changes within a reply
+    POSITION_PRIOR = 2.0  # pseudo-trials at the match length's own rate behind each position's rate
 
     def __init__(self, vocab: int, device: torch.device, n_min: int = 1, n_max: int = 4) -> None:
         self.vocab, self.device = vocab, device
@@ -33,6 +39,8 @@ class NGramDrafter(OwnK):
         self.table: dict[tuple[int, ...], int] = {}  # n-gram -> index of the token that followed it last
         self.hits: dict[int, float] = {}  # match length -> decayed count of right continuation tokens
         self.trials: dict[int, float] = {}
+        self.reached: dict[int, list[float]] = {}  # match length -> per position: decayed times the ones before passed
+        self.passed: dict[int, list[float]] = {}  # ... and the times it passed then
         self._pending: tuple[int, int, list[int]] | None = None  # (len(ids), n, continuation) of the last lookup
         self.start()
 
@@ -62,10 +70,22 @@ class NGramDrafter(OwnK):
         pooled = (sum(self.hits.values()) + 1.0) / (sum(self.trials.values()) + 2.0)
         return (self.hits.get(n, 0.0) + 2.0 * pooled) / (self.trials.get(n, 0.0) + 2.0)
 
+    def chain(self, n: int, tokens: int, rate: float | None = None) -> tuple[float, ...]:
+        """The chance that the first i tokens of an n-token match's continuation all pass, i = 1..tokens: the
+        product of each position's rate given the ones before passed, each shrunk towards `rate` (default
+        pass_rate(n))."""
+        base = self.pass_rate(n) if rate is None else rate
+        reached, passed = self.reached.get(n, []), self.passed.get(n, [])
+        out, p = [], 1.0
+        for i in range(tokens):
+            seen, ok = (reached[i], passed[i]) if i < len(reached) else (0.0, 0.0)
+            p *= (ok + self.POSITION_PRIOR * base) / (seen + self.POSITION_PRIOR)
+            out.append(p)
+        return tuple(out)
+
     def expected_passes(self, n_tokens: int) -> float:
-        """Expected passing tokens of the last lookup's first n_tokens: sum of a_n^i for i = 1..n_tokens."""
-        a = self.pass_rate(self._pending[1]) if self._pending else 0.0
-        return sum(a ** (i + 1) for i in range(n_tokens))
+        """Expected passing tokens of the last lookup's first n_tokens."""
+        return sum(self.chain(self._pending[1], n_tokens)) if self._pending else 0.0
 
     def lookup(self, ids: list[int], k: int) -> tuple[int, list[int]]:
         """(match length, up to k tokens that followed the longest match), (0, []) when nothing matches. The lookup
@@ -85,12 +105,13 @@ class NGramDrafter(OwnK):
         t = torch.tensor(cont, dtype=torch.long, device=self.device)
         return Proposal(t, point_mass(t, self.vocab))
 
-    def propose(self, ids: list[int], k: int, params: SamplingParams, gen: torch.Generator | None) -> Proposal:
+    def proposed(self, ids: list[int], k: int) -> list[int]:
+        """What propose() drafts: the lookup's continuation as far as its chain stays at MIN_PASS or above."""
         n, cont = self.lookup(ids, k)
-        a, take = self.pass_rate(n), 0
-        while take < len(cont) and a ** (take + 1) >= self.MIN_PASS:
-            take += 1
-        return self.tokens(cont[:take])
+        return cont[: sum(1 for p in self.chain(n, len(cont)) if p >= self.MIN_PASS)]  # the chain only falls
+
+    def propose(self, ids: list[int], k: int, params: SamplingParams, gen: torch.Generator | None) -> Proposal:
+        return self.tokens(self.proposed(ids, k))
 
     def rollback(self, ids: list[int]) -> None:
         """Score the last lookup's continuation against what the target committed (the table itself holds
@@ -103,15 +124,25 @@ class NGramDrafter(OwnK):
             return
         self.hits[n] = self.hits.get(n, 0.0) * self.DECAY
         self.trials[n] = self.trials.get(n, 0.0) * self.DECAY
-        for want, got in zip(cont, ids[start:]):
+        reached = [r * self.DECAY for r in self.reached.get(n, [])]
+        passed = [r * self.DECAY for r in self.passed.get(n, [])]
+        for i, (want, got) in enumerate(zip(cont, ids[start:])):
+            if i == len(reached):
+                reached.append(0.0)
+                passed.append(0.0)
             self.trials[n] += 1
+            reached[i] += 1
             if want != got:
                 break
             self.hits[n] += 1
+            passed[i] += 1
+        self.reached[n], self.passed[n] = reached, passed
 
     def reset(self) -> None:
         self.ids = []
         self.table.clear()
         self.hits.clear()
         self.trials.clear()
+        self.reached.clear()
+        self.passed.clear()
         self._pending = None
