@@ -7,12 +7,12 @@ Under greedy decoding a reply is the target's greedy text whichever drafter draf
 a position depends only on the text before it: the draft model's greedy tokens and its confidence in each (what the
 stop rule reads), and the n-gram lookup's continuation. So `record` keeps, per prompt, the plain greedy reply and the
 draft model's 4-token greedy draft at every position of it, and times this machine's passes: target passes of width
-1-5, draft passes of width 1-17 and catch-ups, and each round's work besides its passes. `replay` then runs every
-mode's rounds over those replies, the hybrid through the real policy (engine.spec.policy) and the real n-gram drafter,
-each round priced by the measured costs (`--noise`: each measured time scaled by a lognormal factor of that spread,
-seeded, as a machine's timings scatter). The modes then differ only by what they choose, so a policy change is judged
-in seconds; `speclens-bench` stays the measurement (the replay models a quiet machine and leaves out everything
-the costs do not hold).
+1-5, drafting 1-4 tokens, the first drafting pass after a lag of 0-63 ids (a catch-up past 16), and each round's work
+besides its passes. `replay` then runs every mode's rounds over those replies, the hybrid through the real policy
+(engine.spec.policy) and the real n-gram drafter, each round priced by the measured costs (`--noise`: each time scaled
+by a lognormal factor of that spread, seeded, as a machine's timings scatter). The modes then differ only by what
+they choose, so a policy change is judged in seconds; `speclens-bench` stays the measurement (the replay models a
+quiet machine and leaves out everything the costs do not hold).
 """
 from __future__ import annotations
 
