@@ -29,8 +29,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine.service.loaders import Factory
 from engine.io.model_dirs import SOURCE_NAMES
+from engine.service.loaders import Factory
 from engine.tools.draft_finder import near_tie_advice
 from engine.tools.draft_worker import CANCEL, FINDER, spawn
 

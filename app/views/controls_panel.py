@@ -56,9 +56,6 @@ def _with_value(slider: QSlider, label: QLabel) -> QWidget:
     return w
 
 
-# Where a model was found, as the picker names it (engine.io.hub.LocalModel.source)
-
-
 def describe_model(m: Any) -> str:
     """One picker line: name, size, family and quantization, and which app keeps it."""
     size = size_text(getattr(m, "params_b", None))

@@ -29,7 +29,8 @@ import torch
 
 from engine.api.config import SamplingParams, SpecParams
 from engine.spec import policy
-from engine.spec.drafters.model import MAX_ROUND_LAG
+from engine.spec.drafters.hybrid import ngram_offer
+from engine.spec.drafters.model import lag_split
 from engine.spec.drafters.ngram import NGramDrafter
 
 K_TRACE = 4  # the draft model's greedy draft recorded at every position: the modes' largest K
@@ -218,8 +219,7 @@ def replay_reply(mode: Mode, p: dict, budget: int, costs: Costs, state: policy.P
         if mode.drafter == "hybrid":
             policy.observe_pass(state, len(tokens) + 1, verify_s)
             if drafter == "model":
-                fed = lag - 1 if 1 < lag <= MAX_ROUND_LAG else 0
-                catchup = lag > MAX_ROUND_LAG
+                catchup, fed = lag_split(lag)
                 step_s = draft_s - (costs.extra_s(lag) if catchup else 0.0)
                 policy.observe_model(state, len(tokens), a, step_s, verify_s, fed)
         n = r.commit(len(tokens), a, drafter == "model")
@@ -236,14 +236,9 @@ def _hybrid_round(r: Reply, ngram: NGramDrafter, state: policy.PolicyState, k: i
                   costs: Costs) -> tuple[str, list[int], float]:
     """HybridDrafter.propose over the recorded reply: the lookup, the policy's choice, the chosen drafter's tokens."""
     state.measuring = True
-    fed = r.lag - 1 if 1 < r.lag <= MAX_ROUND_LAG else 0
-    model_lag = r.lag if r.lag > MAX_ROUND_LAG else 0
+    model_lag, fed = lag_split(r.lag)
     match, cont = ngram.lookup(r.ids, k)
-    offer = None
-    if cont:
-        rate = ngram.pooled_pass_rate(match)
-        offer = policy.Offer(len(cont), match, rate, ngram.chain(match, len(cont), rate))
-    choice = policy.choose(state, offer, k, model_lag, model_fed=fed)
+    choice = policy.choose(state, ngram_offer(ngram, match, cont), k, model_lag, model_fed=fed)
     if choice.drafter == policy.NGRAM:
         return "ngram", cont[: choice.k], 0.0
     if choice.drafter == policy.MODEL:

@@ -15,6 +15,14 @@ from engine.spec.drafters.model import ModelDrafter
 from engine.spec.drafters.ngram import NGramDrafter
 
 
+def ngram_offer(ngram: NGramDrafter, match: int, cont: list[int]) -> policy.Offer | None:
+    """The lookup's continuation as the policy prices it (None when nothing matched)."""
+    if not cont:
+        return None
+    rate = ngram.pooled_pass_rate(match)
+    return policy.Offer(len(cont), match, rate, ngram.chain(match, len(cont), rate))
+
+
 class HybridDrafter:
     """Each round the n-gram lookup runs first (it is cheap, and it is scored against the committed text whether or
     not it drafts); the policy then prices its offer, the draft model at each K up to the ceiling, and a plain step,
@@ -65,10 +73,7 @@ class HybridDrafter:
         t0 = time.perf_counter()
         match, cont = self.ngram.lookup(ids, k)
         policy.observe_lookup(self.state, time.perf_counter() - t0)
-        offer = None
-        if cont:
-            rate = self.ngram.pooled_pass_rate(match)
-            offer = policy.Offer(len(cont), match, rate, self.ngram.chain(match, len(cont), rate))
+        offer = ngram_offer(self.ngram, match, cont)
         choice = policy.choose(self.state, offer, k, self.model.catchup_tokens(ids), model_fed=self._fed)
         if choice.drafter == policy.NGRAM:
             return replace(self.ngram.tokens(cont[: choice.k]), source=self.ngram.name, reason=choice.reason)

@@ -22,6 +22,13 @@ from engine.spec.sampling import greedy_token, point_mass, probs_from_logits, sa
 MAX_ROUND_LAG = 16
 
 
+def lag_split(behind: int) -> tuple[int, int]:
+    """(ids prefilled in a catch-up pass, ids read with the first drafting pass besides the one every round leaves)
+    for a draft cache `behind` committed ids (ModelDrafter._behind): a lag up to MAX_ROUND_LAG is read in the first
+    drafting pass, a longer one caught up first."""
+    return (behind, 0) if behind > MAX_ROUND_LAG else (0, max(behind - 1, 0))
+
+
 def confidence(logits: torch.Tensor, q: torch.Tensor | None, token: int, greedy: bool) -> float:
     """How sure the draft is of the token it drafted: q(token), or under greedy (where q is a point mass, and
     need not be given) the softmax of its logits at T = 1. logits, q (n,): the draft head's rows, `token` a row."""
@@ -52,14 +59,12 @@ class ModelDrafter(OwnK):
 
     def catchup_tokens(self, ids: list[int]) -> int:
         """Committed ids the next propose(ids) would prefill before drafting (0 when a round's feed covers them)."""
-        behind = self._behind(ids)
-        return behind if behind > MAX_ROUND_LAG else 0
+        return lag_split(self._behind(ids))[0]
 
     def fed_tokens(self, ids: list[int]) -> int:
         """Committed ids the next propose(ids) reads with its first drafting pass besides the one a round leaves
         unread (0 when none, or when they are many enough for a prefill of their own)."""
-        behind = self._behind(ids)
-        return behind - 1 if 1 < behind <= MAX_ROUND_LAG else 0
+        return lag_split(self._behind(ids))[1]
 
     def _sync(self, ids: list[int]) -> None:
         keep = min(common_prefix(self.cached, ids), len(ids) - 1)
