@@ -53,9 +53,9 @@ from engine.api.messages import replace_surrogates
 Messages = list[dict[str, str]]
 
 # A chat reply's measured speedup is speculative tokens/s over plain tokens/s, and on a machine whose load changes
-# from one minute to the next both rates must come from the same minutes. So the local engine runs one round in
-# PLAIN_EVERY as a plain step (engine.api.live.plain_step_due: by round number, so a sampled reply stays the same
-# from the same seed; under greedy decoding it commits the very token speculation would have): a few % of the time.
+# from one minute to the next both rates must come from the same minutes. So the local engine makes a run of
+# engine.api.live.PLAIN_RUN rounds in every PLAIN_EVERY plain steps (plain_step_due: by round number, so a sampled
+# reply stays the same from the same seed; under greedy decoding they commit the very tokens speculation would have).
 # The charts (app/views/chart_data.py) set the speculative rounds' wall time against these steps'.
 PLAIN_EVERY = 16
 

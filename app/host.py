@@ -205,7 +205,7 @@ class EngineHost(HostSignals):
     def generate(self, messages: list[dict[str, str]], sampling: SamplingParams, spec: SpecParams,
                  stepping: bool = False, plain_every: int = 0) -> RequestHandle:
         """stepping: the engine pauses after each phase of a round (phase signal) until step() or resume().
-        plain_every: one plain step every that many rounds (engine.api.live.plain_step_due), 0 none."""
+        plain_every: a run of plain steps every that many rounds (engine.api.live.plain_step_due), 0 none."""
         handle = RequestHandle(next(self._ids), self.send)
         self.pending[handle.id] = handle
         self.send(Generate(handle.id, [dict(m) for m in messages], sampling, spec, stepping, plain_every))

@@ -11,9 +11,10 @@ a slow one refreshes less often, never slower generation.
 Speedup, measured vs theoretical (Leviathan et al.), each reply's own: the measured figure is the reply's
 speculative tokens/s over its plain tokens/s, both in wall time (each round's time runs from the end of the one
 before it, so catch-ups, sampling and rollback count; round 1, which reads the prompt, counts on neither side). The
-plain side is the reply's plain steps: the engine makes every 16th round of a chat reply one
-(app.controller.PLAIN_EVERY). A plain rate from other minutes (an earlier reply, Run > Compare) never enters it:
-under a load that changes, the two would measure different machines. Until the reply has timed a plain step the
+plain side is the reply's plain steps: every 16 rounds the engine makes a run of three rounds of a chat reply plain
+(app.controller.PLAIN_EVERY, engine.api.live.PLAIN_RUN), and all but each run's first are timed. A plain rate from
+other minutes (an earlier reply, Run > Compare) never enters it: under a load that changes, the two would measure
+different machines. Until the reply has timed a plain step the
 figure is "—", with the reason in the tooltip.
 theory = (1 - a^(K+1)) / ((1 - a)(1 + K c)), with a the reply's acceptance rate, K its mean number of tokens drafted
 per drafting round, and c = (mean draft ms per drafted token) / (its plain step), or / (mean verify ms per round)
@@ -455,8 +456,9 @@ class ChartsPanel(QWidget):
                    f"are uncertain by \u00b1{e:.0%} (one standard error); Run \u203a Compare times a plain step for "
                    "every token")
             basis = (f"Measured, in wall time: this reply's speculative rounds, {spec.committed} tokens in "
-                     f"{spec.seconds:.1f} s ({spec.tokens_per_s:.1f} tok/s), against its {plain.rounds} plain "
-                     f"step{'s' if plain.rounds != 1 else ''}, "
+                     f"{spec.seconds:.1f} s ({spec.tokens_per_s:.1f} tok/s), against its {plain.rounds} timed plain "
+                     f"step{'s' if plain.rounds != 1 else ''} (a run's first, after speculative rounds, is not timed: "
+                     "under load it ran faster than plain decoding does), "
                      f"{plain.committed} tokens in {plain.seconds:.2f} s ({plain.tokens_per_s:.1f} tok/s){err}. Each "
                      "round's time runs from the end of the round before it, so the draft model's catch-ups, "
                      "sampling and rollback are in; the first round (it reads the prompt) is in neither.")
@@ -464,8 +466,9 @@ class ChartsPanel(QWidget):
             basis = "Measured: \u2014, this reply has no timed speculative round yet (its first reads the prompt)."
         else:
             basis = ("Measured: \u2014, this reply has timed no plain step yet, and a plain rate from other minutes "
-                     "(another reply, a Compare) would measure a differently loaded machine. A chat reply times one "
-                     "every 16 rounds; Run \u203a Compare gives the paired A/B.")
+                     "(another reply, a Compare) would measure a differently loaded machine. A chat reply runs three "
+                     "in a row every 16 rounds and times the second and third; Run \u203a Compare gives the paired "
+                     "A/B.")
         return (basis + "\nTheory (Leviathan): (1 \u2212 \u03b1^(K+1)) / ((1 \u2212 \u03b1)(1 + K\u00b7c)), with "
                 "\u03b1 the acceptance rate, K the tokens drafted per round and c one draft step's cost in target "
                 "steps, all this reply's; per drafter under the hybrid. c\u2248: no plain step timed yet, the verify "

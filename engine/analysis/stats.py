@@ -120,15 +120,20 @@ class SpeedTotals:
     drafting: DrafterTotals = field(default_factory=DrafterTotals)  # the rounds that drafted, all drafters
     by_drafter: dict[str, DrafterTotals] = field(default_factory=dict)  # "model" / "ngram", in first-seen order
     # The measured speedup's two sides, each in wall time. A request's first round is in neither: its gap holds the
-    # prompt's prefills (the target's, and the draft model's lazy one), which no decoding rate counts.
+    # prompt's prefills (the target's, and the draft model's lazy one), which no decoding rate counts. Nor is a plain
+    # round that follows a speculative one: under a busy core that step ran faster than plain decoding does
+    # (engine.api.live.PLAIN_RUN), so the plain side is the steps that follow a plain step.
     spec_wall: WallTotals = field(default_factory=WallTotals)
     plain_wall: WallTotals = field(default_factory=WallTotals)
-    last_round: tuple[int, float] | None = None  # (round, elapsed_s) of the round added last
+    last_round: tuple[int, float, str] | None = None  # (round, elapsed_s, mode) of the round added last
 
     def add(self, event: RoundEvent) -> None:
+        prev = self.last_round
         gap = self._gap(event)
-        if gap is not None:
-            (self.spec_wall if event.mode == "speculative" else self.plain_wall).add(event, gap)
+        if gap is not None and event.mode == "speculative":
+            self.spec_wall.add(event, gap)
+        elif gap is not None and prev is not None and prev[2] == "plain":
+            self.plain_wall.add(event, gap)
         if not event.drafted:
             self.step_passes += 1
             self.step_ms += event.verify_ms
@@ -147,7 +152,7 @@ class SpeedTotals:
     def _gap(self, event: RoundEvent) -> float | None:
         """Seconds since the previous round of the same request ended; None for a request's first round (the
         prefills) or when the previous round of the request was not added here."""
-        prev, self.last_round = self.last_round, (event.round, event.elapsed_s)
+        prev, self.last_round = self.last_round, (event.round, event.elapsed_s, event.mode)
         if event.round <= 1 or prev is None or prev[0] != event.round - 1 or event.elapsed_s < prev[1]:
             return None
         return event.elapsed_s - prev[1]

@@ -52,14 +52,19 @@ class StepGate:
 
 
 PLAIN_FIRST = 5  # a reply's first plain step: after its first rounds (the first one carries the draft's prefill)
+# Plain steps come as a run of this many in a row. Under a busy core the first plain step after speculative rounds
+# ran faster than continuous plain decoding (docs/app.md: in the window 93-134 ms a token against Run > Compare's
+# 161-176 ms), so the window's basis times only the steps that follow a plain step (app/views/chart_data.py).
+PLAIN_RUN = 3
 
 
 def plain_step_due(round_no: int, every: int) -> bool:
-    """With `every` > 0, round PLAIN_FIRST and every `every`-th round after it is one plain step, and speculation as
-    set goes on in the next. Fixed by round number, never asked for when the window gets round to it: each choice
-    changes how many random numbers a round draws, so a sampled reply is the same from the same seed only if its
-    plain steps fall on the same rounds however fast the window reads (step-through and its twin rely on it)."""
-    return every > 0 and round_no >= PLAIN_FIRST and (round_no - PLAIN_FIRST) % every == 0
+    """With `every` > 0, a run of PLAIN_RUN plain steps from round PLAIN_FIRST and again every `every` rounds after
+    it (fewer when `every` leaves no speculative round between runs), and speculation as set goes on after each run.
+    Fixed by round number, never asked for when the window gets round to it: each choice changes how many random
+    numbers a round draws, so a sampled reply is the same from the same seed only if its plain steps fall on the same
+    rounds however fast the window reads (step-through and its twin rely on it)."""
+    return every > 0 and round_no >= PLAIN_FIRST and (round_no - PLAIN_FIRST) % every < min(PLAIN_RUN, every - 1)
 
 
 class Controls:

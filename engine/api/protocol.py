@@ -93,7 +93,7 @@ class Generate(_Checked):
     sampling: SamplingParams
     spec: SpecParams
     stepping: bool = False
-    plain_every: int = 0  # 0: no plain steps but those the spec asks for
+    plain_every: int = 0  # 0: no plain steps but those the spec asks for; else runs of them (live.plain_step_due)
 
 
 @dataclass(frozen=True)

@@ -70,18 +70,22 @@ def test_speedup_shows_only_what_is_measured(panel):
     assert "Speedup \u2014 vs plain measured this reply" == title
     assert len(panel.curves["measured"].getData()[0] or []) == 0
     assert "no plain step yet" in panel.plots["speedup"].toolTip().replace("timed no plain step yet", "no plain step yet")
-    plain = make_round(5, (), (), "p", Origin.PLAIN, mode="plain", drafter=None, draft_ms=0.0, verify_ms=20.0)
-    panel.feed(_timed(plain, 1.09))  # 30 ms after round 4
-    panel.feed(_timed(make_round(6, ("a",), ("x",), "d", k=2, draft_ms=2.0, verify_ms=12.0), 1.11))
+    first = make_round(5, (), (), "p", Origin.PLAIN, mode="plain", drafter=None, draft_ms=0.0, verify_ms=20.0)
+    panel.feed(_timed(first, 1.08))  # after speculative rounds: timed on neither side
+    panel.flush(full=True)
+    assert "Speedup \u2014 vs plain measured this reply" == panel.plots["speedup"].titleLabel.item.toPlainText()
+    plain = make_round(6, (), (), "p", Origin.PLAIN, mode="plain", drafter=None, draft_ms=0.0, verify_ms=20.0)
+    panel.feed(_timed(plain, 1.11))  # 30 ms after round 5
+    panel.feed(_timed(make_round(7, ("a",), ("x",), "d", k=2, draft_ms=2.0, verify_ms=12.0), 1.13))
     panel.flush(full=True)
     x, measured = panel.curves["measured"].getData()
-    assert list(x) == [5, 6] and np.isnan(measured[0])  # round 5 is the plain step: a break
-    # rounds 2, 3, 4 and 6: 10 tokens in 80 ms, against 1 token in 30 ms
-    assert measured[1] == pytest.approx((10 / 0.08) / (1 / 0.03))
+    assert list(x) == [5, 6, 7] and np.isnan(measured[:2]).all()  # rounds 5 and 6 are plain steps: a break
+    # rounds 2, 3, 4 and 7: 10 tokens in 80 ms, against 1 token in 30 ms
+    assert measured[2] == pytest.approx((10 / 0.08) / (1 / 0.03))
     title = panel.plots["speedup"].titleLabel.text
     assert f"{measured[-1]:.2f}\u00d7</span> vs plain measured this reply" in title
     tip = panel.plots["speedup"].toolTip()
-    assert "10 tokens in 0.1 s" in tip and "1 plain step, 1 tokens in 0.03 s" in tip
+    assert "10 tokens in 0.1 s" in tip and "1 timed plain step" in tip and "1 tokens in 0.03 s" in tip
 
 
 def test_a_loose_plain_basis_says_so_in_the_title_and_the_tip(panel):
@@ -107,11 +111,13 @@ def test_a_loose_plain_basis_says_so_in_the_title_and_the_tip(panel):
     spec_round()  # round 1: the prefills, on neither side
     for gap in (0.020, 0.021, 0.020):
         spec_round()
+        plain_step(0.040)  # a run's first plain step, after speculative rounds: not timed
         plain_step(gap)
     panel.flush(full=True)
     assert "\u00b1" not in panel.plots["speedup"].titleLabel.text  # steady: 3% at most
     for gap in (0.060, 0.020, 0.060):
         spec_round()
+        plain_step(0.040)  # a run's first plain step, after speculative rounds: not timed
         plain_step(gap)
     panel.flush(full=True)
     err = panel.buffer.reply.plain_wall.relative_error
@@ -234,7 +240,7 @@ def test_the_speedup_lines_break_across_plain_rounds(panel):
     """The measured and theory speedups (running totals)
     ran flat across a speculation-off reply's rounds while the acceptance line broke there."""
     spec = rounds()
-    modes = ["s", "p", "s", "s", "p", "p", "s", "s"]  # a plain step early: a basis from round 3 on
+    modes = ["s", "p", "p", "s", "s", "p", "p", "s"]  # a run of plain steps early: a basis from round 3 on
     for i, mode in enumerate(modes, 1):
         ev = (make_round(i, (), (), "p", Origin.PLAIN, mode="plain", drafter=None, draft_ms=0.0, verify_ms=20.0)
               if mode == "p" else dataclasses.replace(spec[i % 4], round=i))
@@ -242,10 +248,10 @@ def test_the_speedup_lines_break_across_plain_rounds(panel):
     panel.flush(full=True)
     x, y = panel.curves["measured"].getData()
     assert list(x) == [2, 3, 4, 5, 6, 7, 8]  # round 1 has no basis yet: no point
-    assert np.isnan(y[[0, 3, 4]]).all() and np.isfinite(y[[1, 2, 5, 6]]).all()
+    assert np.isnan(y[[0, 1, 4, 5]]).all() and np.isfinite(y[[2, 3, 6]]).all()
     x, y = panel.curves["theoretical"].getData()
     assert list(x) == [1, 2, 3, 4, 5, 6, 7, 8]
-    assert np.isnan(y[[1, 4, 5]]).all() and np.isfinite(y[[0, 2, 3, 6, 7]]).all()
+    assert np.isnan(y[[1, 2, 5, 6]]).all() and np.isfinite(y[[0, 3, 4, 7]]).all()
     for name in ("measured", "theoretical"):
         assert panel.curves[name].opts["connect"] == "finite", name
 
@@ -280,7 +286,7 @@ def test_a_plain_rate_from_other_minutes_does_not_move_the_speedup(panel):
     def reply(slow: float) -> list:
         evs, elapsed = [], 0.5  # round 1 ends after the prompt's prefill
         for i in range(1, 41):
-            if i % 16 == 4:  # the reply's plain step
+            if i % 16 in (4, 5):  # the reply's run of plain steps (the first one is not timed)
                 elapsed += 0.02 * slow * (i > 1)
                 evs.append(make_round(i, (), (), "p", Origin.PLAIN, mode="plain", drafter=None, draft_ms=0.0,
                                       verify_ms=20.0 * slow, elapsed_s=elapsed))

@@ -11,7 +11,7 @@ import torch
 from engine.analysis.theory import theoretical_speedup
 from engine.api.config import SamplingParams, SpecParams
 from engine.api.events import Origin, RoundEvent, Summary
-from engine.api.live import PLAIN_FIRST, plain_step_due
+from engine.api.live import PLAIN_FIRST, PLAIN_RUN, plain_step_due
 from engine.runtime.engine import Controls, Engine
 from engine.spec.adaptive import AdaptiveK
 from tests.tiny import tiny_engine
@@ -403,22 +403,25 @@ def test_adaptive_k_measures_the_verify_width():
 
 
 def test_plain_steps_fall_on_fixed_rounds():
-    assert [r for r in range(1, 40) if plain_step_due(r, 16)] == [PLAIN_FIRST, PLAIN_FIRST + 16, PLAIN_FIRST + 32]
+    runs = [PLAIN_FIRST, PLAIN_FIRST + 16, PLAIN_FIRST + 32]
+    assert [r for r in range(1, 40) if plain_step_due(r, 16)] == [s + i for s in runs for i in range(PLAIN_RUN)]
+    assert [r for r in range(1, 12) if plain_step_due(r, 2)] == [5, 7, 9, 11]  # a speculative round between runs
+    assert not any(plain_step_due(r, 1) for r in range(1, 40))
     assert not any(plain_step_due(r, 0) for r in range(1, 40))
     assert not any(plain_step_due(r, -3) for r in range(1, 40))
 
 
-def test_plain_steps_are_single_rounds_and_greedy_output_is_plains(engine, prompt, plain):
-    """The window's measured speedup times single plain steps (Controls.plain_every); the engine runs them on the
-    rounds plain_step_due names and speculation goes on after each, and greedy output is plain's."""
+def test_plain_steps_come_in_runs_and_greedy_output_is_plains(engine, prompt, plain):
+    """The window's measured speedup times runs of plain steps (Controls.plain_every); the engine runs them on the
+    rounds plain_step_due names and speculation goes on after each run, and greedy output is plain's."""
     engine.reset()
     controls = Controls(GREEDY, SPEC)
     controls.plain_every = 6
     events, s = drive(engine, prompt, GREEDY, SPEC, controls, lambda ev: None)
     modes = {ev.round: ev.mode for ev in events}
     last = events[-1].round  # may be plain: the length budget leaves room for its one token only
-    assert [r for r, m in modes.items() if m == "plain" and r != last] == [5, 11], modes
-    assert modes[6] == modes[12] == "speculative"
+    assert last > 14 and [r for r, m in modes.items() if m == "plain" and r <= 14] == [5, 6, 7, 11, 12, 13], modes
+    assert modes[8] == modes[14] == "speculative"
     assert s.token_ids == plain.token_ids
     assert_consistent(engine)
 
