@@ -41,12 +41,12 @@ from engine.analysis.theory import expected_tokens
 
 MODEL, NGRAM, NONE = "model", "ngram", "none"
 
-# Leaving the draft model for the n-gram lookup takes an estimate better by this share. The two are priced from pass
-# timings that scatter 10-20% from round to round, so close estimates trade places on noise, and leaving the model is
-# the costly mistake: its acceptance goes stale and it must read the ids it missed when it comes back. (The way back
-# takes no margin: a model whose estimate relaxes towards its long run returns as soon as it leads.) In the policy
-# replay with 15% timing noise (scripts/bench/policy_replay.py, 10 seeds) it raised math 0.970 -> 0.981 and RAG
-# 0.944 -> 0.989 of the best fixed mode, summarization 0.950 -> 0.941; without noise no kind lost.
+# After a model round that passed drafts, leaving the draft model for the n-gram lookup takes an estimate better by
+# this share. The two are priced from pass timings that scatter 10-20% from round to round, so close estimates trade
+# places on noise, and leaving the model is the costly mistake: its acceptance goes stale and it must read the ids it
+# missed when it comes back. A round that passed nothing is acceptance, not noise, and the way back takes no margin.
+# In the policy replay with 15% timing noise (scripts/bench/policy_replay.py, 10 seeds) it raised math 0.970 -> 0.983
+# and RAG 0.944 -> 0.983 of the best fixed mode, summarization 0.950 -> 0.963; no kind lost, with noise or without.
 SWITCH_MARGIN = 0.2
 EXPLORE_EVERY = 16  # rounds a drafter may go unused before it drafts one round to refresh its estimates
 FIRST_TRIES = 3  # a request's first draft-model rounds, drafted whatever the estimates say: one round is no measure
@@ -111,6 +111,7 @@ class PolicyState:
     last_used: dict[str, int] = field(default_factory=dict)  # drafter -> the last round it drafted
     model_rounds: int = 0  # rounds the draft model drafted in this request
     last_drafter: str = NONE  # the drafter of the round before (MODEL, NGRAM or NONE)
+    model_passed: bool = False  # whether the draft model's last round passed any draft
     recent: dict[str, Recent] = field(default_factory=dict)  # cost name -> its last measurements
 
     def start(self) -> None:
@@ -222,6 +223,7 @@ def observe_model(state: PolicyState, drafted: int, accepted: int, draft_s: floa
     if drafted < 1:
         return
     trials = accepted + (1 if accepted < drafted else 0)
+    state.model_passed = accepted > 0
     state.hits = state.hits * DECAY + accepted
     state.trials = state.trials * DECAY + trials
     state.m_rounds = state.m_rounds * DECAY + 1
@@ -346,7 +348,7 @@ def choose(state: PolicyState, offer: Offer | None, k_max: int, model_lag: int, 
     ngrams = ngram_options(state, offer)
     best = max([plain, *models, *ngrams], key=lambda ch: ch.speedup)  # ties: plain first, then the model
     explored = ""
-    held = _held(state.last_drafter, best, plain, models)
+    held = _held(state, best, plain, models)
     if held is not None:
         explored, best = f"kept: n-gram ahead by less than {SWITCH_MARGIN:.0%}", held
     last, tries = state.last_used.get(MODEL), state.model_rounds
@@ -369,10 +371,11 @@ def choose(state: PolicyState, offer: Offer | None, k_max: int, model_lag: int, 
     return _explain(best, plain, models, ngrams, explored)
 
 
-def _held(last: str, best: Choice, plain: Choice, models: list[Choice]) -> Choice | None:
-    """The draft model's best option after a model round, where `best` is the n-gram lookup's by less than
-    SWITCH_MARGIN and the model still beats no draft."""
-    if last != MODEL or best.drafter != NGRAM or not models:
+def _held(state: PolicyState, best: Choice, plain: Choice, models: list[Choice]) -> Choice | None:
+    """The draft model's best option after a model round that passed drafts, where `best` is the n-gram lookup's by
+    less than SWITCH_MARGIN and the model still beats no draft. A round that passed nothing is acceptance, not timing
+    noise: the model is then left as soon as it trails."""
+    if state.last_drafter != MODEL or not state.model_passed or best.drafter != NGRAM or not models:
         return None
     keep = max(models, key=lambda ch: ch.speedup)
     if keep.speedup < plain.speedup or keep.speedup * (1 + SWITCH_MARGIN) < best.speedup:
