@@ -28,6 +28,7 @@ from engine.tools.specbench import Question, Tally
 DRAFTER_OF = {"draft": "model", "ngram": "ngram", "hybrid": "hybrid"}  # mode -> SpecParams.drafter
 MODES = ("plain", *DRAFTER_OF, "default")  # default: the app's settings as it starts (APP_DEFAULTS)
 PROG = "speclens-bench"
+MAX_REPEATS = 100  # passes over the prompts, --repeats and --min-tokens' top-up together
 
 
 def fail(reason: str) -> NoReturn:
@@ -175,15 +176,33 @@ def run_mode(engine: Engine, prompts: list[list[int]] | list[Question], mode: st
     return run.result()
 
 
-def run_interleaved(engine: Engine, questions: list[Question], runs: list[ModeRun]) -> list[Result]:
+def run_interleaved(engine: Engine, questions: list[Question], runs: list[ModeRun], start: int = 0) -> list[Result]:
     """Every run over every question, prompt by prompt, each prompt starting one run further along, so a machine
     whose speed drifts over minutes (a shared host: +-25%) slows every mode alike instead of whichever ran in the
-    slow minutes."""
-    for i, question in enumerate(questions):
+    slow minutes. start: prompts already asked (a top-up goes on turning where the first pass stopped)."""
+    for i, question in enumerate(questions, start):
         for run in runs[i % len(runs):] + runs[: i % len(runs)]:
             r = run_mode(engine, [question], run.mode, run.spec.k, run.sampling, into=run)
-            print(f"  prompt {i + 1}/{len(questions)} {run.label}: {r.tokens_per_s:.2f} tok/s so far", file=sys.stderr)
+            print(f"  prompt {i + 1}/{start + len(questions)} {run.label}: {r.tokens_per_s:.2f} tok/s so far",
+                  file=sys.stderr)
     return [run.result() for run in runs]
+
+
+def top_up(questions: list[Question], repeats: int, first: ModeRun, min_tokens: int,
+           max_repeats: int = MAX_REPEATS) -> list[Question]:
+    """The questions to ask again so that every category's replies hold at least `min_tokens` new tokens (in
+    `first`, the run whose replies were counted after `repeats` passes; under greedy decoding every mode's are the
+    same tokens), at most `max_repeats` passes in all. Spec-Bench's categories differ in reply length (a translation
+    answers in ~16 tokens, a summary in 128), so equal repeats leave the short kinds a few seconds of decoding, whose
+    rates scatter by several percent from scheduling alone."""
+    extra: list[Question] = []
+    for category, tally in sorted(first.categories.items()):
+        if tally.new_tokens >= min_tokens or tally.new_tokens <= 0:
+            continue
+        per_pass = tally.new_tokens / repeats
+        more = min(math.ceil((min_tokens - tally.new_tokens) / per_pass), max_repeats - repeats)
+        extra += [q for q in questions if q.category == category] * max(more, 0)
+    return extra
 
 
 def _per_position(rounds: list[RoundEvent]) -> list[float]:
@@ -377,6 +396,9 @@ def _parser() -> _Parser:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--repeats", type=int, default=1, help="ask every prompt this many times (the modes' turns moving "
                     "on each time), for rates steadier than one reply's")
+    ap.add_argument("--min-tokens", type=int, default=0, help="ask a kind's prompts again (after --repeats) until its "
+                    "replies hold this many new tokens a mode, so that kinds of short replies are measured as long "
+                    f"as the others (at most {MAX_REPEATS} passes in all)")
     ap.add_argument("--modes", default="plain,draft,ngram")
     ap.add_argument("--device", default=None)
     ap.add_argument("--json", dest="json_out", help="write the results here")
@@ -400,8 +422,10 @@ def _checked(a: argparse.Namespace) -> tuple[list[str], list[int], SamplingParam
     if not modes:
         fail("--modes names no mode")
     ks = parse_ks(a.k)
-    if not 1 <= a.repeats <= 100:
-        fail(f"--repeats must be in 1..100, got {a.repeats}")
+    if not 1 <= a.repeats <= MAX_REPEATS:
+        fail(f"--repeats must be in 1..{MAX_REPEATS}, got {a.repeats}")
+    if not 0 <= a.min_tokens <= 1_000_000:
+        fail(f"--min-tokens must be in 0..1000000, got {a.min_tokens}")
     try:
         sampling = SamplingParams(temperature=a.temperature, top_p=a.top_p, max_new_tokens=a.max_new_tokens,
                                   seed=a.seed)
@@ -449,6 +473,10 @@ def main(argv: list[str] | None = None) -> int:
     runs = [ModeRun(mode, k, sampling, a.stop_below, a.adaptive)
             for mode in modes for k in ([ks[0]] if mode in ("plain", "default") else ks)]  # neither reads --k
     results = run_interleaved(engine, questions * a.repeats, runs)
+    extra = top_up(questions, a.repeats, runs[0], a.min_tokens) if a.min_tokens else []
+    if extra:
+        print(f"--min-tokens {a.min_tokens}: {len(extra)} more replies a mode for the short kinds", file=sys.stderr)
+        results = run_interleaved(engine, extra, runs, start=len(questions) * a.repeats)
     out = {"device": str(engine.device), "kernels": kernels, "target": engine.target_name,
            "draft": engine.draft_name, **report(results, sampling.greedy, by_category)}
     if a.json_out:

@@ -95,6 +95,7 @@ class Tally:
     """One mode's counts over some replies (a category, or all)."""
 
     new_tokens: int = 0
+    replies: int = 0
     decode_s: float = 0.0
     rounds: int = 0  # target passes after the prompt's prefill: one a round
     drafted: int = 0
@@ -105,6 +106,7 @@ class Tally:
     def add(self, events: Iterable[RoundEvent], summary: Summary) -> None:
         events = list(events)
         self.new_tokens += summary.new_tokens
+        self.replies += 1
         self.decode_s += decode_seconds(events, summary)
         for e in events:
             self.add_round(e)
@@ -122,6 +124,7 @@ class Tally:
 
     def merge(self, other: Tally) -> None:
         self.new_tokens += other.new_tokens
+        self.replies += other.replies
         self.decode_s += other.decode_s
         self.rounds += other.rounds
         self.drafted += other.drafted
@@ -156,5 +159,5 @@ class Tally:
                 "mean_accepted_length": round(self.mean_accepted_length, 4),
                 "acceptance_rate": None if self.acceptance_rate is None else round(self.acceptance_rate, 4),
                 "acceptance_per_position": [round(x, 4) for x in self.per_position],
-                "new_tokens": self.new_tokens, "rounds": self.rounds, "drafted": self.drafted,
+                "new_tokens": self.new_tokens, "replies": self.replies, "rounds": self.rounds, "drafted": self.drafted,
                 "accepted": self.accepted}

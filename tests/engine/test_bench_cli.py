@@ -72,6 +72,7 @@ CASES = [
     ("no-prompts", lambda t: ["--prompts", write(t, "e.jsonl", b"\n\n")], "holds no prompts"),
     ("stop-below-one", lambda t: ["--stop-below", "1.0"], "stop_below must be in [0, 1), got 1.0"),
     ("no-repeats", lambda t: ["--repeats", "0"], "--repeats must be in 1..100, got 0"),
+    ("negative-min-tokens", lambda t: ["--min-tokens", "-5"], "--min-tokens must be in 0..1000000, got -5"),
 ]
 
 
@@ -130,6 +131,18 @@ def test_good_arguments_reach_loading_and_run(tmp_path, prompts, monkeypatch):
     for r in twice["results"]:
         assert len(r["outputs"]) == 2 * n_prompts and r["outputs"][:n_prompts] == r["outputs"][n_prompts:]
     assert twice["identical_to_plain"] == {"draft K=1": True}
+    # --min-tokens tops a kind up: two kinds of one question each, 4 tokens a reply, at least 10 tokens a kind
+    two = tmp_path / "two.jsonl"
+    two.write_text("\n".join(json.dumps({"question_id": i, "category": c, "turns": ["hi"]})
+                             for i, c in enumerate(("qa", "translation"))), encoding="utf-8")
+    assert main(["--prompts", str(two), "--k", "1", "--max-new-tokens", "4", "--modes", "plain,draft",
+                 "--json", str(out), "--min-tokens", "10"]) == 0
+    topped = json.loads(out.read_text())
+    for mode in ("plain", "draft K=1"):
+        for kind in ("qa", "translation"):
+            figures = topped["categories"][kind][mode]
+            assert (figures["replies"], figures["new_tokens"]) == (3, 12), (mode, kind, figures)
+    assert topped["identical_to_plain"] == {"draft K=1": True}
 
 
 def test_the_json_records_what_each_mode_drafted_and_cost(tmp_path, prompts, monkeypatch):
