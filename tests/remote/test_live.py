@@ -60,8 +60,11 @@ class LlamaServer:
         self.url = f"http://127.0.0.1:{self.port}"
         target, draft_file = _models()
         cmd = [str(SHARED / "llama_server.sh"), str(target), str(draft_file) if draft else "-", str(self.port)]
+        # One thread each: these tests check what the servers say, not their speed, and a 2-thread llama.cpp on a
+        # 2-core machine with other work on one core waits at every op's barrier for its descheduled half (a 32-token
+        # reply took over 120 s beside a busy process where it takes ~20 s alone).
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                     start_new_session=True, env={**os.environ, "THREADS": "2"})
+                                     start_new_session=True, env={**os.environ, "THREADS": "1"})
         deadline = time.monotonic() + READY_S
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
