@@ -22,9 +22,19 @@ def chunk_tokens(device) -> int:
     return PREFILL_CHUNK if torch.device(device).type == "cpu" else GPU_PREFILL_CHUNK
 
 
+PREFIX_BLOCK = 64  # ids compared as one slice before the walk id by id
+
+
 def common_prefix(a: list[int], b: list[int]) -> int:
+    """How many leading ids a and b share. The hybrid drafter asks every round (the draft cache against the
+    committed ids, the lookup's history against them), where one list nearly always extends the other: slices
+    compare in C, an order of magnitude faster than a walk id by id in Python, whose cost grew with the context."""
     n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
     i = 0
+    while i + PREFIX_BLOCK <= n and a[i : i + PREFIX_BLOCK] == b[i : i + PREFIX_BLOCK]:
+        i += PREFIX_BLOCK
     while i < n and a[i] == b[i]:
         i += 1
     return i

@@ -193,3 +193,27 @@ def test_tokens_per_s_is_the_decode_rate_whatever_the_prefill_cost():
     assert cold.tokens_per_s > 3 * cold.new_tokens / cold.total_s
     # And so the first (cold) and second (warm) run of a comparison are on the same footing.
     assert cold.tokens_per_s > warm.tokens_per_s / 10
+
+
+def test_common_prefix_is_the_walk_id_by_id():
+    """The slice-compare version against the plain definition: a parting before, inside and after a compared
+    block, at a block's edge, in lists of different lengths, and none."""
+    import random
+
+    def walk(a, b):
+        i = 0
+        while i < min(len(a), len(b)) and a[i] == b[i]:
+            i += 1
+        return i
+
+    rng = random.Random(0)
+    cases = [([], []), ([1], []), ([1, 2], [1, 2]), ([1, 2], [1, 3])]
+    for n in (1, 63, 64, 65, 128, 200, 1500):
+        base = [rng.randrange(1000) for _ in range(n)]
+        cases.append((base, base + [7, 8]))
+        for at in {0, n // 2, n - 1, 63, 64, 65, 127, 128} - {x for x in (63, 64, 65, 127, 128) if x >= n}:
+            other = list(base)
+            other[at] = other[at] + 1
+            cases += [(base, other), (other + [1], base), (base, other[: at + 1] + [5] * 70)]
+    for a, b in cases:
+        assert common_prefix(a, b) == walk(a, b) == common_prefix(b, a), (len(a), len(b))
