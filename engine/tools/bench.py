@@ -188,23 +188,6 @@ def run_interleaved(engine: Engine, questions: list[Question], runs: list[ModeRu
     return [run.result() for run in runs]
 
 
-def top_up(questions: list[Question], repeats: int, first: ModeRun, min_tokens: int,
-           max_repeats: int = MAX_REPEATS) -> list[Question]:
-    """The questions to ask again so that every category's replies hold at least `min_tokens` new tokens (in
-    `first`, the run whose replies were counted after `repeats` passes; under greedy decoding every mode's are the
-    same tokens), at most `max_repeats` passes in all. Spec-Bench's categories differ in reply length (a translation
-    answers in ~16 tokens, a summary in 128), so equal repeats leave the short kinds a few seconds of decoding, whose
-    rates scatter by several percent from scheduling alone."""
-    extra: list[Question] = []
-    for category, tally in sorted(first.categories.items()):
-        if tally.new_tokens >= min_tokens or tally.new_tokens <= 0:
-            continue
-        per_pass = tally.new_tokens / repeats
-        more = min(math.ceil((min_tokens - tally.new_tokens) / per_pass), max_repeats - repeats)
-        extra += [q for q in questions if q.category == category] * max(more, 0)
-    return extra
-
-
 def _per_position(rounds: list[RoundEvent]) -> list[float]:
     tally = Tally()
     for e in rounds:
@@ -473,7 +456,8 @@ def main(argv: list[str] | None = None) -> int:
     runs = [ModeRun(mode, k, sampling, a.stop_below, a.adaptive)
             for mode in modes for k in ([ks[0]] if mode in ("plain", "default") else ks)]  # neither reads --k
     results = run_interleaved(engine, questions * a.repeats, runs)
-    extra = top_up(questions, a.repeats, runs[0], a.min_tokens) if a.min_tokens else []
+    extra = (specbench.top_up(questions, a.repeats, runs[0].categories, a.min_tokens, MAX_REPEATS)
+             if a.min_tokens else [])
     if extra:
         print(f"--min-tokens {a.min_tokens}: {len(extra)} more replies a mode for the short kinds", file=sys.stderr)
         results = run_interleaved(engine, extra, runs, start=len(questions) * a.repeats)

@@ -13,6 +13,7 @@ per-position counters define it: of the rounds that drafted position i, the shar
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -88,6 +89,22 @@ def decode_seconds(events: Iterable[RoundEvent], summary: Summary) -> float:
     later catch-up (text another drafter's rounds committed) is paid to decode and stays in."""
     prompt_draft_ms = next((e.draft_prefill_ms for e in events if e.draft_prefill_ms > 0), 0.0)
     return summary.total_s - summary.prefill_s - prompt_draft_ms / 1e3
+
+
+def top_up(questions: list[Question], repeats: int, counted: dict[str, Tally], min_tokens: int,
+           max_repeats: int) -> list[Question]:
+    """The questions to ask again so that every category's replies hold at least `min_tokens` new tokens (`counted`:
+    one mode's tallies after `repeats` passes; under greedy decoding every mode's are the same tokens), at most
+    `max_repeats` passes in all. Spec-Bench's categories differ in reply length (a translation answers in a few
+    tokens, a summary in many), so equal repeats leave the short kinds a few seconds of decoding, whose rates
+    scatter by several percent from scheduling alone."""
+    extra: list[Question] = []
+    for category, tally in sorted(counted.items()):
+        if tally.new_tokens >= min_tokens or tally.new_tokens <= 0:
+            continue
+        more = math.ceil((min_tokens - tally.new_tokens) / (tally.new_tokens / repeats))
+        extra += [q for q in questions if q.category == category] * max(min(more, max_repeats - repeats), 0)
+    return extra
 
 
 @dataclass

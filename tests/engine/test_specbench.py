@@ -77,14 +77,12 @@ def test_tally_counts_as_spec_bench_and_vllm_define_them():
 def test_a_top_up_asks_the_short_kinds_again_until_each_holds_enough_tokens():
     """After two passes a translation holds 30 tokens and a summary 250: with --min-tokens 100 the translation's two
     questions are asked five more times each (30 + 5 x 15 >= 100), the summary not at all; the cap on passes wins."""
-    from engine.tools.bench import ModeRun, top_up
-    from engine.api.config import SamplingParams
+    from engine.tools.specbench import top_up
 
     qs = [Question("t1", "translation", turns=("a",)), Question("s1", "summarization", turns=("b",)),
           Question("t2", "translation", turns=("c",))]
-    first = ModeRun("plain", 0, SamplingParams())
-    first.categories = {"translation": Tally(new_tokens=30, replies=4), "summarization": Tally(new_tokens=250)}
-    extra = top_up(qs, 2, first, 100)
+    counted = {"translation": Tally(new_tokens=30, replies=4), "summarization": Tally(new_tokens=250)}
+    extra = top_up(qs, 2, counted, 100, 100)
     assert sorted(q.id for q in extra) == ["t1"] * 5 + ["t2"] * 5
-    assert top_up(qs, 2, first, 30) == [] and top_up(qs, 2, first, 0) == []
-    assert sorted(q.id for q in top_up(qs, 2, first, 10_000, max_repeats=4)) == ["s1"] * 2 + ["t1"] * 2 + ["t2"] * 2
+    assert top_up(qs, 2, counted, 30, 100) == [] and top_up(qs, 2, counted, 0, 100) == []
+    assert sorted(q.id for q in top_up(qs, 2, counted, 10_000, 4)) == ["s1"] * 2 + ["t1"] * 2 + ["t2"] * 2
