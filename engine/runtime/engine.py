@@ -17,6 +17,7 @@ from engine.model.kv_cache import BlockManager, KVPool
 from engine.model.pages import HugePages
 from engine.model.transformer import Transformer
 from engine.cpu import kernels_name
+from engine.cpu.threads import ThreadGovernor
 from engine.runtime.clock import Clock
 from engine.runtime.detok import TokenTexts
 from engine.runtime.stepping import NO_STEPS, Marks, NoSteps, RoundSteps
@@ -67,6 +68,8 @@ class Engine:
         self.clock = Clock()  # leaves out the time step-through held the engine
         self.text_of = TokenTexts(tokenizer)
         self.inspect = True  # record the inspector's rows in each RoundEvent (~1-3 ms a round for 150k tokens on CPU)
+        # on the CPU, the kernels run on the cores other programs leave free (engine/cpu/threads.py)
+        self.threads = ThreadGovernor() if self.device.type == "cpu" else None
 
     @property
     def drafters(self) -> list[Drafter]:
@@ -215,9 +218,16 @@ class Engine:
         if self.model_drafter is not None:  # its lazy prefill of a long prompt stops between chunks too
             self.model_drafter.stop = lambda: controls.cancelled
             self.model_drafter.progress = reporter(controls, "draft", self.device)
+        if self.threads is not None:
+            self.threads.begin()
         t0 = self.clock.now()
         # a long prompt stops between its chunks, and says how far it has read after each
-        reused = self._prefill(prompt_ids, lambda: controls.cancelled, reporter(controls, "target", self.device))
+        try:
+            reused = self._prefill(prompt_ids, lambda: controls.cancelled, reporter(controls, "target", self.device))
+        except BaseException:
+            if self.threads is not None:
+                self.threads.end()
+            raise
         tally = RoundTally(len(prompt_ids), reused, self.clock.now() - t0, prefilled=len(prompt_ids) - 1 > reused)
         transcript = Transcript(self.tokenizer, self.ids, sampling.stop, self.eos_ids, sampling.max_new_tokens,
                                 self.max_seq_len)
@@ -227,6 +237,8 @@ class Engine:
                 if controls.cancelled:
                     stop, tail = "cancelled", transcript.release()  # what was held back belongs to the reply
                     break
+                if self.threads is not None:
+                    self.threads.update()
                 try:
                     event = self._round(tally.rounds + 1, controls, sampling, transcript, gen, t0, tally)
                 except DraftStopped:  # a cancel reached the draft model's prompt prefill: no round
@@ -323,6 +335,8 @@ class Engine:
         m.truncate_to(0, max(0, min(m.length(0), len(self.ids) - 1)))
         if self.model_drafter:
             self.model_drafter.rollback(self.ids)
+        if self.threads is not None:
+            self.threads.end()
 
 
 Reporter = Callable[[int, int, int], None]  # (tokens read, tokens to read, tokens reused) of one prefill
