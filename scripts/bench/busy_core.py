@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 
 from engine.api.config import SamplingParams
+from engine.api.events import RoundEvent
 from engine.tools import results
 from engine.tools.bench import load, mode_spec
 from scripts.bench.kernels import cpu_line
@@ -49,6 +50,8 @@ def main() -> None:
     print(cpu_line())
     print(f"threads set by the process: {torch.get_num_threads()}; {a.n} prompts, {a.max_new_tokens} new tokens")
     rates: dict[tuple[str, str, str], list[float]] = {}
+    fewer: dict[tuple[str, str], list[bool]] = {}  # per round: ran on fewer threads than the process's setting
+    ceiling = torch.get_num_threads()
     identical = True
     busy = subprocess.Popen([sys.executable, "-c", BUSY])
     try:
@@ -62,12 +65,16 @@ def main() -> None:
                     engine.threads = governor if setting == "governed" else None
                     for mode in MODES:
                         engine.reset()
-                        *_, s = engine.generate(ids, greedy, mode_spec(mode, 4))
+                        counts = []  # the kernels' thread count at each round
+                        for s in engine.generate(ids, greedy, mode_spec(mode, 4)):
+                            if isinstance(s, RoundEvent):
+                                counts.append(torch.get_num_threads())
                         rates.setdefault((state, mode, setting), []).append(s.tokens_per_s)
+                        fewer.setdefault((state, setting), []).extend(c < ceiling for c in counts)
                         reference = reference or s.token_ids
                         identical &= s.token_ids == reference
-                        print(f"  {row.get('id', n)} {state:5s} {setting:8s} {mode:7s} {s.tokens_per_s:6.2f} tok/s",
-                              flush=True)
+                        print(f"  {row.get('id', n)} {state:5s} {setting:8s} {mode:7s} {s.tokens_per_s:6.2f} tok/s  "
+                              f"threads {min(counts, default=ceiling)}-{max(counts, default=ceiling)}", flush=True)
     finally:
         engine.threads = governor
         busy.kill()
@@ -81,6 +88,9 @@ def main() -> None:
             f = statistics.median(rates[(state, mode, "fixed")])
             print(f"{state:6s}{mode:8s}{g:10.2f}{f:10.2f}{g / f:16.2f}")
             figures["rates"][f"{state} {mode}"] = {"governed_tok_s": g, "fixed_tok_s": f, "ratio": g / f}
+        share = statistics.mean(fewer[(state, "governed")])
+        print(f"{state:6s}governed rounds on fewer than {ceiling} threads: {share:.0%}")
+        figures[f"{state} governed rounds on fewer threads"] = share
     print("every reply equalled plain decoding:", "yes" if identical else "NO")
     results.record(a, "scripts.bench.busy_core", figures)
 
