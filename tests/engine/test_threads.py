@@ -193,7 +193,7 @@ def _logits(model, ids: list[int]) -> torch.Tensor:
     """Every position's logits for ids from a fresh cache: a prompt's worth of rows at once, as a prefill or a wide
     verify pass runs."""
     w = next(model.parameters())
-    pool = KVPool(model.cfg.num_layers, model.cfg.num_kv_heads, model.cfg.head_dim, BlockManager(32, 8, 256),
+    pool = KVPool(model.cfg.num_layers, model.cfg.num_kv_heads, model.cfg.head_dim, BlockManager(64, 16, 1024),
                   model.kv_dtype or w.dtype, w.device)
     pool.manager.allocate(0)
     start, end = pool.manager.append(0, len(ids))
@@ -204,15 +204,18 @@ def _logits(model, ids: list[int]) -> torch.Tensor:
 @pytest.mark.embedded
 def test_one_thread_and_two_compute_the_same_numbers(engine):
     ids = engine.encode_chat(PROMPT)
+    long = engine.encode_chat([{"role": "user", "content": "Summarize: " + "The quick brown fox jumps. " * 60}])
+    assert len(long) > 300  # a prompt's prefill path, attention over hundreds of keys
+    cases = {"step": ids[:1], "pass": ids[:5], "rows": ids, "long": long}
     out = {}
     for n in (1, 2):
         torch.set_num_threads(n)
         for role, model in (("target", engine.target), ("draft", engine.draft)):
-            out[role, n, "rows"] = _logits(model, ids)
-            out[role, n, "step"] = _logits(model, ids[:1])  # a one-token step
+            for kind, case in cases.items():
+                out[role, n, kind] = _logits(model, case)
     torch.set_num_threads(2)
     for role in ("target", "draft"):
-        for kind in ("rows", "step"):
+        for kind in cases:
             assert torch.equal(out[role, 1, kind], out[role, 2, kind]), (role, kind)
 
 
