@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 import torch
@@ -29,21 +29,40 @@ BUSY_CORE = 0.6
 AGREE = 2  # windows in a row that must call for the same count before it changes: one burst moves nothing
 
 
-def read_busy_s(path: str = "/proc/stat") -> float | None:
-    """Seconds every CPU of the machine has spent working since boot (user, nice, system, irq, softirq), or None
-    where the OS does not keep /proc/stat. Idle, I/O wait and the time a hypervisor stole are not work done here."""
+def allowed_cpus() -> list[int] | None:
+    """The CPUs this process may run on (its affinity: a container's or taskset's share of a larger machine), or None
+    where the OS does not say."""
+    try:
+        return sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return None
+
+
+def read_busy_s(cpus: Collection[int] | None = None, path: str = "/proc/stat") -> float | None:
+    """Seconds the CPUs `cpus` (every CPU when None) have spent working since boot (user, nice, system, irq,
+    softirq), or None where the OS does not keep /proc/stat or lists one of them nowhere. Idle, I/O wait and the time
+    a hypervisor stole are not work done here. Only the CPUs this process may use count: on a larger machine the
+    other CPUs' work takes no core from it."""
     try:
         with open(path, encoding="ascii") as f:
-            fields = f.readline().split()
+            lines = f.read(1 << 20).splitlines()
     except OSError:
         return None
-    if len(fields) < 8 or fields[0] != "cpu":
+    wanted = {"cpu"} if cpus is None else {f"cpu{n}" for n in cpus}
+    total, seen = 0, set()
+    for line in lines:
+        fields = line.split()
+        if not fields or fields[0] not in wanted or len(fields) < 8:
+            continue
+        try:
+            user, nice, system, _idle, _iowait, irq, softirq = (int(x) for x in fields[1:8])
+        except ValueError:
+            return None
+        total += user + nice + system + irq + softirq
+        seen.add(fields[0])
+    if seen != wanted:
         return None
-    try:
-        user, nice, system, _idle, _iowait, irq, softirq = (int(x) for x in fields[1:8])
-    except ValueError:
-        return None
-    return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
+    return total / os.sysconf("SC_CLK_TCK")
 
 
 def read_own_s() -> float:
@@ -64,13 +83,14 @@ class ThreadGovernor:
     the `ceiling` the process had set when the request began (`begin()`), at least one; `end()` gives the process
     its own setting back. `others` is the last window's measure: cores the rest of the machine kept busy."""
 
-    def __init__(self, cores: int | None = None, read_busy: Callable[[], float | None] = read_busy_s,
+    def __init__(self, cores: int | None = None, read_busy: Callable[[], float | None] | None = None,
                  read_own: Callable[[], float] = read_own_s, clock: Callable[[], float] = time.monotonic,
                  apply: Callable[[int], None] = torch.set_num_threads,
                  current: Callable[[], int] = torch.get_num_threads) -> None:
-        self.cores = cores or os.cpu_count() or 1
-        self._read_busy, self._read_own, self._clock, self._apply, self._current = (
-            read_busy, read_own, clock, apply, current)
+        cpus = allowed_cpus()  # by default: the CPUs this process may use, and only their work
+        self.cores = cores or (len(cpus) if cpus else os.cpu_count() or 1)
+        self._read_busy = read_busy or (lambda: read_busy_s(cpus))
+        self._read_own, self._clock, self._apply, self._current = read_own, clock, apply, current
         self.ceiling = max(1, current())
         self.threads = self.ceiling  # the count in force
         self.others: float | None = None
