@@ -4,7 +4,8 @@
 A busy program (a Python loop, one core) is started once and paused (SIGSTOP) or resumed (SIGCONT) prompt by prompt;
 at each state both settings decode the same prompts, plain and in the app's default mode, the order of settings
 alternating so that minutes of host drift touch both alike. Reported per state and mode: tok/s with each setting
-(the medians over prompts) and governed / fixed, and whether every reply of a prompt, in every state, setting and mode, was the same (greedy: plain's).
+(the medians over prompts) and governed / fixed, and whether every reply of a prompt, in every state, setting and
+mode, was the same (greedy: plain's).
 
     python -m scripts.bench.busy_core [--prompts ../shared/bench/prompts.jsonl] [--n 3] [--max-new-tokens 96]
 """
