@@ -98,6 +98,12 @@ class ThreadGovernor:
         self._last: Sample | None = None
         self._active = False
 
+    @classmethod
+    def fixed(cls) -> ThreadGovernor:
+        """One that measures nothing: the count stays as the process set it (a GPU's engine, or a benchmark's
+        fixed side)."""
+        return cls(1, read_busy=lambda: None)
+
     def _sample(self, now: float) -> Sample | None:
         busy = self._read_busy()
         return None if busy is None else Sample(now, busy, self._read_own())

@@ -68,8 +68,9 @@ class Engine:
         self.clock = Clock()  # leaves out the time step-through held the engine
         self.text_of = TokenTexts(tokenizer)
         self.inspect = True  # record the inspector's rows in each RoundEvent (~1-3 ms a round for 150k tokens on CPU)
-        # on the CPU, the kernels run on the cores other programs leave free (engine/cpu/threads.py)
-        self.threads = ThreadGovernor() if self.device.type == "cpu" else None
+        # on the CPU, the kernels run on the cores other programs leave free (engine/cpu/threads.py); a GPU's
+        # governor measures nothing and so never changes the count
+        self.threads = ThreadGovernor() if self.device.type == "cpu" else ThreadGovernor.fixed()
 
     @property
     def drafters(self) -> list[Drafter]:
@@ -218,15 +219,13 @@ class Engine:
         if self.model_drafter is not None:  # its lazy prefill of a long prompt stops between chunks too
             self.model_drafter.stop = lambda: controls.cancelled
             self.model_drafter.progress = reporter(controls, "draft", self.device)
-        if self.threads is not None:
-            self.threads.begin()
+        self.threads.begin()
         t0 = self.clock.now()
         # a long prompt stops between its chunks, and says how far it has read after each
         try:
             reused = self._prefill(prompt_ids, lambda: controls.cancelled, reporter(controls, "target", self.device))
         except BaseException:
-            if self.threads is not None:
-                self.threads.end()
+            self.threads.end()
             raise
         tally = RoundTally(len(prompt_ids), reused, self.clock.now() - t0, prefilled=len(prompt_ids) - 1 > reused)
         transcript = Transcript(self.tokenizer, self.ids, sampling.stop, self.eos_ids, sampling.max_new_tokens,
@@ -237,8 +236,7 @@ class Engine:
                 if controls.cancelled:
                     stop, tail = "cancelled", transcript.release()  # what was held back belongs to the reply
                     break
-                if self.threads is not None:
-                    self.threads.update()
+                self.threads.update()
                 try:
                     event = self._round(tally.rounds + 1, controls, sampling, transcript, gen, t0, tally)
                 except DraftStopped:  # a cancel reached the draft model's prompt prefill: no round
@@ -335,8 +333,7 @@ class Engine:
         m.truncate_to(0, max(0, min(m.length(0), len(self.ids) - 1)))
         if self.model_drafter:
             self.model_drafter.rollback(self.ids)
-        if self.threads is not None:
-            self.threads.end()
+        self.threads.end()
 
 
 Reporter = Callable[[int, int, int], None]  # (tokens read, tokens to read, tokens reused) of one prefill

@@ -25,6 +25,7 @@ import torch
 
 from engine.api.config import SamplingParams
 from engine.api.events import RoundEvent
+from engine.cpu.threads import ThreadGovernor
 from engine.tools import results
 from engine.tools.bench import load, mode_spec
 from scripts.bench.kernels import cpu_line
@@ -44,8 +45,8 @@ def main() -> None:
     a = ap.parse_args()
     rows = [json.loads(line) for line in Path(a.prompts).read_text(encoding="utf-8").splitlines() if line.strip()]
     engine = load(None, None, None)
-    governor = engine.threads
-    if governor is None:
+    governor, fixed = engine.threads, ThreadGovernor.fixed()
+    if engine.device.type != "cpu":
         raise SystemExit("the engine runs on a GPU here: no CPU threads to govern")
     greedy = SamplingParams(temperature=0.0, max_new_tokens=a.max_new_tokens)
     print(cpu_line())
@@ -63,7 +64,7 @@ def main() -> None:
                 os.kill(busy.pid, signal.SIGCONT if state == "busy" else signal.SIGSTOP)
                 time.sleep(SETTLE_S)
                 for setting in (("governed", "fixed") if n % 2 == 0 else ("fixed", "governed")):
-                    engine.threads = governor if setting == "governed" else None
+                    engine.threads = governor if setting == "governed" else fixed
                     for mode in MODES:
                         engine.reset()
                         counts = []  # the kernels' thread count at each round

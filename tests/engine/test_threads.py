@@ -135,6 +135,13 @@ def test_without_proc_stat_the_count_stays_as_set():
         assert g.update() == 2
     g.end()
     assert m.set_to == [2] and g.others is None
+    fixed = ThreadGovernor.fixed()  # a GPU engine's: measures nothing, whatever the machine
+    before = torch.get_num_threads()
+    fixed.begin()
+    for _ in range(3):
+        assert fixed.update() == before
+    fixed.end()
+    assert torch.get_num_threads() == before and fixed.others is None
 
 
 def test_proc_stat_is_read_as_work_done(tmp_path):
