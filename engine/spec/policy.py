@@ -8,14 +8,6 @@ pass of width w costs t(w) / t(1) steps (a line fitted to the pass times measure
 c steps (its measured drafting time over t(1)), and a draft model that lags the committed text pays its catch-up pass
 spread over the rounds it is then expected to draft.
 
-The lag is also priced where it is made. A plain step or an n-gram round commits ids the draft model has not read, and
-it reads each of them (a wider first pass, or a catch-up) when it drafts next, so once the model has drafted in a
-request every other option is charged what its committed ids will cost the model (`lag_charge`). Charged only on
-return, leaving the model looked free and coming back ever dearer: after one failed model round the lookup's short
-offers or plain steps won by a few %, the model's price grew with each round away, and it stayed away until the next
-re-try while its drafts would have passed (the replay of math and MT-bench prompts: 18 lookup rounds of 1-2 tokens
-where the model's 4-token drafts passed whole).
-
 Costs are medians of the last WINDOW measurements, not running means: on a busy machine a pass the scheduler preempted
 takes several times its cost, and one such pass in a mean priced the draft model out for a dozen rounds. c is the
 median of each model round's own ratio (drafting seconds per token over that round's verify pass brought to one
@@ -351,11 +343,9 @@ def choose(state: PolicyState, offer: Offer | None, k_max: int, model_lag: int, 
     counter; the caller reports the outcome with observe_*."""
     state.round += 1
     lookup = _steps_of(state, state.lookup_s, 0.0)
-    unit = Choice(NONE, 0, 1.0, 1.0 + lookup, "")  # a plain step as such: the unit of the reasons' ratios
+    plain = Choice(NONE, 0, 1.0, 1.0 + lookup, "")
     models = model_options(state, k_max, model_lag, model_fed) if have_model and k_max >= 1 else []
-    per_id = lag_charge(state) if models and state.model_rounds > 0 else 0.0
-    plain = _charged(unit, per_id)
-    ngrams = [_charged(ch, per_id) for ch in ngram_options(state, offer)]
+    ngrams = ngram_options(state, offer)
     best = max([plain, *models, *ngrams], key=lambda ch: ch.speedup)  # ties: plain first, then the model
     explored = ""
     held = _held(state, best, plain, models)
@@ -378,22 +368,7 @@ def choose(state: PolicyState, offer: Offer | None, k_max: int, model_lag: int, 
         state.model_rounds += 1
     elif models:
         state.age_model()
-    return _explain(best, unit, plain, models, ngrams, explored)
-
-
-def lag_charge(state: PolicyState) -> float:
-    """What each id another drafter commits will cost the draft model when it drafts next, in plain steps: read in
-    its first drafting pass (fed_row, measured), or the prior share of a drafted token."""
-    return state.fed_row if state.fed_row is not None else PRIOR_ROW * _model_c(state)
-
-
-def _charged(choice: Choice, per_id: float) -> Choice:
-    """`choice` (a plain step or an n-gram round) charged for the lag its committed ids give the draft model."""
-    if per_id <= 0.0:
-        return choice
-    lag = choice.tokens * per_id
-    reason = f"{choice.reason}, model lag +{lag:.2f} steps" if choice.reason else choice.reason
-    return Choice(choice.drafter, choice.k, choice.tokens, choice.steps + lag, reason)
+    return _explain(best, plain, models, ngrams, explored)
 
 
 def _held(state: PolicyState, best: Choice, plain: Choice, models: list[Choice]) -> Choice | None:
@@ -408,16 +383,14 @@ def _held(state: PolicyState, best: Choice, plain: Choice, models: list[Choice])
     return keep
 
 
-def _explain(best: Choice, unit: Choice, plain: Choice, models: list[Choice], ngrams: list[Choice],
-             explored: str) -> Choice:
-    """The choice with its reason: what it is expected to make, and the best of each alternative, each as a multiple
-    of a plain step's rate (`unit`; `plain` is the option as priced, lag charge included)."""
+def _explain(best: Choice, plain: Choice, models: list[Choice], ngrams: list[Choice], explored: str) -> Choice:
+    """The choice with its reason: what it is expected to make, and the best of each alternative."""
     def rate(chs: list[Choice]) -> float | None:
         return max((c.speedup for c in chs), default=None) if chs else None
 
-    others = [f"{name} {r / unit.speedup:.2f}x" for name, chs in (("model", models), ("n-gram", ngrams), ("plain", [plain]))
+    others = [f"{name} {r / plain.speedup:.2f}x" for name, chs in (("model", models), ("n-gram", ngrams), ("plain", [plain]))
               if chs and best not in chs and (r := rate(chs)) is not None]
-    est = f"est {best.tokens:.1f} tok/round at {best.steps:.2f} steps = {best.speedup / unit.speedup:.2f}x plain"
+    est = f"est {best.tokens:.1f} tok/round at {best.steps:.2f} steps = {best.speedup / plain.speedup:.2f}x plain"
     if best.drafter == NONE:
         head = "no draft: neither drafter pays"
         reason = f"{head} ({', '.join(others)})" if others else "no draft: no drafter available"

@@ -257,38 +257,6 @@ def test_lagging_ids_read_with_the_first_draft_pass_are_priced_and_measured():
     assert away[1].steps == pytest.approx(near[1].steps + 0.05 * (3 + 12 / policy.CATCHUP_ROUNDS))
 
 
-def test_a_round_without_the_model_pays_for_the_lag_it_makes():
-    """Once the model has drafted in a request, a plain step or an n-gram round is charged what its committed ids
-    will cost the model to read (fed_row each): an n-gram offer a few % ahead before that charge no longer takes the
-    model's place, one clearly ahead still does, and before the model's first round nothing is charged."""
-    state = machine(c=0.3)
-    for _ in range(5):
-        policy.observe_model(state, 2, 2, 2 * 0.3 * STEP_S, STEP_S * 1.1)
-    policy.observe_model(state, 2, 2, (2 * 0.3 + 6 * 0.05) * STEP_S, STEP_S * 1.1, fed=6)
-    assert policy.lag_charge(state) == pytest.approx(0.05)
-    state.model_rounds, state.last_used[MODEL], state.last_drafter = policy.FIRST_TRIES, 0, NGRAM  # no margin holds
-    model = max(policy.model_options(state, 4, 0), key=lambda ch: ch.speedup).speedup
-
-    def ngram(rate: float) -> Choice:
-        return max(policy.ngram_options(state, Offer(4, 3, rate)), key=lambda ch: ch.speedup)
-
-    ahead = next(r / 100 for r in range(1, 100) if ngram(r / 100).speedup > model * 1.01)
-    uncharged = ngram(ahead)
-    charged = uncharged.tokens / (uncharged.steps + 0.05 * uncharged.tokens)
-    assert charged < model < uncharged.speedup
-    ch = policy.choose(state, Offer(4, 3, ahead), 4, model_lag=0)
-    assert ch.drafter == MODEL, ch
-    assert f"n-gram {charged:.2f}x" in ch.reason and "plain 0.95x" in ch.reason, ch.reason  # as charged
-    sure = policy.choose(state, Offer(4, 4, 0.99), 4, model_lag=0)
-    assert sure.drafter == NGRAM and "model lag +" in sure.reason, sure.reason
-    # Before the model's first round in the request (or without a model) nothing is charged
-    fresh = machine(c=0.3)
-    fresh.fed_row = 0.05
-    assert policy.choose(fresh, Offer(4, 3, ahead), 4, model_lag=0, have_model=False).drafter == NGRAM
-    first = policy.choose(fresh, Offer(4, 3, ahead), 4, model_lag=0)  # the first tries draft whatever the prices
-    assert first.drafter == MODEL and f"n-gram {uncharged.speedup:.2f}x, plain 1.00x" in first.reason, first.reason
-
-
 def test_a_preempted_round_reading_one_lagging_id_costs_that_id_at_most_a_draft_step():
     """The round after one of the window's plain steps reads one lagging id; preempted (4 steps for a 2-token draft),
     it must not price an id at more than a draft token (c): a wider pass that runs anyway costs no more than a pass
