@@ -1,0 +1,152 @@
+"""Two settings of the hybrid drafter's policy on the real engine, in one process, beside fixed modes.
+
+    python -m scripts.bench.policy_ab --set SWITCH_MARGIN=0.1 [--prompts P] [--repeats 3] [--fixed draft:4,ngram:4]
+
+A is the policy as committed; B is the same with `--set` constants of engine.spec.policy changed for its replies
+only. Both run the app's default settings; the fixed modes (`--fixed`, drafter:K with the app's stop rule) say what
+"best fixed mode" is on the same prompts. Prompt by prompt the variants take turns, the order moving on each time, so
+that minutes of host drift (a third between runs on these hosts) touch every variant alike: the way performance.md
+asks a change to be measured, for the policy. The replay (policy_replay.py) judges a change in seconds but models a
+quiet machine from medians (a change it favoured on four kinds ran summarization 8.5% slower in such a run), so
+confirm a change here, then with `speclens-bench`. Reported per prompt kind: each variant's decode rate (tokens over decode seconds, as
+speclens-bench counts them), B / A, and A and B over the best fixed mode; greedy, so every reply must be plain's.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from engine.api.config import SamplingParams, SpecParams
+from engine.spec import policy
+from engine.tools import results
+from engine.tools.specbench import Tally
+
+PROMPTS = Path(__file__).resolve().parents[2].parent / "shared" / "bench" / "specbench_public.jsonl"
+
+
+@dataclass(frozen=True)
+class Prompt:
+    id: str
+    kind: str
+    ids: list[int]
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    spec: SpecParams
+    sets: tuple[tuple[str, object], ...] = ()  # policy constants changed for this variant's replies
+
+
+def parse_sets(items: Sequence[str]) -> tuple[tuple[str, object], ...]:
+    """NAME=VALUE pairs as engine.spec.policy's constants, each converted to the constant's own type."""
+    out = []
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name.isupper() or not hasattr(policy, name):
+            raise ValueError(f"{item!r}: not NAME=VALUE for a constant of engine.spec.policy")
+        kind = type(getattr(policy, name))
+        try:
+            out.append((name, kind(value)))
+        except ValueError:
+            raise ValueError(f"{item!r}: {name} takes a {kind.__name__}") from None
+    return tuple(out)
+
+
+@contextmanager
+def constants(sets: Sequence[tuple[str, object]]) -> Iterator[None]:
+    """The policy's constants as `sets` says, restored afterwards whatever happens."""
+    saved = [(name, getattr(policy, name)) for name, _ in sets]
+    try:
+        for name, value in sets:
+            setattr(policy, name, value)
+        yield
+    finally:
+        for name, value in saved:
+            setattr(policy, name, value)
+
+
+def run(engine, prompts: Sequence[Prompt], variants: Sequence[Variant], repeats: int, max_new_tokens: int,
+        say: Callable[[str], None] = print) -> tuple[dict[str, dict[str, Tally]], bool]:
+    """Every prompt `repeats` times in every variant, the variants' order moving on prompt by prompt. Returns each
+    variant's tallies per kind, and whether every reply equalled the first reply to its prompt."""
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens)
+    tallies: dict[str, dict[str, Tally]] = {v.name: {} for v in variants}
+    first: dict[str, list[int]] = {}
+    identical, turn = True, 0
+    for _ in range(repeats):
+        for p in prompts:
+            for v in (*variants[turn % len(variants):], *variants[: turn % len(variants)]):
+                with constants(v.sets):
+                    engine.reset()
+                    *events, summary = engine.generate(p.ids, greedy, v.spec)
+                tallies[v.name].setdefault(p.kind, Tally()).add(events, summary)
+                identical &= first.setdefault(p.id, list(summary.token_ids)) == list(summary.token_ids)
+                say(f"  {p.id} {v.name}: {summary.tokens_per_s:.2f} tok/s")
+            turn += 1
+    return tallies, identical
+
+
+def rate(t: Tally) -> float:
+    return t.new_tokens / t.decode_s if t.decode_s > 0 else 0.0
+
+
+def compare(tallies: dict[str, dict[str, Tally]], fixed: Sequence[str]) -> dict[str, dict[str, float]]:
+    """Per kind: each variant's rate, B / A, and A and B over the best of the fixed modes."""
+    out = {}
+    for kind in tallies["A"]:
+        rates = {name: rate(by_kind[kind]) for name, by_kind in tallies.items()}
+        best = max((rates[f] for f in fixed), default=0.0)
+        row = {**rates, "B / A": rates["B"] / rates["A"]}
+        if best:
+            row |= {"A / best fixed": rates["A"] / best, "B / best fixed": rates["B"] / best}
+        out[kind] = row
+    return out
+
+
+def main() -> None:
+    from engine.api.config import APP_DEFAULTS
+    from engine.tools.bench import load, mode_spec
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                    help="a constant of engine.spec.policy for variant B (repeatable)")
+    ap.add_argument("--prompts", default=str(PROMPTS), help="a prompts file of this project's format")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--fixed", default="draft:4,ngram:4", help="fixed modes beside the two, drafter:K, comma-separated")
+    results.add_arguments(ap)
+    a = ap.parse_args()
+    try:
+        sets = parse_sets(a.set)
+        fixed = [(d, int(k)) for d, _, k in (f.partition(":") for f in a.fixed.split(",") if f)]
+    except ValueError as e:
+        ap.error(str(e))
+    if not sets:
+        ap.error("nothing to compare: give variant B with --set NAME=VALUE")
+    engine = load(None, None, None)
+    rows = [json.loads(line) for line in Path(a.prompts).read_text(encoding="utf-8").splitlines() if line.strip()]
+    prompts = [Prompt(r["id"], r.get("kind", ""), engine.encode_chat(r["messages"])) for r in rows]
+    stop = APP_DEFAULTS.spec_params().stop_below
+    variants = [Variant("A", mode_spec("default", 0)), Variant("B", mode_spec("default", 0), sets),
+                *(Variant(f"{d} K{k}", mode_spec(d, k, stop)) for d, k in fixed)]
+    tallies, identical = run(engine, prompts, variants, a.repeats, a.max_new_tokens)
+    table = compare(tallies, [v.name for v in variants[2:]])
+    names = [v.name for v in variants]
+    print("B: " + ", ".join(f"{n}={v}" for n, v in sets))
+    print(f"{'kind':16s}" + "".join(f"{n:>12s}" for n in names) + f"{'B / A':>8s}{'A/best':>8s}{'B/best':>8s}")
+    for kind, row in table.items():
+        print(f"{kind:16s}" + "".join(f"{row[n]:12.2f}" for n in names) + f"{row['B / A']:8.3f}"
+              + f"{row.get('A / best fixed', 0):8.3f}{row.get('B / best fixed', 0):8.3f}")
+    print("every reply equalled the first to its prompt:", "yes" if identical else "NO")
+    figures = {"b": dict(sets), "repeats": a.repeats, "max_new_tokens": a.max_new_tokens, "identical": identical,
+               "kinds": table}
+    results.record(a, "scripts.bench.policy_ab", figures)
+
+
+if __name__ == "__main__":
+    main()
