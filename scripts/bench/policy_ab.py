@@ -8,13 +8,13 @@ only. Both run the app's default settings; the fixed modes (`--fixed`, drafter:K
 that minutes of host drift (a third between runs on these hosts) touch every variant alike: the way performance.md
 asks a change to be measured, for the policy. The replay (policy_replay.py) judges a change in seconds but models a
 quiet machine from medians (a change it favoured on four kinds ran summarization 8.5% slower in such a run), so
-confirm a change here, then with `speclens-bench`. Reported per prompt kind: each variant's decode rate (tokens over decode seconds, as
-speclens-bench counts them), B / A, and A and B over the best fixed mode; greedy, so every reply must be plain's.
+confirm a change here, then with `speclens-bench`. Reported per prompt kind: each variant's decode rate (tokens
+over decode seconds, as speclens-bench counts them), B / A, and A and B over the best fixed mode; greedy, so every
+reply must be plain's.
 """
 from __future__ import annotations
 
 import argparse
-import json
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -23,7 +23,7 @@ from pathlib import Path
 from engine.api.config import SamplingParams, SpecParams
 from engine.spec import policy
 from engine.tools import results
-from engine.tools.specbench import Tally
+from engine.tools.specbench import Tally, read_questions
 
 PROMPTS = Path(__file__).resolve().parents[2].parent / "shared" / "bench" / "specbench_public.jsonl"
 
@@ -115,7 +115,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                     help="a constant of engine.spec.policy for variant B (repeatable)")
-    ap.add_argument("--prompts", default=str(PROMPTS), help="a prompts file of this project's format")
+    ap.add_argument("--prompts", default=str(PROMPTS),
+                    help="a prompts file, this project's format or Spec-Bench's (a question asks its first turn)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--fixed", default="draft:4,ngram:4", help="fixed modes beside the two, drafter:K, comma-separated")
@@ -124,13 +125,14 @@ def main() -> None:
     try:
         sets = parse_sets(a.set)
         fixed = [(d, int(k)) for d, _, k in (f.partition(":") for f in a.fixed.split(",") if f)]
+        questions = read_questions(a.prompts)
     except ValueError as e:
         ap.error(str(e))
     if not sets:
         ap.error("nothing to compare: give variant B with --set NAME=VALUE")
     engine = load(None, None, None)
-    rows = [json.loads(line) for line in Path(a.prompts).read_text(encoding="utf-8").splitlines() if line.strip()]
-    prompts = [Prompt(r["id"], r.get("kind", ""), engine.encode_chat(r["messages"])) for r in rows]
+    first_turn = lambda q: [{"role": "user", "content": q.turns[0]}]  # noqa: E731
+    prompts = [Prompt(q.id, q.category, engine.encode_chat(list(q.messages) or first_turn(q))) for q in questions]
     stop = APP_DEFAULTS.spec_params().stop_below
     variants = [Variant("A", mode_spec("default", 0)), Variant("B", mode_spec("default", 0), sets),
                 *(Variant(f"{d} K{k}", mode_spec(d, k, stop)) for d, k in fixed)]
