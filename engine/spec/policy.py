@@ -48,6 +48,16 @@ MODEL, NGRAM, NONE = "model", "ngram", "none"
 # In the policy replay with 15% timing noise (scripts/bench/policy_replay.py, 10 seeds) it raised math 0.970 -> 0.983
 # and RAG 0.944 -> 0.983 of the best fixed mode, summarization 0.950 -> 0.963; no kind lost, with noise or without.
 SWITCH_MARGIN = 0.2
+# Leaving the draft model for no draft takes plain ahead by this share, whatever the model's last round passed. The
+# model pays 1.1-1.3x plain on most kinds with this pair, so its estimate sits close to plain, and a round or two that
+# passed nothing (a 1-token draft it was unsure of) put it just below: on a Spec-Bench MT-bench prompt it went to no
+# draft at 1.00x, the ids it then missed priced it lower every round away (0.57x after 15), and it drafted 18 of 109
+# rounds where it alone ran 1.10x plain. Held, the model's own rounds measure it; where it really loses it leaves
+# after a few, at a cost below the margin (QA, where no mode pays, ran 0.99x plain under the draft model alone).
+# In the policy replay (10% timing noise, 8 seeds) MT-bench went 0.959 -> 0.992 of the best fixed mode and RAG
+# 0.958 -> 0.982 (0.2 did as well there, and from 0.3 the model was never left for no draft at all); a model below
+# 1 / 1.15 = 0.87x plain is still left at once, which bounds what a pair whose draft model loses can cost.
+PLAIN_MARGIN = 0.15
 EXPLORE_EVERY = 16  # rounds a drafter may go unused before it drafts one round to refresh its estimates
 FIRST_TRIES = 3  # a request's first draft-model rounds, drafted whatever the estimates say: one round is no measure
 DECAY = 0.85  # weight of the past in the acceptance estimate per model round: predictability changes within a reply
@@ -350,7 +360,8 @@ def choose(state: PolicyState, offer: Offer | None, k_max: int, model_lag: int, 
     explored = ""
     held = _held(state, best, plain, models)
     if held is not None:
-        explored, best = f"kept: n-gram ahead by less than {SWITCH_MARGIN:.0%}", held
+        margin = ("n-gram", SWITCH_MARGIN) if best.drafter == NGRAM else ("no draft", PLAIN_MARGIN)
+        explored, best = f"kept: {margin[0]} ahead by less than {margin[1]:.0%}", held
     last, tries = state.last_used.get(MODEL), state.model_rounds
     # A re-try that must first catch the model up costs that pass too: it comes as much less often, so that exploring
     # costs the same share of the time (on summarization, where the n-gram drafter commits several ids a round, every
@@ -372,12 +383,17 @@ def choose(state: PolicyState, offer: Offer | None, k_max: int, model_lag: int, 
 
 
 def _held(state: PolicyState, best: Choice, plain: Choice, models: list[Choice]) -> Choice | None:
-    """The draft model's best option after a model round that passed drafts, where `best` is the n-gram lookup's by
-    less than SWITCH_MARGIN and the model still beats no draft. A round that passed nothing is acceptance, not timing
-    noise: the model is then left as soon as it trails."""
-    if state.last_drafter != MODEL or not state.model_passed or best.drafter != NGRAM or not models:
+    """The draft model's best option after a model round, where `best` is no draft by less than PLAIN_MARGIN, or,
+    after a round that passed drafts, the n-gram lookup's by less than SWITCH_MARGIN while the model still beats no
+    draft. A round that passed nothing is the lookup's evidence, not timing noise: the model then gives way to the
+    lookup as soon as it trails."""
+    if state.last_drafter != MODEL or best.drafter == MODEL or not models:
         return None
     keep = max(models, key=lambda ch: ch.speedup)
+    if best.drafter == NONE:
+        return keep if keep.speedup * (1 + PLAIN_MARGIN) >= plain.speedup else None
+    if not state.model_passed:
+        return None
     if keep.speedup < plain.speedup or keep.speedup * (1 + SWITCH_MARGIN) < best.speedup:
         return None
     return keep

@@ -129,6 +129,36 @@ def test_the_model_is_left_only_for_a_clear_lead():
     assert policy.choose(costly, None, 4, model_lag=0).drafter == NONE
 
 
+def test_the_model_is_left_for_no_draft_only_for_a_clear_lead():
+    """A model that pays a little trades places with plain steps on one round's evidence: after a model round, no
+    draft must lead by PLAIN_MARGIN to take over, whatever that round passed; from no draft, the model must lead."""
+    def state_after(last: str, c: float, passed: int = 0) -> PolicyState:
+        state = machine(c=c)
+        state.model_rounds, state.last_used[MODEL] = policy.FIRST_TRIES, 0
+        for _ in range(10):
+            model_round(state, 2, 1, c=c)
+        model_round(state, 2, passed, c=c)
+        state.last_drafter = last
+        state.model_token_s = c * STEP_S
+        return state
+
+    def model(c: float) -> float:  # the model's estimate over plain's
+        st = state_after(MODEL, c)
+        plain = policy.choose(PolicyState(level_s=st.level_s, row=st.row), None, 4, 0, have_model=False)
+        return max(ch.speedup for ch in policy.model_options(st, 4, 0)) / plain.speedup
+
+    cs = [i / 100 for i in range(1, 300)]
+    trailing = next(c for c in cs if model(c) < 1 / (1 + policy.PLAIN_MARGIN / 2))  # plain ahead by about half the margin
+    assert model(trailing) * (1 + policy.PLAIN_MARGIN) > 1
+    ch = policy.choose(state_after(MODEL, trailing), None, 4, model_lag=0)
+    assert ch.drafter == MODEL, ch
+    assert f"kept: no draft ahead by less than {policy.PLAIN_MARGIN:.0%}" in ch.reason, ch
+    assert policy.choose(state_after(MODEL, trailing, passed=2), None, 4, model_lag=0).drafter == MODEL
+    assert policy.choose(state_after(NONE, trailing), None, 4, model_lag=0).drafter == NONE  # no margin from no draft
+    far = next(c for c in cs if model(c) * (1 + policy.PLAIN_MARGIN) < 0.98)  # plain ahead by more than the margin
+    assert policy.choose(state_after(MODEL, far), None, 4, model_lag=0).drafter == NONE
+
+
 def test_one_preempted_round_does_not_price_the_model_out():
     """On a busy machine the scheduler can stall one drafting or one verify pass for many times its cost: the costs
     are medians, so one such round leaves the choice as it was."""
