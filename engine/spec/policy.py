@@ -360,8 +360,8 @@ def choose(state: PolicyState, offer: Offer | None, k_max: int, model_lag: int, 
     explored = ""
     held = _held(state, best, plain, models)
     if held is not None:
-        margin = ("n-gram", SWITCH_MARGIN) if best.drafter == NGRAM else ("no draft", PLAIN_MARGIN)
-        explored, best = f"kept: {margin[0]} ahead by less than {margin[1]:.0%}", held
+        rival, margin = ("n-gram", SWITCH_MARGIN) if best.drafter == NGRAM else ("no draft", PLAIN_MARGIN)
+        explored, best = f"kept: {rival} ahead by less than {margin:.0%}", held
     last, tries = state.last_used.get(MODEL), state.model_rounds
     # A re-try that must first catch the model up costs that pass too: it comes as much less often, so that exploring
     # costs the same share of the time (on summarization, where the n-gram drafter commits several ids a round, every
@@ -404,7 +404,8 @@ def _explain(best: Choice, plain: Choice, models: list[Choice], ngrams: list[Cho
     def rate(chs: list[Choice]) -> float | None:
         return max((c.speedup for c in chs), default=None) if chs else None
 
-    others = [f"{name} {r / plain.speedup:.2f}x" for name, chs in (("model", models), ("n-gram", ngrams), ("plain", [plain]))
+    others = [f"{name} {r / plain.speedup:.2f}x"
+              for name, chs in (("model", models), ("n-gram", ngrams), ("plain", [plain]))
               if chs and best not in chs and (r := rate(chs)) is not None]
     est = f"est {best.tokens:.1f} tok/round at {best.steps:.2f} steps = {best.speedup / plain.speedup:.2f}x plain"
     if best.drafter == NONE:
