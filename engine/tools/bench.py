@@ -245,9 +245,25 @@ def report(results: list[Result], greedy: bool, by_category: bool) -> dict:
         print("greedy output identical to plain: " + ", ".join(f"{m} {'yes' if ok else 'NO'}"
                                                                  for m, ok in identity.items()))
     categories = category_figures(results)
+    tallies = {_label(r): r.categories for r in results if r.categories}
+    versus = specbench.versus_best(tallies, "default", "plain") if by_category else {}
     if by_category:
         print(category_table(categories))
-    return {"results": [_result_json(r) for r in results], "categories": categories, "identical_to_plain": identity}
+    if versus:
+        print(versus_table(versus))
+    per_reply = {m: {c: [[n, round(s, 4)] for n, s in t.per_reply] for c, t in cats.items()}
+                 for m, cats in tallies.items()}
+    return {"results": [_result_json(r) for r in results], "categories": categories, "identical_to_plain": identity,
+            "default_vs_best": versus, "per_reply": per_reply}
+
+
+def versus_table(versus: dict[str, dict]) -> str:
+    """The default's rate over the fastest other mode's, per category, with its bootstrap interval."""
+    lo, hi = (round(q * 100) for q in specbench.INTERVAL)
+    lines = [f"default / fastest other mode on the same replies ({lo}-{hi}% bootstrap interval):"]
+    for c, v in versus.items():
+        lines.append(f"  {c:<16}{v['ratio']:>6.3f}  [{v['low']:.3f}, {v['high']:.3f}]  fastest other: {v['best']}")
+    return "\n".join(lines)
 
 
 def _label(r: Result) -> str:

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable
+import random
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -119,12 +120,17 @@ class Tally:
     accepted: int = 0
     position_drafted: list[int] = field(default_factory=list)
     position_accepted: list[int] = field(default_factory=list)
+    # each reply's (new tokens, decode seconds), in the order asked: every mode asks the same questions in the same
+    # order, so the i-th of two modes' is the same reply (greedy: the same tokens) timed minutes apart at most
+    per_reply: list[tuple[int, float]] = field(default_factory=list)
 
     def add(self, events: Iterable[RoundEvent], summary: Summary) -> None:
         events = list(events)
+        seconds = decode_seconds(events, summary)
         self.new_tokens += summary.new_tokens
         self.replies += 1
-        self.decode_s += decode_seconds(events, summary)
+        self.decode_s += seconds
+        self.per_reply.append((summary.new_tokens, seconds))
         for e in events:
             self.add_round(e)
 
@@ -146,6 +152,7 @@ class Tally:
         self.rounds += other.rounds
         self.drafted += other.drafted
         self.accepted += other.accepted
+        self.per_reply += other.per_reply
         for i, (d, a) in enumerate(zip(other.position_drafted, other.position_accepted)):
             if i == len(self.position_drafted):
                 self.position_drafted.append(0)
@@ -178,3 +185,56 @@ class Tally:
                 "acceptance_per_position": [round(x, 4) for x in self.per_position],
                 "new_tokens": self.new_tokens, "replies": self.replies, "rounds": self.rounds, "drafted": self.drafted,
                 "accepted": self.accepted}
+
+
+INTERVAL = (0.05, 0.95)  # the bootstrap interval's quantiles
+DRAWS = 2000  # bootstrap resamples: the interval's ends then move by < 0.005 between seeds
+
+
+def versus_best(tallies: dict[str, dict[str, Tally]], mode: str, plain: str, draws: int = DRAWS,
+                seed: int = 0) -> dict[str, dict[str, object]]:
+    """Per category (and "geomean", over the categories' speedups over `plain`), `mode`'s rate over that of the
+    fastest other mode in the run, with a 90% bootstrap interval of that ratio: the replies are resampled with
+    replacement, the i-th of both modes together (the same question, timed in one turn of the modes), so that what
+    slowed both alike cancels and what slowed one does not. The fastest mode is picked on the whole run: where two
+    modes are close, the faster of the two noisy columns runs ahead of its true speed, which the interval of one
+    pair does not cover. tallies: mode -> category -> Tally; a category whose modes hold different replies is left
+    out."""
+    others = [m for m in tallies if m not in (mode, plain)]
+    if mode not in tallies or not others:
+        return {}
+    cats = [c for c in sorted(tallies[mode]) if all(c in t for t in tallies.values())
+            and len({len(t[c].per_reply) for t in tallies.values()}) == 1 and tallies[mode][c].per_reply]
+
+    def rate(m: str, c: str, picks: list[int]) -> float:
+        replies = tallies[m][c].per_reply
+        seconds = sum(replies[i][1] for i in picks)
+        return sum(replies[i][0] for i in picks) / seconds if seconds > 0 else 0.0
+
+    def speedups(m: str, picks: dict[str, list[int]]) -> float | None:  # geomean over the categories
+        logs = [math.log(rate(m, c, p) / rate(plain, c, p)) for c, p in picks.items()
+                if rate(m, c, p) > 0 and rate(plain, c, p) > 0]
+        return math.exp(sum(logs) / len(logs)) if plain in tallies and len(logs) == len(picks) else None
+
+    every = {c: list(range(len(tallies[mode][c].per_reply))) for c in cats}
+    rng = random.Random(seed)
+    resamples = [{c: [rng.randrange(len(p)) for _ in p] for c, p in every.items()} for _ in range(draws)]
+    out: dict[str, dict[str, object]] = {}
+
+    def add(key: str, value: Callable[[str, dict[str, list[int]]], float | None]) -> None:
+        full = {m: value(m, every) for m in others}
+        if not full or any(v is None or v <= 0 for v in full.values()) or not value(mode, every):
+            return
+        best = max(others, key=lambda m: full[m])
+        drawn = sorted(a / b for p in resamples if (a := value(mode, p)) and (b := value(best, p)))
+        if not drawn:
+            return
+        lo, hi = (drawn[min(int(q * len(drawn)), len(drawn) - 1)] for q in INTERVAL)
+        out[key] = {"best": best, "ratio": round(value(mode, every) / full[best], 4), "low": round(lo, 4),
+                    "high": round(hi, 4)}
+
+    for c in cats:
+        add(c, lambda m, p, c=c: rate(m, c, p[c]))
+    if cats:
+        add("geomean", speedups)
+    return out

@@ -52,7 +52,9 @@ def test_bench_cli_writes_contract_json(tmp_path, pair_dirs, capsys):
                      "--json", str(out), "--device", "cpu"])
     assert rc == 0
     data = json.loads(out.read_text())
-    assert set(data) == {"device", "target", "draft", "kernels", "results", "categories", "identical_to_plain"}
+    assert set(data) == {"device", "target", "draft", "kernels", "results", "categories", "identical_to_plain",
+                         "default_vs_best", "per_reply"}
+    assert data["default_vs_best"] == {}  # no default mode, one category
     assert data["identical_to_plain"] == {"draft K=1": True, "draft K=3": True, "ngram K=1": True, "ngram K=3": True}
     modes = [(r["mode"], r["k"]) for r in data["results"]]
     assert modes == [("plain", 0), ("draft", 1), ("draft", 3), ("ngram", 1), ("ngram", 3)]
@@ -103,5 +105,11 @@ def test_bench_reads_spec_bench_questions_and_reports_per_category(tmp_path, pai
     assert cats["writing"]["plain"]["mean_accepted_length"] == 1.0 and cats["writing"]["plain"]["speedup"] == 1.0
     assert cats["writing"]["draft K=3"]["new_tokens"] == 20  # both turns ran to the token limit
     assert cats["overall"]["draft K=3"]["speedup_geomean"] > 0
+    # the default against the draft model on the same replies (plain is no rival), each reply's time kept
+    assert set(data["default_vs_best"]) == {"writing", "math_reasoning", "geomean"}
+    for v in data["default_vs_best"].values():
+        assert v["best"] == "draft K=3" and v["low"] <= v["ratio"] <= v["high"], v
+    assert [n for n, _ in data["per_reply"]["default"]["writing"]] == [10, 10]
+    assert all(s > 0 for _, s in data["per_reply"]["plain"]["writing"])
     printed = capsys.readouterr().out
-    assert "writing" in printed and "geomean speedup" in printed
+    assert "writing" in printed and "geomean speedup" in printed and "bootstrap interval" in printed

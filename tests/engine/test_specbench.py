@@ -86,3 +86,62 @@ def test_a_top_up_asks_the_short_kinds_again_until_each_holds_enough_tokens():
     assert sorted(q.id for q in extra) == ["t1"] * 5 + ["t2"] * 5
     assert top_up(qs, 2, counted, 30, 100) == [] and top_up(qs, 2, counted, 0, 100) == []
     assert sorted(q.id for q in top_up(qs, 2, counted, 10_000, 4)) == ["s1"] * 2 + ["t1"] * 2 + ["t2"] * 2
+
+
+def _timed(replies: list[tuple[int, float]]) -> Tally:
+    t = Tally()
+    for n, s in replies:
+        t.new_tokens, t.decode_s, t.replies = t.new_tokens + n, t.decode_s + s, t.replies + 1
+        t.per_reply.append((n, s))
+    return t
+
+
+def test_the_default_is_set_against_the_fastest_other_mode_with_an_interval():
+    """On replies whose times are exact multiples the ratio is exact and its interval closes on it; the fastest
+    other mode is named, plain is never one of them, and the geomean is over the categories' speedups."""
+    from engine.tools.specbench import versus_best
+
+    base = [(10, 1.0), (20, 2.5), (5, 0.4)]
+
+    def mode(factor: float) -> Tally:  # `factor` times plain's speed on every reply
+        return _timed([(n, s / factor) for n, s in base])
+
+    tallies = {"plain": {"qa": mode(1.0), "math": mode(1.0)},
+               "draft K=4": {"qa": mode(1.2), "math": mode(1.5)},
+               "ngram K=4": {"qa": mode(1.1), "math": mode(1.6)},
+               "default": {"qa": mode(1.08), "math": mode(1.6)}}
+    v = versus_best(tallies, "default", "plain", draws=200)
+    assert v["qa"]["best"] == "draft K=4" and v["math"]["best"] == "ngram K=4"
+    assert v["qa"]["ratio"] == pytest.approx(0.9) and v["qa"]["low"] == v["qa"]["high"] == pytest.approx(0.9)
+    assert v["math"]["ratio"] == pytest.approx(1.0)
+    # geomean speedups: default sqrt(1.08 x 1.6), draft K=4 sqrt(1.2 x 1.5), n-gram sqrt(1.1 x 1.6)
+    assert v["geomean"]["best"] == "draft K=4"
+    assert v["geomean"]["ratio"] == pytest.approx((1.08 * 1.6 / (1.2 * 1.5)) ** 0.5, abs=1e-4)
+    assert versus_best({"plain": tallies["plain"], "default": tallies["default"]}, "default", "plain") == {}
+
+
+def test_the_interval_is_of_the_pair_on_the_same_replies():
+    """Each reply timed in a minute that slows every mode alike (shared) cancels from the ratio: the interval is
+    tight around the true 0.98. Scatter of each mode's own (apart) widens it, around the run's own ratio. A
+    category whose modes hold different replies is left out."""
+    import random
+
+    from engine.tools.specbench import versus_best
+
+    rng = random.Random(1)
+    minute = [rng.uniform(0.8, 1.25) for _ in range(12)]
+
+    def mode(speed: float, shared: bool) -> Tally:
+        return _timed([(10, (minute[i] if shared else rng.uniform(0.8, 1.25)) / speed) for i in range(12)])
+
+    together = {"plain": {"qa": mode(1.0, True)}, "draft K=4": {"qa": mode(1.2, True)},
+                "default": {"qa": mode(1.2 * 0.98, True)}}
+    apart = {"plain": {"qa": mode(1.0, False)}, "draft K=4": {"qa": mode(1.2, False)},
+             "default": {"qa": mode(1.2 * 0.98, False)}}
+    a, b = versus_best(apart, "default", "plain")["qa"], versus_best(together, "default", "plain")["qa"]
+    assert b["low"] == pytest.approx(0.98) and b["high"] == pytest.approx(0.98), b
+    assert a["low"] < a["ratio"] < a["high"] and a["high"] - a["low"] > 0.05, a
+    apart["default"]["math"] = _timed([(10, 1.0)])
+    for m in ("plain", "draft K=4"):
+        apart[m]["math"] = _timed([(10, 1.0), (10, 1.0)])
+    assert "math" not in versus_best(apart, "default", "plain")
