@@ -58,13 +58,6 @@ SWITCH_MARGIN = 0.2
 # 0.958 -> 0.982 (0.2 did as well there, and from 0.3 the model was never left for no draft at all); a model below
 # 1 / 1.15 = 0.87x plain is still left at once, which bounds what a pair whose draft model loses can cost.
 PLAIN_MARGIN = 0.15
-# The model's hold against no draft outlasts a round or two of the n-gram lookup's: it drafted within this many rounds
-# and no round since drafted nothing. A lookup that offers a token or two between model rounds (a repeated number, a
-# name) had ended the hold, and the model, then priced a little under plain, went to plain steps for the 16 rounds to
-# its next re-try. In the policy replay (10% timing noise, 4 seeds of 8) QA went 0.954 -> 0.973 of the best fixed mode,
-# better on every seed; the other kinds moved within 0.5%. With no bound (a whole n-gram streak) QA rose further, but
-# summarization lost 1.2%: after a streak the lagging model was held where plain steps waited better for the next match.
-HOLD_ROUNDS = 3
 EXPLORE_EVERY = 16  # rounds a drafter may go unused before it drafts one round to refresh its estimates
 FIRST_TRIES = 3  # a request's first draft-model rounds, drafted whatever the estimates say: one round is no measure
 DECAY = 0.85  # weight of the past in the acceptance estimate per model round: predictability changes within a reply
@@ -380,7 +373,8 @@ def choose(state: PolicyState, offer: Offer | None, k_max: int, model_lag: int, 
         explored = f"re-try after {state.round - last - 1} rounds unused"
         best = max(models, key=lambda ch: ch.speedup)
     state.last_drafter = best.drafter
-    state.last_used[best.drafter] = state.round
+    if best.drafter != NONE:
+        state.last_used[best.drafter] = state.round
     if best.drafter == MODEL:
         state.model_rounds += 1
     elif models:
@@ -389,18 +383,16 @@ def choose(state: PolicyState, offer: Offer | None, k_max: int, model_lag: int, 
 
 
 def _held(state: PolicyState, best: Choice, plain: Choice, models: list[Choice]) -> Choice | None:
-    """The draft model's best option where `best` is no draft by less than PLAIN_MARGIN (the model drafted within
-    HOLD_ROUNDS rounds, none of them plain), or, after a model round that passed drafts, the n-gram lookup's by less
-    than SWITCH_MARGIN while the model still beats no draft. A round that passed nothing is the lookup's evidence,
-    not timing noise: the model then gives way to the lookup as soon as it trails."""
-    if best.drafter == MODEL or not models:
+    """The draft model's best option after a model round, where `best` is no draft by less than PLAIN_MARGIN, or,
+    after a round that passed drafts, the n-gram lookup's by less than SWITCH_MARGIN while the model still beats no
+    draft. A round that passed nothing is the lookup's evidence, not timing noise: the model then gives way to the
+    lookup as soon as it trails."""
+    if state.last_drafter != MODEL or best.drafter == MODEL or not models:
         return None
     keep = max(models, key=lambda ch: ch.speedup)
     if best.drafter == NONE:
-        last = state.last_used.get(MODEL, -1)
-        recent = last > state.last_used.get(NONE, -1) and state.round - last <= HOLD_ROUNDS
-        return keep if recent and keep.speedup * (1 + PLAIN_MARGIN) >= plain.speedup else None
-    if state.last_drafter != MODEL or not state.model_passed:
+        return keep if keep.speedup * (1 + PLAIN_MARGIN) >= plain.speedup else None
+    if not state.model_passed:
         return None
     if keep.speedup < plain.speedup or keep.speedup * (1 + SWITCH_MARGIN) < best.speedup:
         return None

@@ -130,39 +130,30 @@ def test_the_model_is_left_only_for_a_clear_lead():
 
 
 def test_the_model_is_left_for_no_draft_only_for_a_clear_lead():
-    """A model that pays a little trades places with plain steps on one round's evidence: while it drafted within
-    HOLD_ROUNDS rounds (n-gram rounds between) no draft must lead by PLAIN_MARGIN to take over, whatever its last
-    round passed; after a plain step, or longer away, the model must lead."""
-    def state_after(since: tuple[str, ...], c: float, passed: int = 0) -> PolicyState:
-        """The model's rounds, then the drafters of the rounds `since` its last."""
+    """A model that pays a little trades places with plain steps on one round's evidence: after a model round, no
+    draft must lead by PLAIN_MARGIN to take over, whatever that round passed; from no draft, the model must lead."""
+    def state_after(last: str, c: float, passed: int = 0) -> PolicyState:
         state = machine(c=c)
         state.model_rounds, state.last_used[MODEL] = policy.FIRST_TRIES, 0
         for _ in range(10):
             model_round(state, 2, 1, c=c)
         model_round(state, 2, passed, c=c)
-        state.last_drafter = MODEL
-        for state.round, drafter in enumerate(since, 1):
-            state.last_drafter, state.last_used[drafter] = drafter, state.round
+        state.last_drafter = last
         return state
 
     def model(c: float) -> float:  # the model's estimate over plain's: a plain step is 1 token at 1 step here
-        return max(ch.speedup for ch in policy.model_options(state_after((), c), 4, 0))
+        return max(ch.speedup for ch in policy.model_options(state_after(MODEL, c), 4, 0))
 
     cs = [i / 100 for i in range(1, 300)]
     trailing = next(c for c in cs if model(c) < 1 / (1 + policy.PLAIN_MARGIN / 2))  # plain ahead by ~half the margin
     assert model(trailing) * (1 + policy.PLAIN_MARGIN) > 1
-    ch = policy.choose(state_after((), trailing), None, 4, model_lag=0)
+    ch = policy.choose(state_after(MODEL, trailing), None, 4, model_lag=0)
     assert ch.drafter == MODEL, ch
     assert f"kept: no draft ahead by less than {policy.PLAIN_MARGIN:.0%}" in ch.reason, ch
-    assert policy.choose(state_after((), trailing, passed=2), None, 4, model_lag=0).drafter == MODEL
-    assert policy.choose(state_after((NONE,), trailing), None, 4, model_lag=0).drafter == NONE  # none from no draft
-    assert policy.choose(state_after((NGRAM, NONE), trailing), None, 4, model_lag=0).drafter == NONE
-    for away in {1, policy.HOLD_ROUNDS - 1}:  # the lookup's rounds between the model's do not end the hold ...
-        assert policy.choose(state_after((NGRAM,) * away, trailing), None, 4, model_lag=0).drafter == MODEL, away
-    # ... until the model last drafted more than HOLD_ROUNDS rounds ago
-    assert policy.choose(state_after((NGRAM,) * policy.HOLD_ROUNDS, trailing), None, 4, model_lag=0).drafter == NONE
+    assert policy.choose(state_after(MODEL, trailing, passed=2), None, 4, model_lag=0).drafter == MODEL
+    assert policy.choose(state_after(NONE, trailing), None, 4, model_lag=0).drafter == NONE  # no margin from no draft
     far = next(c for c in cs if model(c) * (1 + policy.PLAIN_MARGIN) < 0.98)  # plain ahead by more than the margin
-    assert policy.choose(state_after((), far), None, 4, model_lag=0).drafter == NONE
+    assert policy.choose(state_after(MODEL, far), None, 4, model_lag=0).drafter == NONE
 
 
 def test_one_preempted_round_does_not_price_the_model_out():
