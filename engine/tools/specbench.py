@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import math
 import random
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -191,6 +191,30 @@ INTERVAL = (0.05, 0.95)  # the bootstrap interval's quantiles
 DRAWS = 2000  # bootstrap resamples: the interval's ends then move by < 0.005 between seeds
 
 
+def paired_ratio(a: Tally, b: Tally, draws: int = DRAWS, seed: int = 0) -> tuple[float, float, float] | None:
+    """a's rate over b's on the same replies (the i-th of each is the same reply, timed in one turn), and the 90%
+    bootstrap interval of that ratio, the replies resampled in pairs; None where their replies differ in number or
+    a rate is 0."""
+    n = len(a.per_reply)
+    if n == 0 or n != len(b.per_reply):
+        return None
+
+    def ratio(picks: Iterable[int]) -> float | None:
+        at = bt = an = bn = 0.0
+        for i in picks:
+            an, at = an + a.per_reply[i][0], at + a.per_reply[i][1]
+            bn, bt = bn + b.per_reply[i][0], bt + b.per_reply[i][1]
+        return (an / at) / (bn / bt) if min(an, at, bn, bt) > 0 else None
+
+    whole = ratio(range(n))
+    if whole is None:
+        return None
+    rng = random.Random(seed)
+    drawn = sorted(r for _ in range(draws) if (r := ratio([rng.randrange(n) for _ in range(n)])) is not None)
+    lo, hi = (drawn[min(int(q * len(drawn)), len(drawn) - 1)] for q in INTERVAL)
+    return whole, lo, hi
+
+
 def versus_best(tallies: dict[str, dict[str, Tally]], mode: str, plain: str, draws: int = DRAWS,
                 seed: int = 0) -> dict[str, dict[str, object]]:
     """Per category (and "geomean", over the categories' speedups over `plain`), `mode`'s rate over that of the
@@ -206,35 +230,43 @@ def versus_best(tallies: dict[str, dict[str, Tally]], mode: str, plain: str, dra
     cats = [c for c in sorted(tallies[mode]) if all(c in t for t in tallies.values())
             and len({len(t[c].per_reply) for t in tallies.values()}) == 1 and tallies[mode][c].per_reply]
 
+    out: dict[str, dict[str, object]] = {}
+    for c in cats:
+        best = max(others, key=lambda m: tallies[m][c].tokens_per_s)
+        if (r := paired_ratio(tallies[mode][c], tallies[best][c], draws, seed)) is not None:
+            out[c] = {"best": best, **{k: round(v, 4) for k, v in zip(("ratio", "low", "high"), r)}}
+    if cats and plain in tallies and (g := _geomean_ratio(tallies, cats, mode, plain, others, draws, seed)):
+        out["geomean"] = g
+    return out
+
+
+def _geomean_ratio(tallies: dict[str, dict[str, Tally]], cats: list[str], mode: str, plain: str, others: list[str],
+                   draws: int, seed: int) -> dict[str, object] | None:
+    """versus_best's "geomean": the categories' speedups over plain, each category resampled in pairs as above."""
     def rate(m: str, c: str, picks: list[int]) -> float:
         replies = tallies[m][c].per_reply
         seconds = sum(replies[i][1] for i in picks)
         return sum(replies[i][0] for i in picks) / seconds if seconds > 0 else 0.0
 
-    def speedups(m: str, picks: dict[str, list[int]]) -> float | None:  # geomean over the categories
-        logs = [math.log(rate(m, c, p) / rate(plain, c, p)) for c, p in picks.items()
-                if rate(m, c, p) > 0 and rate(plain, c, p) > 0]
-        return math.exp(sum(logs) / len(logs)) if plain in tallies and len(logs) == len(picks) else None
+    def speedup(m: str, picks: dict[str, list[int]]) -> float | None:
+        pairs = [(rate(m, c, p), rate(plain, c, p)) for c, p in picks.items()]
+        if any(x <= 0 or y <= 0 for x, y in pairs):
+            return None
+        return math.exp(sum(math.log(x / y) for x, y in pairs) / len(pairs))
 
     every = {c: list(range(len(tallies[mode][c].per_reply))) for c in cats}
+    full = {m: speedup(m, every) for m in [mode, *others]}
+    if any(v is None for v in full.values()):
+        return None
+    best = max(others, key=lambda m: full[m])
     rng = random.Random(seed)
-    resamples = [{c: [rng.randrange(len(p)) for _ in p] for c, p in every.items()} for _ in range(draws)]
-    out: dict[str, dict[str, object]] = {}
-
-    def add(key: str, value: Callable[[str, dict[str, list[int]]], float | None]) -> None:
-        full = {m: value(m, every) for m in others}
-        if not full or any(v is None or v <= 0 for v in full.values()) or not value(mode, every):
-            return
-        best = max(others, key=lambda m: full[m])
-        drawn = sorted(a / b for p in resamples if (a := value(mode, p)) and (b := value(best, p)))
-        if not drawn:
-            return
-        lo, hi = (drawn[min(int(q * len(drawn)), len(drawn) - 1)] for q in INTERVAL)
-        out[key] = {"best": best, "ratio": round(value(mode, every) / full[best], 4), "low": round(lo, 4),
-                    "high": round(hi, 4)}
-
-    for c in cats:
-        add(c, lambda m, p, c=c: rate(m, c, p[c]))
-    if cats:
-        add("geomean", speedups)
-    return out
+    drawn = []
+    for _ in range(draws):
+        picks = {c: [rng.randrange(len(p)) for _ in p] for c, p in every.items()}
+        if (x := speedup(mode, picks)) and (y := speedup(best, picks)):
+            drawn.append(x / y)
+    if not drawn:
+        return None
+    drawn.sort()
+    lo, hi = (drawn[min(int(q * len(drawn)), len(drawn) - 1)] for q in INTERVAL)
+    return {"best": best, "ratio": round(full[mode] / full[best], 4), "low": round(lo, 4), "high": round(hi, 4)}

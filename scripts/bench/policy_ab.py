@@ -23,7 +23,7 @@ from pathlib import Path
 from engine.api.config import SamplingParams, SpecParams
 from engine.spec import policy
 from engine.tools import results
-from engine.tools.specbench import Tally, read_questions
+from engine.tools.specbench import Tally, paired_ratio, read_questions
 
 PROMPTS = Path(__file__).resolve().parents[2].parent / "shared" / "bench" / "specbench_public.jsonl"
 
@@ -96,12 +96,16 @@ def rate(t: Tally) -> float:
 
 
 def compare(tallies: dict[str, dict[str, Tally]], fixed: Sequence[str]) -> dict[str, dict[str, float]]:
-    """Per kind: each variant's rate, B / A, and A and B over the best of the fixed modes."""
+    """Per kind: each variant's rate, B / A with its 90% paired bootstrap interval, and A and B over the best of the
+    fixed modes."""
     out = {}
     for kind in tallies["A"]:
         rates = {name: rate(by_kind[kind]) for name, by_kind in tallies.items()}
         best = max((rates[f] for f in fixed), default=0.0)
         row = {**rates, "B / A": rates["B"] / rates["A"]}
+        # the pairs are the same reply in one turn of the variants; drift between repeats stays in the interval
+        if (paired := paired_ratio(tallies["B"][kind], tallies["A"][kind])) is not None:
+            row |= {"B / A low": paired[1], "B / A high": paired[2]}
         if best:
             row |= {"A / best fixed": rates["A"] / best, "B / best fixed": rates["B"] / best}
         out[kind] = row
@@ -140,9 +144,10 @@ def main() -> None:
     table = compare(tallies, [v.name for v in variants[2:]])
     names = [v.name for v in variants]
     print("B: " + ", ".join(f"{n}={v}" for n, v in sets))
-    print(f"{'kind':16s}" + "".join(f"{n:>12s}" for n in names) + f"{'B / A':>8s}{'A/best':>8s}{'B/best':>8s}")
+    print(f"{'kind':16s}" + "".join(f"{n:>12s}" for n in names) + f"{'B / A (90%)':>22s}{'A/best':>8s}{'B/best':>8s}")
     for kind, row in table.items():
-        print(f"{kind:16s}" + "".join(f"{row[n]:12.2f}" for n in names) + f"{row['B / A']:8.3f}"
+        interval = f" [{row['B / A low']:.3f}, {row['B / A high']:.3f}]" if "B / A low" in row else ""
+        print(f"{kind:16s}" + "".join(f"{row[n]:12.2f}" for n in names) + f"{row['B / A']:.3f}{interval}".rjust(22)
               + f"{row.get('A / best fixed', 0):8.3f}{row.get('B / best fixed', 0):8.3f}")
     print("every reply equalled the first to its prompt:", "yes" if identical else "NO")
     figures = {"b": dict(sets), "repeats": a.repeats, "max_new_tokens": a.max_new_tokens, "identical": identical,

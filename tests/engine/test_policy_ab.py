@@ -51,3 +51,4 @@ def test_the_variants_take_turns_and_each_holds_its_own_settings():
     row = table["a"]
     assert row["B / A"] == pytest.approx(rate(tallies["B"]["a"]) / rate(tallies["A"]["a"]))
     assert row["A / best fixed"] == pytest.approx(rate(tallies["A"]["a"]) / rate(tallies["draft K2"]["a"]))
+    assert row["B / A low"] <= row["B / A"] <= row["B / A high"]  # two replies a kind: an interval of the pairs

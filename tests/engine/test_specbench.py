@@ -145,3 +145,8 @@ def test_the_interval_is_of_the_pair_on_the_same_replies():
     for m in ("plain", "draft K=4"):
         apart[m]["math"] = _timed([(10, 1.0), (10, 1.0)])
     assert "math" not in versus_best(apart, "default", "plain")
+    from engine.tools.specbench import paired_ratio
+
+    assert paired_ratio(apart["default"]["math"], apart["plain"]["math"]) is None  # 1 reply against 2: no pairs
+    assert paired_ratio(Tally(), Tally()) is None
+    assert paired_ratio(together["default"]["qa"], together["draft K=4"]["qa"])[0] == pytest.approx(0.98)
