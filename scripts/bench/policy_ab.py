@@ -103,7 +103,7 @@ def compare(tallies: dict[str, dict[str, Tally]], fixed: Sequence[str]) -> dict[
         rates = {name: rate(by_kind[kind]) for name, by_kind in tallies.items()}
         best = max((rates[f] for f in fixed), default=0.0)
         row = {**rates, "B / A": rates["B"] / rates["A"]}
-        # the pairs are the same reply in one turn of the variants; drift between repeats stays in the interval
+        # pairs: the same reply in one turn of the variants (drift that moves a whole repeat is underrated)
         if (paired := paired_ratio(tallies["B"][kind], tallies["A"][kind])) is not None:
             row |= {"B / A low": paired[1], "B / A high": paired[2]}
         if best:
