@@ -191,9 +191,16 @@ INTERVAL = (0.05, 0.95)  # the bootstrap interval's quantiles
 DRAWS = 2000  # bootstrap resamples: the interval's ends then move by < 0.005 between seeds
 
 
-def paired_ratio(a: Tally, b: Tally, draws: int = DRAWS, seed: int = 0) -> tuple[float, float, float] | None:
-    """a's rate over b's on the same replies (the i-th of each is the same reply, timed in one turn), and the 90%
-    bootstrap interval of that ratio, the replies resampled in pairs; None where their replies differ in number or
+def interval(ratio: float, drawn: list[float]) -> dict[str, float]:
+    """A ratio on the whole run and the INTERVAL quantiles of its bootstrap draws (paired_ratio's two parts)."""
+    drawn = sorted(drawn)
+    lo, hi = (drawn[min(int(q * len(drawn)), len(drawn) - 1)] for q in INTERVAL)
+    return {"ratio": round(ratio, 4), "low": round(lo, 4), "high": round(hi, 4)}
+
+
+def paired_ratio(a: Tally, b: Tally, draws: int = DRAWS, seed: int = 0) -> tuple[float, list[float]] | None:
+    """a's rate over b's on the same replies (the i-th of each is the same reply, timed in one turn), and that
+    ratio in `draws` bootstrap resamples of the replies taken in pairs; None where their replies differ in number or
     a rate is 0."""
     n = len(a.per_reply)
     if n == 0 or n != len(b.per_reply):
@@ -210,9 +217,7 @@ def paired_ratio(a: Tally, b: Tally, draws: int = DRAWS, seed: int = 0) -> tuple
     if whole is None:
         return None
     rng = random.Random(seed)
-    drawn = sorted(r for _ in range(draws) if (r := ratio([rng.randrange(n) for _ in range(n)])) is not None)
-    lo, hi = (drawn[min(int(q * len(drawn)), len(drawn) - 1)] for q in INTERVAL)
-    return whole, lo, hi
+    return whole, [r for _ in range(draws) if (r := ratio([rng.randrange(n) for _ in range(n)])) is not None]
 
 
 def versus_best(tallies: dict[str, dict[str, Tally]], mode: str, plain: str, draws: int = DRAWS,
@@ -233,8 +238,8 @@ def versus_best(tallies: dict[str, dict[str, Tally]], mode: str, plain: str, dra
     out: dict[str, dict[str, object]] = {}
     for c in cats:
         best = max(others, key=lambda m: tallies[m][c].tokens_per_s)
-        if (r := paired_ratio(tallies[mode][c], tallies[best][c], draws, seed)) is not None:
-            out[c] = {"best": best, **{k: round(v, 4) for k, v in zip(("ratio", "low", "high"), r)}}
+        if (paired := paired_ratio(tallies[mode][c], tallies[best][c], draws, seed)) is not None:
+            out[c] = {"best": best, **interval(*paired)}
     if cats and plain in tallies and (g := _geomean_ratio(tallies, cats, mode, plain, others, draws, seed)):
         out["geomean"] = g
     return out
@@ -265,8 +270,4 @@ def _geomean_ratio(tallies: dict[str, dict[str, Tally]], cats: list[str], mode: 
         picks = {c: [rng.randrange(len(p)) for _ in p] for c, p in every.items()}
         if (x := speedup(mode, picks)) and (y := speedup(best, picks)):
             drawn.append(x / y)
-    if not drawn:
-        return None
-    drawn.sort()
-    lo, hi = (drawn[min(int(q * len(drawn)), len(drawn) - 1)] for q in INTERVAL)
-    return {"best": best, "ratio": round(full[mode] / full[best], 4), "low": round(lo, 4), "high": round(hi, 4)}
+    return {"best": best, **interval(full[mode] / full[best], drawn)} if drawn else None

@@ -23,7 +23,7 @@ from pathlib import Path
 from engine.api.config import SamplingParams, SpecParams
 from engine.spec import policy
 from engine.tools import results
-from engine.tools.specbench import Tally, paired_ratio, read_questions
+from engine.tools.specbench import Tally, interval, paired_ratio, read_questions
 
 PROMPTS = Path(__file__).resolve().parents[2].parent / "shared" / "bench" / "specbench_public.jsonl"
 
@@ -105,7 +105,8 @@ def compare(tallies: dict[str, dict[str, Tally]], fixed: Sequence[str]) -> dict[
         row = {**rates, "B / A": rates["B"] / rates["A"]}
         # pairs: the same reply in one turn of the variants (drift that moves a whole repeat is underrated)
         if (paired := paired_ratio(tallies["B"][kind], tallies["A"][kind])) is not None:
-            row |= {"B / A low": paired[1], "B / A high": paired[2]}
+            spread = interval(*paired)
+            row |= {"B / A low": spread["low"], "B / A high": spread["high"]}
         if best:
             row |= {"A / best fixed": rates["A"] / best, "B / best fixed": rates["B"] / best}
         out[kind] = row

@@ -149,4 +149,5 @@ def test_the_interval_is_of_the_pair_on_the_same_replies():
 
     assert paired_ratio(apart["default"]["math"], apart["plain"]["math"]) is None  # 1 reply against 2: no pairs
     assert paired_ratio(Tally(), Tally()) is None
-    assert paired_ratio(together["default"]["qa"], together["draft K=4"]["qa"])[0] == pytest.approx(0.98)
+    ratio, drawn = paired_ratio(together["default"]["qa"], together["draft K=4"]["qa"], draws=50)
+    assert ratio == pytest.approx(0.98) and len(drawn) == 50
