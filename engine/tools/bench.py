@@ -398,6 +398,8 @@ def _parser() -> _Parser:
     ap.add_argument("--min-tokens", type=int, default=0, help="ask a kind's prompts again (after --repeats) until its "
                     "replies hold this many new tokens a mode, so that kinds of short replies are measured as long "
                     f"as the others (at most {MAX_REPEATS} passes in all)")
+    ap.add_argument("--per-category", type=int, metavar="N", help="ask N questions of each category, evenly "
+                    "spaced through the file (Spec-Bench's own file holds 80 a category)")
     ap.add_argument("--modes", default="plain,draft,ngram")
     ap.add_argument("--device", default=None)
     ap.add_argument("--json", dest="json_out", help="write the results here")
@@ -425,6 +427,8 @@ def _checked(a: argparse.Namespace) -> tuple[list[str], list[int], SamplingParam
         fail(f"--repeats must be in 1..{MAX_REPEATS}, got {a.repeats}")
     if not 0 <= a.min_tokens <= 1_000_000:
         fail(f"--min-tokens must be in 0..1000000, got {a.min_tokens}")
+    if a.per_category is not None and a.per_category < 1:
+        fail(f"--per-category must be at least 1, got {a.per_category}")
     try:
         sampling = SamplingParams(temperature=a.temperature, top_p=a.top_p, max_new_tokens=a.max_new_tokens,
                                   seed=a.seed)
@@ -466,6 +470,10 @@ def main(argv: list[str] | None = None) -> int:
     kernels = ran_kernels(engine)
     print(f"kernels: {kernels}", file=sys.stderr)
     questions = [specbench.question(p) for p in prompts]
+    if a.per_category:
+        questions = specbench.per_category(questions, a.per_category)
+        print(f"--per-category {a.per_category}: {len(questions)} questions: "
+              f"{', '.join(q.id for q in questions)}", file=sys.stderr)
     by_category = any(q.turns for q in questions) or len({q.category for q in questions}) > 1
     warm_up(engine, questions[0], sampling)
 

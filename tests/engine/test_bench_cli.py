@@ -73,6 +73,7 @@ CASES = [
     ("stop-below-one", lambda t: ["--stop-below", "1.0"], "stop_below must be in [0, 1), got 1.0"),
     ("no-repeats", lambda t: ["--repeats", "0"], "--repeats must be in 1..100, got 0"),
     ("negative-min-tokens", lambda t: ["--min-tokens", "-5"], "--min-tokens must be in 0..1000000, got -5"),
+    ("no-questions-a-category", lambda t: ["--per-category", "0"], "--per-category must be at least 1, got 0"),
 ]
 
 

@@ -97,19 +97,19 @@ def test_bench_reads_spec_bench_questions_and_reports_per_category(tmp_path, pai
     assert draft["outputs"] == plain["outputs"] == default["outputs"]
     assert data["identical_to_plain"] == {"draft K=3": True, "default": True}
     cats = data["categories"]
-    assert set(cats) == {"writing", "math_reasoning", "overall"}
-    for figures in (cats["writing"]["draft K=3"], cats["overall"]["draft K=3"]):
+    assert set(cats) == {"mt-bench", "math_reasoning", "overall"}  # "writing" is one of MT-bench's own eight
+    for figures in (cats["mt-bench"]["draft K=3"], cats["overall"]["draft K=3"]):
         assert figures["speedup"] > 0 and figures["mean_accepted_length"] >= 1.0
         assert 0.0 <= figures["acceptance_rate"] <= 1.0
         assert all(0.0 <= a <= 1.0 for a in figures["acceptance_per_position"])
-    assert cats["writing"]["plain"]["mean_accepted_length"] == 1.0 and cats["writing"]["plain"]["speedup"] == 1.0
-    assert cats["writing"]["draft K=3"]["new_tokens"] == 20  # both turns ran to the token limit
+    assert cats["mt-bench"]["plain"]["mean_accepted_length"] == 1.0 and cats["mt-bench"]["plain"]["speedup"] == 1.0
+    assert cats["mt-bench"]["draft K=3"]["new_tokens"] == 20  # both turns ran to the token limit
     assert cats["overall"]["draft K=3"]["speedup_geomean"] > 0
     # the default against the draft model on the same replies (plain is no rival), each reply's time kept
-    assert set(data["default_vs_best"]) == {"writing", "math_reasoning", "geomean"}
+    assert set(data["default_vs_best"]) == {"mt-bench", "math_reasoning", "geomean"}
     for v in data["default_vs_best"].values():
         assert v["best"] == "draft K=3" and v["low"] <= v["ratio"] <= v["high"], v
-    assert [n for n, _ in data["per_reply"]["default"]["writing"]] == [10, 10]
-    assert all(s > 0 for _, s in data["per_reply"]["plain"]["writing"])
+    assert [n for n, _ in data["per_reply"]["default"]["mt-bench"]] == [10, 10]
+    assert all(s > 0 for _, s in data["per_reply"]["plain"]["mt-bench"])
     printed = capsys.readouterr().out
-    assert "writing" in printed and "geomean speedup" in printed and "bootstrap interval" in printed
+    assert "mt-bench" in printed and "geomean speedup" in printed and "bootstrap interval" in printed

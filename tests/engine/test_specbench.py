@@ -4,7 +4,7 @@ import json
 import pytest
 
 from engine.api.events import DraftToken, RoundEvent, Summary
-from engine.tools.specbench import Question, Tally, question, read_questions
+from engine.tools.specbench import Question, Tally, per_category, question, read_questions
 
 
 def test_spec_bench_and_project_formats_read_alike(tmp_path):
@@ -15,8 +15,26 @@ def test_spec_bench_and_project_formats_read_alike(tmp_path):
         json.dumps({"id": "code-fib", "kind": "code", "messages": [{"role": "user", "content": "fib?"}]}),
     ]))
     a, b = read_questions(path)
-    assert a == Question("81", "writing", turns=("First.", "Second."))
+    assert a == Question("81", "mt-bench", turns=("First.", "Second."))  # MT-bench's sub-category: one kind
     assert b == Question("code-fib", "code", messages=({"role": "user", "content": "fib?"},))
+
+
+def test_spec_bench_reports_mt_bench_as_one_kind_and_the_others_by_name():
+    kinds = [question({"question_id": i, "category": c, "turns": ["t"]}).category
+             for i, c in enumerate(("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem",
+                                    "humanities", "translation", "qa", "math_reasoning", "rag", "summarization"))]
+    assert kinds == ["mt-bench"] * 8 + ["translation", "qa", "math_reasoning", "rag", "summarization"]
+
+
+def test_a_subset_spreads_through_each_category_in_the_file_order():
+    qs = ([Question(f"w{i}", "rag" if i < 8 else "summarization", turns=("t",)) for i in range(12)]
+          + [Question(f"q{i}", "qa", turns=("t",)) for i in range(3)])
+    mixed = [qs[i] for i in (0, 12, 1, 2, 13, 3, 4, 5, 6, 7, 14, 8, 9, 10, 11)]  # categories interleaved
+    picked = per_category(mixed, 4)
+    assert [q.id for q in picked] == ["w0", "q0", "w2", "q1", "w4", "w6", "q2", "w8", "w9", "w10", "w11"]
+    assert per_category(qs, 100) == qs  # fewer than asked: every one, as in the file
+    with pytest.raises(ValueError, match="at least one question"):
+        per_category(qs, 0)
 
 
 @pytest.mark.parametrize("row, says", [
