@@ -258,11 +258,14 @@ def report(results: list[Result], greedy: bool, by_category: bool) -> dict:
 
 
 def versus_table(versus: dict[str, dict]) -> str:
-    """The default's rate over the fastest other mode's, per category, with its bootstrap interval."""
+    """The default's rate over the fastest other mode's, and over plain's, per category, with bootstrap intervals."""
     lo, hi = (round(q * 100) for q in specbench.INTERVAL)
-    lines = [f"default / fastest other mode on the same replies ({lo}-{hi}% bootstrap interval):"]
+    lines = [f"default / fastest other mode, and / plain, on the same replies ({lo}-{hi}% bootstrap interval):"]
     for c, v in versus.items():
-        lines.append(f"  {c:<16}{v['ratio']:>6.3f}  [{v['low']:.3f}, {v['high']:.3f}]  fastest other: {v['best']}")
+        p = v.get("plain")
+        over_plain = f"  / plain {p['ratio']:.3f} [{p['low']:.3f}, {p['high']:.3f}]" if p else ""
+        lines.append(f"  {c:<16}{v['ratio']:>6.3f}  [{v['low']:.3f}, {v['high']:.3f}]  fastest other: {v['best']:<12}"
+                     + over_plain)
     return "\n".join(lines)
 
 

@@ -241,7 +241,8 @@ def paired_ratio(a: Tally, b: Tally, draws: int = DRAWS, seed: int = 0) -> tuple
 def versus_best(tallies: dict[str, dict[str, Tally]], mode: str, plain: str, draws: int = DRAWS,
                 seed: int = 0) -> dict[str, dict[str, object]]:
     """Per category (and "geomean", over the categories' speedups over `plain`), `mode`'s rate over that of the
-    fastest other mode in the run, with a 90% bootstrap interval of that ratio: the replies are resampled with
+    fastest other mode in the run, with a 90% bootstrap interval of that ratio (and, per category, over plain's as
+    "plain": {ratio, low, high}, the issue's other bar): the replies are resampled with
     replacement, the i-th of both modes together (the same question, timed in one turn of the modes), so that what
     slowed both alike cancels and what slowed one does not. The fastest mode is picked on the whole run: where two
     modes are close, the faster of the two noisy columns runs ahead of its true speed, which the interval of one
@@ -258,6 +259,8 @@ def versus_best(tallies: dict[str, dict[str, Tally]], mode: str, plain: str, dra
         best = max(others, key=lambda m: tallies[m][c].tokens_per_s)
         if (paired := paired_ratio(tallies[mode][c], tallies[best][c], draws, seed)) is not None:
             out[c] = {"best": best, **interval(*paired)}
+            if plain in tallies and (alone := paired_ratio(tallies[mode][c], tallies[plain][c], draws, seed)):
+                out[c]["plain"] = interval(*alone)
     if cats and plain in tallies and (g := _geomean_ratio(tallies, cats, mode, plain, others, draws, seed)):
         out["geomean"] = g
     return out

@@ -113,3 +113,7 @@ def test_bench_reads_spec_bench_questions_and_reports_per_category(tmp_path, pai
     assert all(s > 0 for _, s in data["per_reply"]["plain"]["mt-bench"])
     printed = capsys.readouterr().out
     assert "mt-bench" in printed and "geomean speedup" in printed and "bootstrap interval" in printed
+    for c in ("mt-bench", "math_reasoning"):  # and over plain, the other bar, on the same replies
+        p = data["default_vs_best"][c]["plain"]
+        assert p["low"] <= p["ratio"] <= p["high"] and p["ratio"] > 0, p
+    assert "/ plain" in printed

@@ -132,6 +132,8 @@ def test_the_default_is_set_against_the_fastest_other_mode_with_an_interval():
     assert v["qa"]["best"] == "draft K=4" and v["math"]["best"] == "ngram K=4"
     assert v["qa"]["ratio"] == pytest.approx(0.9) and v["qa"]["low"] == v["qa"]["high"] == pytest.approx(0.9)
     assert v["math"]["ratio"] == pytest.approx(1.0)
+    assert v["qa"]["plain"]["ratio"] == v["qa"]["plain"]["low"] == pytest.approx(1.08)  # the other bar: >= plain
+    assert v["math"]["plain"]["high"] == pytest.approx(1.6) and "plain" not in v["geomean"]
     # geomean speedups: default sqrt(1.08 x 1.6), draft K=4 sqrt(1.2 x 1.5), n-gram sqrt(1.1 x 1.6)
     assert v["geomean"]["best"] == "draft K=4"
     assert v["geomean"]["ratio"] == pytest.approx((1.08 * 1.6 / (1.2 * 1.5)) ** 0.5, abs=1e-4)
