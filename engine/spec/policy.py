@@ -362,7 +362,9 @@ def choose(state: PolicyState, offer: Offer | None, k_max: int, model_lag: int, 
     if held is not None:
         rival, margin = ("n-gram", SWITCH_MARGIN) if best.drafter == NGRAM else ("no draft", PLAIN_MARGIN)
         explored, best = f"kept: {rival} ahead by less than {margin:.0%}", held
-    last, tries = state.last_used.get(MODEL), state.model_rounds
+    # round 0 for a model that has not drafted in this request: with FIRST_TRIES = 0 (policy_ab --set) it is re-tried
+    # after EXPLORE_EVERY rounds like one out of favour
+    last, tries = state.last_used.get(MODEL, 0), state.model_rounds
     # A re-try that must first catch the model up costs that pass too: it comes as much less often, so that exploring
     # costs the same share of the time (on summarization, where the n-gram drafter commits several ids a round, every
     # re-try read 40-odd ids first, ~3 steps each time).

@@ -526,3 +526,15 @@ def test_an_offer_that_passes_whole_once_begun_is_taken_whole():
     assert ch.drafter == NGRAM and ch.k < 4, ch
     ch = policy.choose(state, copied, 4, model_lag=0, have_model=False)
     assert ch.drafter == NGRAM and ch.k == 4 and "all 4 pass 0.48" in ch.reason, ch
+
+
+def test_without_first_tries_a_model_priced_out_is_re_tried_after_the_usual_wait(monkeypatch):
+    """policy_ab --set FIRST_TRIES=0: a model that has not drafted in this request and whose long run prices it under
+    plain waits EXPLORE_EVERY rounds like any model out of favour, then drafts one round."""
+    monkeypatch.setattr(policy, "FIRST_TRIES", 0)
+    state = machine()
+    state.model_stops = True
+    state.long_rounds, state.long_drafted, state.long_committed = 10.0, 20.0, 10.0  # 1 token a round for 2 drafted
+    picks = [policy.choose(state, None, 4, 0) for _ in range(policy.EXPLORE_EVERY)]
+    assert [p.drafter for p in picks] == [NONE] * (policy.EXPLORE_EVERY - 1) + [MODEL]
+    assert "re-try" in picks[-1].reason
