@@ -98,7 +98,10 @@ def per_category(questions: list[Question], n: int) -> list[Question]:
     by_category: dict[str, list[int]] = {}
     for i, q in enumerate(questions):
         by_category.setdefault(q.category, []).append(i)
-    keep = {idx[j * len(idx) // min(n, len(idx))] for idx in by_category.values() for j in range(min(n, len(idx)))}
+    keep: set[int] = set()
+    for idx in by_category.values():
+        m = min(n, len(idx))
+        keep.update(idx[j * len(idx) // m] for j in range(m))
     return [q for i, q in enumerate(questions) if i in keep]
 
 
