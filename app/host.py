@@ -4,7 +4,8 @@ they say to each other).
 `EngineHost` starts the child with the "spawn" context (never fork a process that runs Qt), sends commands, and
 turns the child's messages into Qt signals. A plain reader thread blocks on the pipe and posts every message to
 the host through one queued signal, so every signal is emitted in the GUI thread and nothing touches a widget
-from another thread. Each message goes through one table, `_handlers`: one of another type, or with fields that
+from another thread; once the host forgets that process (shutdown, its death) its reader touches nothing
+(app/thread_post.py). Each message goes through one table, `_handlers`: one of another type, or with fields that
 do not match the protocol, is logged and dropped.
 
 It is one of the two Hosts (app/host_protocol.py) the controller knows; an attached server's is the other.
@@ -35,6 +36,7 @@ from PySide6.QtCore import QObject, Qt, Signal
 from app.host_protocol import LoadRequest
 from app.host_signals import REQUEST_MESSAGES, HostSignals
 from app.request_handle import RequestHandle
+from app.thread_post import ThreadPost
 from engine.api.config import SamplingParams, SpecParams
 from engine.api.protocol import (
     PROTOCOL_VERSION,
@@ -100,6 +102,8 @@ class EngineHost(HostSignals):
         self._ids = count(1)
         self._message.connect(self._dispatch, Qt.ConnectionType.QueuedConnection)
         self._lost.connect(self._on_lost, Qt.ConnectionType.QueuedConnection)
+        self._emit_message, self._emit_lost = self._message.emit, self._lost.emit  # bound on the GUI thread
+        self._mail = ThreadPost()  # the current reader's way here: a new one per process, shut when forgotten
         self.loading: LoadRequest | None = None
         self.last_load: LoadRequest | None = None  # what reload() loads again
         self.info: EngineInfo | None = None
@@ -128,8 +132,9 @@ class EngineHost(HostSignals):
             return
         proc, parent = self._spawned or spawn(self._loader, self._lister)
         self._spawned = None
-        self.process, self._conn = proc, parent
-        self._reader = threading.Thread(target=self._read, args=(proc, parent), name="speclens-engine-reader",
+        self.process, self._conn, self._mail = proc, parent, ThreadPost()
+        self._reader = threading.Thread(target=self._read, args=(proc, parent, self._mail),
+                                        name="speclens-engine-reader",
                                         daemon=True)
         self._reader.start()
 
@@ -162,6 +167,7 @@ class EngineHost(HostSignals):
         return self.load(last.target, last.draft, last.device, last.context)
 
     def _forget_process(self) -> None:
+        self._mail.close()  # what its reader still reads reaches nobody
         if self._conn is not None:
             self._conn.close()
         self.process = self._conn = self._reader = None
@@ -170,22 +176,21 @@ class EngineHost(HostSignals):
         self.loading = None
         self.info = None
 
-    def _read(self, proc: Any, conn: Any) -> None:
+    def _read(self, proc: Any, conn: Any, mail: ThreadPost) -> None:
         """Reader thread: every message goes to the GUI thread as it is. It touches no Qt object but the signals,
-        and never reaps the process: two threads waiting on one child can each miss its exit status."""
-        try:
-            while True:
-                try:
-                    msg = conn.recv()
-                except (EOFError, OSError):
-                    break
-                except Exception as e:  # noqa: BLE001 - bytes that do not unpickle: the next message may
-                    log.warning("unreadable message from the engine process: %r", e)
-                    continue
-                self._message.emit((proc, msg))
-            self._lost.emit(proc)
-        except RuntimeError:  # the host itself was deleted (its owner is gone): nobody is left to tell
-            pass
+        through `mail`, and never reaps the process: two threads waiting on one child can each miss its exit
+        status."""
+        while True:
+            try:
+                msg = conn.recv()
+            except (EOFError, OSError):
+                break
+            except Exception as e:  # noqa: BLE001 - bytes that do not unpickle: the next message may
+                log.warning("unreadable message from the engine process: %r", e)
+                continue
+            if not mail.post(self._emit_message, (proc, msg)):
+                return  # the host forgot this process
+        mail.post(self._emit_lost, proc)
 
     # ---- commands ------------------------------------------------------------------------------------------
     def send(self, command: object) -> bool:

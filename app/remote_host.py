@@ -30,6 +30,7 @@ from PySide6.QtCore import QObject, Qt, Signal
 
 from app.host_signals import REQUEST_MESSAGES, HostSignals
 from app.request_handle import RequestHandle
+from app.thread_post import ThreadPost
 from engine.api.config import SamplingParams, SpecParams
 from engine.api.events import Summary
 from engine.api.protocol import Cancel, EngineInfo, Errored, Finished, LoadFailed, RequestSummary
@@ -80,6 +81,9 @@ class RemoteHost(HostSignals):
             **{kind: self._on_request_message for kind in REQUEST_MESSAGES},
         }
         self._post.connect(self._dispatch, Qt.ConnectionType.QueuedConnection)
+        self._emit = self._post.emit  # bound here, on the GUI thread: threads reach it only through _mail
+        self._mail = ThreadPost()  # shut by shutdown(), before the controller lets this host go
+        self.destroyed.connect(self._mail.close)  # and, should an owner delete it without shutdown, as it goes
 
     # ---- the server ------------------------------------------------------------------------------------------
     def connect_server(self) -> None:
@@ -95,15 +99,13 @@ class RemoteHost(HostSignals):
                 self.plain.probe()
             else:  # speculation off needs a plain server, unless this one takes it per request: ask it
                 self.client.check_per_request_spec()
-            self._post_from_thread(Probed(self.client.info))
+            self._send(Probed(self.client.info))
         except RemoteError as e:
-            self._post_from_thread(LoadFailed(str(e)))
+            self._send(LoadFailed(str(e)))
 
-    def _post_from_thread(self, message: object) -> None:
-        try:
-            self._post.emit(message)
-        except RuntimeError:  # the host was deleted (a cancelled connect) before its probe ended: nobody waits
-            pass
+    def _send(self, message: object) -> None:
+        """Worker thread -> GUI thread; nothing once shut down (the host may be on its way to deletion)."""
+        self._mail.post(self._emit, message)
 
     @property
     def running(self) -> bool:
@@ -117,11 +119,16 @@ class RemoteHost(HostSignals):
         pass  # nothing to start: the server runs on its own
 
     def shutdown(self, wait_s: float = 2.0) -> bool:
-        """Cancel every request and wait (bounded) for their threads."""
+        """Cancel every request and wait (bounded) for their threads. Final: what a thread still produces after
+        it reaches nobody, so the host can be deleted at once even while a probe or a stream is still ending."""
         self.cancel_all()
+        self.client.abort()
+        if self.plain is not None:
+            self.plain.abort()
         deadline = time.monotonic() + wait_s
         for t in self._threads:
             t.join(max(0.0, deadline - time.monotonic()))
+        self._mail.close()
         return all(not t.is_alive() for t in self._threads)
 
     # ---- requests --------------------------------------------------------------------------------------------
@@ -149,26 +156,26 @@ class RemoteHost(HostSignals):
     def _stream(self, rid: int, messages: list[dict[str, str]], sampling: SamplingParams, spec: SpecParams) -> None:
         """Worker thread: the reply's rounds, batched, then its Summary or an error, then Finished: what the engine
         process sends for a request (engine.service.streaming.stream)."""
-        rounds = RoundBatcher(rid, self._post.emit)
+        rounds = RoundBatcher(rid, self._send)
         try:
             client, speculative, extra = self._client_for(spec)
             for item in client.chat(messages, sampling, speculative=speculative, cancel=self._cancels[rid],
                                     extra=extra):
                 if isinstance(item, Summary):
                     rounds.flush()
-                    self._post.emit(RequestSummary(rid, item))
+                    self._send(RequestSummary(rid, item))
                     continue
                 for event in item:
                     rounds.add(event)
         except RemoteError as e:
             rounds.flush()  # the rounds that did arrive still reach the window, before the error
-            self._post.emit(Errored(rid, str(e)))
+            self._send(Errored(rid, str(e)))
         except Exception as e:  # noqa: BLE001 - a bug here must still end the request in the window
             log.exception("attached request %d failed", rid)
             rounds.flush()
-            self._post.emit(Errored(rid, f"the attached request failed: {type(e).__name__}: {e}"))
+            self._send(Errored(rid, f"the attached request failed: {type(e).__name__}: {e}"))
         rounds.flush()
-        self._post.emit(Finished(rid))
+        self._send(Finished(rid))
 
     def _start(self, target: Callable[[int], None], rid: int) -> None:
         self._threads = [t for t in self._threads if t.is_alive()]

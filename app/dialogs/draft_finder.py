@@ -29,6 +29,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app.thread_post import ThreadPost
 from engine.io.model_dirs import SOURCE_NAMES
 from engine.service.loaders import Factory
 from engine.tools.draft_finder import near_tie_advice
@@ -60,6 +61,9 @@ class FinderWorker(QObject):
         self._conn: Any = None
         self.done = False
         self._message.connect(self._dispatch, Qt.ConnectionType.QueuedConnection)
+        self._emit = self._message.emit  # bound here, on the GUI thread: the reader reaches it only through _mail
+        self._mail = ThreadPost()  # shut by stop() (the dialog is going) or as this worker is deleted
+        self.destroyed.connect(self._mail.close)
 
     def start(self) -> None:
         self.process, self._conn = spawn(self.finder)
@@ -79,25 +83,24 @@ class FinderWorker(QObject):
         """Cancel, and kill the process if it has not ended grace_ms later: the dialog is going away. Nothing
         waits here (the GUI never freezes); the timer holds the process, not this worker, which may be gone."""
         self.cancel()
+        self._mail.close()
         proc = self.process
         if proc is not None and proc.exitcode is None:
             QTimer.singleShot(grace_ms, lambda: proc.kill() if proc.exitcode is None else None)
 
     def _read(self, conn: Any) -> None:
-        """Reader thread: touches no Qt object but the signal."""
-        try:
-            while True:
-                try:
-                    msg = conn.recv()
-                except (EOFError, OSError):
-                    break
-                except Exception as e:  # noqa: BLE001 - bytes that do not unpickle: the next may
-                    log.warning("unreadable message from the draft finder: %r", e)
-                    continue
-                self._message.emit(msg)
-            self._message.emit(("lost",))
-        except RuntimeError:  # the worker itself was deleted: nobody is left to tell
-            pass
+        """Reader thread: touches no Qt object but the signal, through `_mail`."""
+        while True:
+            try:
+                msg = conn.recv()
+            except (EOFError, OSError):
+                break
+            except Exception as e:  # noqa: BLE001 - bytes that do not unpickle: the next may
+                log.warning("unreadable message from the draft finder: %r", e)
+                continue
+            if not self._mail.post(self._emit, msg):
+                return  # stopped: nobody is left to tell
+        self._mail.post(self._emit, ("lost",))
 
     def _dispatch(self, msg: object) -> None:
         if self.done or not isinstance(msg, tuple) or not msg:

@@ -56,6 +56,9 @@ class _ScriptedClient:
         yield from self.reads
         yield self.summary
 
+    def abort(self) -> None:  # ServerClient's: nothing of this one runs on its own
+        pass
+
 
 def test_an_attached_servers_rounds_reach_the_handle_as_the_engines_do(qapp, qtbot, monkeypatch):
     """Typed messages (Rounds, RequestSummary, Finished), the rounds through the engine's own batcher."""
