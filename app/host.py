@@ -4,8 +4,8 @@ they say to each other).
 `EngineHost` starts the child with the "spawn" context (never fork a process that runs Qt), sends commands, and
 turns the child's messages into Qt signals. A plain reader thread blocks on the pipe and posts every message to
 the host through one queued signal, so every signal is emitted in the GUI thread and nothing touches a widget
-from another thread; once the host forgets that process (shutdown, its death) its reader touches nothing
-(app/thread_post.py). Each message goes through one table, `_handlers`: one of another type, or with fields that
+from another thread; once the host forgets that process (shutdown, its death) or is deleted, its reader touches
+nothing (app/thread_post.py). Each message goes through one table, `_handlers`: one of another type, or with fields that
 do not match the protocol, is logged and dropped.
 
 It is one of the two Hosts (app/host_protocol.py) the controller knows; an attached server's is the other.
@@ -103,7 +103,9 @@ class EngineHost(HostSignals):
         self._message.connect(self._dispatch, Qt.ConnectionType.QueuedConnection)
         self._lost.connect(self._on_lost, Qt.ConnectionType.QueuedConnection)
         self._emit_message, self._emit_lost = self._message.emit, self._lost.emit  # bound on the GUI thread
-        self._mail = ThreadPost()  # the current reader's way here: a new one per process, shut when forgotten
+        self._alive = ThreadPost()  # shut as the host is deleted, whoever deletes it
+        self.destroyed.connect(self._alive.close)
+        self._mail = ThreadPost(self._alive)  # the current reader's way here: one per process, shut when forgotten
         self.loading: LoadRequest | None = None
         self.last_load: LoadRequest | None = None  # what reload() loads again
         self.info: EngineInfo | None = None
@@ -132,7 +134,7 @@ class EngineHost(HostSignals):
             return
         proc, parent = self._spawned or spawn(self._loader, self._lister)
         self._spawned = None
-        self.process, self._conn, self._mail = proc, parent, ThreadPost()
+        self.process, self._conn, self._mail = proc, parent, ThreadPost(self._alive)
         self._reader = threading.Thread(target=self._read, args=(proc, parent, self._mail),
                                         name="speclens-engine-reader",
                                         daemon=True)

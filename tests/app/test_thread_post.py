@@ -86,3 +86,40 @@ def test_shutdown_ends_a_probe_of_a_silent_server_at_once(qapp):
         remote.deleteLater()
     finally:
         silent.close()
+
+
+def test_a_gate_within_a_closed_gate_and_an_emit_on_a_deleted_object_post_nothing():
+    outer, calls = ThreadPost(), []
+    inner = ThreadPost(outer)
+    assert inner.post(calls.append, 1) and calls == [1]
+    outer.close()
+    assert inner.post(calls.append, 2) is False and inner.closed and calls == [1]
+
+    def deleted(_):
+        raise RuntimeError("Signal source has been deleted")
+
+    gate = ThreadPost()
+    assert gate.post(deleted, 3) is False and gate.closed
+
+
+def test_an_engine_host_deleted_without_shutdown_leaves_its_reader_nothing_to_touch(qapp, qtbot):
+    """As a window's host goes with its window: the reader still reads the pipe, then ends quietly."""
+    from multiprocessing import Pipe
+
+    from app.host import EngineHost
+
+    host = EngineHost()
+    ours, theirs = Pipe()
+    errors = []
+    hook, threading.excepthook = threading.excepthook, lambda args: errors.append(args.exc_value)
+    try:
+        reader = threading.Thread(target=host._read, args=(None, ours, host._mail))
+        reader.start()
+        host.deleteLater()
+        qtbot.waitUntil(lambda: not shiboken6.isValid(host), timeout=5000)
+        theirs.send("a message after the host went")
+        theirs.close()  # then the pipe closes: the reader's last post is that it was lost
+        reader.join(5)
+    finally:
+        threading.excepthook = hook
+    assert not reader.is_alive() and errors == []
