@@ -19,7 +19,8 @@ from engine.cpu import machine as cpu
 from engine.cpu.formats import T
 from engine.runtime.engine import Engine
 from engine.tools import results as records  # main's `results` are its modes'
-from engine.tools.bench import read_prompts, relate_to_plain, run_mode
+from engine.tools.bench import read_prompts, run_mode
+from engine.tools.bench_report import relate_to_plain
 
 PROMPTS = Path(__file__).resolve().parents[3] / "shared" / "bench" / "prompts.jsonl"
 
