@@ -77,10 +77,11 @@ def versus_table(versus: dict[str, dict]) -> str:
     lo, hi = (round(q * 100) for q in specbench.INTERVAL)
     lines = [f"default / fastest other mode, and / plain, on the same replies ({lo}-{hi}% bootstrap interval):"]
     for c, v in versus.items():
-        p = v.get("plain")
+        p, fair = v.get("plain"), v.get("held_out")
         over_plain = f"  / plain {p['ratio']:.3f} [{p['low']:.3f}, {p['high']:.3f}]" if p else ""
+        held = f"  picked on other replies {fair:.3f}" if fair is not None else ""
         lines.append(f"  {c:<16}{v['ratio']:>6.3f}  [{v['low']:.3f}, {v['high']:.3f}]  fastest other: {v['best']:<12}"
-                     + over_plain)
+                     + over_plain + held)
     return "\n".join(lines)
 
 

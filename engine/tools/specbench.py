@@ -210,6 +210,7 @@ class Tally:
 
 INTERVAL = (0.05, 0.95)  # the bootstrap interval's quantiles
 DRAWS = 2000  # bootstrap resamples: the interval's ends then move by < 0.005 between seeds
+SPLITS = 200  # held_out's random halvings of a category's replies (each gives two folds)
 
 
 def interval(ratio: float, drawn: list[float]) -> dict[str, float]:
@@ -245,7 +246,8 @@ def versus_best(tallies: dict[str, dict[str, Tally]], mode: str, plain: str, dra
                 seed: int = 0) -> dict[str, dict[str, object]]:
     """Per category (and "geomean", over the categories' speedups over `plain`), `mode`'s rate over that of the
     fastest other mode in the run, with a 90% bootstrap interval of that ratio (and, per category, over plain's as
-    "plain": {ratio, low, high}, the issue's other bar): the replies are resampled with
+    "plain": {ratio, low, high}, the issue's other bar, and the ratio to a fastest mode picked on other replies as
+    "held_out"): the replies are resampled with
     replacement, the i-th of both modes together (the same question, timed in one turn of the modes), so that what
     slowed both alike cancels and what slowed one does not. The fastest mode is picked on the whole run: where two
     modes are close, the faster of the two noisy columns runs ahead of its true speed, which the interval of one
@@ -264,9 +266,40 @@ def versus_best(tallies: dict[str, dict[str, Tally]], mode: str, plain: str, dra
             out[c] = {"best": best, **interval(*paired)}
             if plain in tallies and (alone := paired_ratio(tallies[mode][c], tallies[plain][c], draws, seed)):
                 out[c]["plain"] = interval(*alone)
+            if (fair := held_out(tallies[mode][c], {m: tallies[m][c] for m in others}, seed=seed)) is not None:
+                out[c]["held_out"] = round(fair, 4)
     if cats and plain in tallies and (g := _geomean_ratio(tallies, cats, mode, plain, others, draws, seed)):
         out["geomean"] = g
     return out
+
+
+def held_out(tally: Tally, others: dict[str, Tally], splits: int = SPLITS, seed: int = 0) -> float | None:
+    """`tally`'s rate over that of the fastest of `others`, that mode picked on one half of the replies and timed on
+    the other: the geometric mean over `splits` random halvings, each half picking for the other. Picked and timed on
+    the same replies (versus_best's "ratio") the fastest of several close columns is partly the luckiest, and the
+    ratio reads low by that luck; picked on replies it is not timed on, a mode's luck does not follow it, so this is
+    what a user who chose the fastest fixed mode from one run would see in the next. None with fewer than two
+    replies, replies that differ in number, or a rate of 0."""
+    n = len(tally.per_reply)
+    if n < 2 or not others or any(len(t.per_reply) != n for t in others.values()):
+        return None
+
+    def rate(t: Tally, picks: list[int]) -> float:
+        seconds = sum(t.per_reply[i][1] for i in picks)
+        return sum(t.per_reply[i][0] for i in picks) / seconds if seconds > 0 else 0.0
+
+    rng = random.Random(seed)
+    logs = []
+    for _ in range(splits):
+        order = rng.sample(range(n), n)
+        halves = (order[: n // 2], order[n // 2 :])
+        for pick, timed in (halves, halves[::-1]):
+            best = max(others.values(), key=lambda t: rate(t, pick))
+            a, b = rate(tally, timed), rate(best, timed)
+            if a <= 0 or b <= 0:
+                return None
+            logs.append(math.log(a / b))
+    return math.exp(sum(logs) / len(logs))
 
 
 def _geomean_ratio(tallies: dict[str, dict[str, Tally]], cats: list[str], mode: str, plain: str, others: list[str],
