@@ -14,21 +14,20 @@ else it ends "cut off", keeping what arrived.
 
 The API key goes only into the Authorization header: it is never part of a message, a repr or the URL shown.
 A user:password in the URL becomes Basic auth and is dropped from the URL httpx sees (its request log prints
-URLs); with an API key as well the client refuses, since one Authorization header cannot carry both.
+URLs; engine/remote/urls.py); with an API key as well the client refuses, since one Authorization header cannot
+carry both.
 """
 from __future__ import annotations
 
 import base64
 import json
 import queue
-import re
 import reprlib
 import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
-from urllib.parse import unquote, urlsplit, urlunsplit
 
 import httpx
 
@@ -37,6 +36,7 @@ from engine.api.events import RoundEvent, Summary
 from engine.remote import metrics, sse
 from engine.remote.errors import RemoteError
 from engine.remote.rounds import ReplyCut, RoundBuilder
+from engine.remote.urls import check_url, credentials, public_url
 
 KEY_ENV = "SPECLENS_API_KEY"  # where the CLI (and the app, when the dialog leaves the key empty) reads a key
 POLL_S = 0.05  # how often a streaming reply looks at its cancel flag and its deadline
@@ -74,82 +74,6 @@ class ServerInfo:
         return f"{self.kind}{' ' + self.version if self.version else ''} at {self.url}"
 
 
-def public_url(url: str) -> str:
-    """The URL without user:password and without a trailing slash: what may be shown, logged or written."""
-    try:
-        parts = urlsplit(url)
-        port = parts.port
-    except ValueError:  # a port that is no number, or a malformed address: shown without it
-        parts, port = urlsplit(url.split("//", 1)[0] + "//" + (parts_host(url) or "")), None
-    if not parts.netloc:  # no "//": "user:password@host" would otherwise come back whole as a path
-        return parts_host(url) or ""
-    host = parts.hostname or ""
-    if ":" in host:
-        host = f"[{host}]"
-    netloc = host + (f":{port}" if port else "")
-    return urlunsplit((parts.scheme, netloc, parts.path.rstrip("/"), "", ""))
-
-
-_USERINFO = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*:)?//[^/?#]*@")
-
-
-def redact(url: str) -> str:
-    """A URL as typed, for a message about it: without whatever precedes an @ in its host part (a password),
-    and cut short. Works on text that does not parse as a URL, which public_url needs."""
-    text = str(url).strip()
-    m = _USERINFO.match(text)
-    if m:
-        text = (m.group(1) or "") + "//" + text[m.end():]
-    elif "@" in text.split("/", 1)[0]:  # "user:pw@host" with no scheme
-        text = text.split("@", 1)[1]
-    return repr(text if len(text) <= 100 else text[:99] + "\u2026")
-
-
-def parts_host(url: str) -> str | None:
-    """The host of a URL that urlsplit cannot take whole, without user:password and port (None: none)."""
-    head = str(url).split("//", 1)[-1].split("/", 1)[0].rsplit("@", 1)[-1]
-    host = head.rsplit(":", 1)[0] if head.count(":") == 1 else head
-    return host or None
-
-
-def check_url(url: str) -> str:
-    """http(s) with a host, else RemoteError; returns it without a trailing slash."""
-    try:
-        parts = urlsplit(url.strip())
-        parts.port  # noqa: B018 - raises ValueError on a port that is not a number
-    except ValueError as e:
-        raise RemoteError(f"{redact(url)} is not a URL ({_without(str(e), url)})") from None
-    if parts.scheme not in ("http", "https"):
-        raise RemoteError(f"{redact(url)}: only http:// and https:// servers can be attached")
-    if not parts.hostname:
-        raise RemoteError(f"{redact(url)} names no host")
-    return url.strip().rstrip("/")
-
-
-def _without(text: str, url: str) -> str:
-    """An error's text with the URL's password taken out (urllib quotes the netloc in some messages)."""
-    password = urlsplit_password(url)
-    return text.replace(password, "***") if password else text
-
-
-def urlsplit_password(url: str) -> str | None:
-    head = str(url).strip().split("//", 1)[-1].split("/", 1)[0]
-    if "@" not in head:
-        return None
-    userinfo = head.rsplit("@", 1)[0]
-    return userinfo.split(":", 1)[1] if ":" in userinfo else None
-
-
-def _credentials(url: str) -> tuple[str, tuple[str, str] | None]:
-    """The URL without user:password, and the pair (None: none given)."""
-    parts = urlsplit(url)
-    if parts.username is None and parts.password is None:
-        return url, None
-    netloc = parts.netloc.rsplit("@", 1)[1]
-    return (urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment)),
-            (unquote(parts.username or ""), unquote(parts.password or "")))
-
-
 class _Stopped(RemoteError):
     """A request ended by its deadline or a cancel, not by the server's answer."""
 
@@ -161,7 +85,7 @@ class ServerClient:
         """read_s: the longest the server may stay silent, mid-stream or before its first byte (a long prompt's
         prefill on a slow server needs a generous one). probe_s: all of probe() (connecting); request_s: any
         other GET; reply_s: one streamed reply, end to end."""
-        url, creds = _credentials(check_url(url))
+        url, creds = credentials(check_url(url))
         if creds is not None and api_key:
             raise RemoteError(f"{public_url(url)}: the URL carries a user name and password and an API key is set "
                               f"too ({KEY_ENV} or the key field); a server reads one Authorization header, so give "

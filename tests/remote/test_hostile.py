@@ -16,8 +16,9 @@ import pytest
 from engine.api.config import SamplingParams
 from engine.api.events import Summary
 from engine.remote import metrics
-from engine.remote.client import ServerClient, bounded_lines, check_url, public_url
+from engine.remote.client import ServerClient, bounded_lines
 from engine.remote.errors import RemoteError
+from engine.remote.urls import check_url, public_url
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 ASK = SamplingParams(temperature=0.0, max_new_tokens=8, seed=0)

@@ -15,9 +15,10 @@ import pytest
 from engine.api.config import SamplingParams
 from engine.api.events import Origin, Summary
 from engine.remote import metrics
-from engine.remote.client import ServerClient, check_url, public_url, request_body
+from engine.remote.client import ServerClient, request_body
 from engine.remote.errors import RemoteError
 from engine.remote.rounds import RoundBuilder
+from engine.remote.urls import check_url, public_url
 from tests.remote_server import ReplayServer, recording
 
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=48, seed=0)
