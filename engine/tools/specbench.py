@@ -273,6 +273,13 @@ def versus_best(tallies: dict[str, dict[str, Tally]], mode: str, plain: str, dra
     return out
 
 
+def _rate(t: Tally, picks: Iterable[int]) -> float:
+    """Tokens over decode seconds of the picked replies (an index may repeat: a bootstrap draw)."""
+    picks = list(picks)
+    seconds = sum(t.per_reply[i][1] for i in picks)
+    return sum(t.per_reply[i][0] for i in picks) / seconds if seconds > 0 else 0.0
+
+
 def held_out(tally: Tally, others: dict[str, Tally], splits: int = SPLITS, seed: int = 0) -> float | None:
     """`tally`'s rate over that of the fastest of `others`, that mode picked on one half of the replies and timed on
     the other: the geometric mean over `splits` random halvings, each half picking for the other. Picked and timed on
@@ -284,18 +291,14 @@ def held_out(tally: Tally, others: dict[str, Tally], splits: int = SPLITS, seed:
     if n < 2 or not others or any(len(t.per_reply) != n for t in others.values()):
         return None
 
-    def rate(t: Tally, picks: list[int]) -> float:
-        seconds = sum(t.per_reply[i][1] for i in picks)
-        return sum(t.per_reply[i][0] for i in picks) / seconds if seconds > 0 else 0.0
-
     rng = random.Random(seed)
     logs = []
     for _ in range(splits):
         order = rng.sample(range(n), n)
         halves = (order[: n // 2], order[n // 2 :])
         for pick, timed in (halves, halves[::-1]):
-            best = max(others.values(), key=lambda t: rate(t, pick))
-            a, b = rate(tally, timed), rate(best, timed)
+            best = max(others.values(), key=lambda t: _rate(t, pick))
+            a, b = _rate(tally, timed), _rate(best, timed)
             if a <= 0 or b <= 0:
                 return None
             logs.append(math.log(a / b))
@@ -305,13 +308,8 @@ def held_out(tally: Tally, others: dict[str, Tally], splits: int = SPLITS, seed:
 def _geomean_ratio(tallies: dict[str, dict[str, Tally]], cats: list[str], mode: str, plain: str, others: list[str],
                    draws: int, seed: int) -> dict[str, object] | None:
     """versus_best's "geomean": the categories' speedups over plain, each category resampled in pairs as above."""
-    def rate(m: str, c: str, picks: list[int]) -> float:
-        replies = tallies[m][c].per_reply
-        seconds = sum(replies[i][1] for i in picks)
-        return sum(replies[i][0] for i in picks) / seconds if seconds > 0 else 0.0
-
     def speedup(m: str, picks: dict[str, list[int]]) -> float | None:
-        pairs = [(rate(m, c, p), rate(plain, c, p)) for c, p in picks.items()]
+        pairs = [(_rate(tallies[m][c], p), _rate(tallies[plain][c], p)) for c, p in picks.items()]
         if any(x <= 0 or y <= 0 for x, y in pairs):
             return None
         return math.exp(sum(math.log(x / y) for x, y in pairs) / len(pairs))

@@ -80,9 +80,7 @@ def test_shutdown_ends_a_probe_of_a_silent_server_at_once(qapp):
         remote = RemoteHost(f"http://127.0.0.1:{silent.getsockname()[1]}", connect_s=30.0, read_s=30.0)
         remote.connect_server()
         time.sleep(0.2)
-        t0 = time.monotonic()
-        assert remote.shutdown(3.0)  # its probe is aborted, not left to its 30 s connect bound
-        assert time.monotonic() - t0 < 3.0
+        assert remote.shutdown(3.0)  # its probe ended: aborted, not left to its 30 s connect bound
         remote.deleteLater()
     finally:
         silent.close()
