@@ -17,10 +17,13 @@ property of the machine and the pair, carry over from earlier requests.
 The draft model's acceptance is this request's, decayed so that it follows the text, and shrunk towards its long-run
 acceptance on this engine (PRIOR_TRIALS pseudo-trials). Rounds the model does not draft age its recent evidence
 (STALE per round), so an estimate from a bad patch relaxes towards the long run and a model that usually pays is
-re-tried soon after the patch instead of after a fixed wait. Exploration is still bounded: a request's first
-FIRST_TRIES model rounds draft at the K ceiling, and a model out of favour drafts at least once every EXPLORE_EVERY
-rounds. The n-gram lookup needs none: its continuations are scored against the committed text every round, drafted
-or not.
+re-tried soon after the patch instead of after a fixed wait. A few rounds are little evidence: before a round goes
+to no draft, the model is priced one standard error above its estimate (the spread of what its rounds committed over
+the square root of their number), so a model close to plain on a few unlucky rounds drafts again, and the rounds it
+spends away age its evidence until it does; one far below plain stays away. Exploration is still bounded: a
+request's first FIRST_TRIES model rounds draft at the K ceiling, and a model out of favour drafts at least once every
+EXPLORE_EVERY rounds. The n-gram lookup needs none: its continuations are scored against the committed text every
+round, drafted or not.
 
 Costs are measured only while decoding greedily (`PolicyState.measuring`). A sampled reply must come out the same
 from the same seed (step-through, the comparison and the tuner rely on it), and each choice changes how many random
@@ -59,6 +62,17 @@ SWITCH_MARGIN = 0.2
 # 1 / 1.15 = 0.87x plain is still left at once, which bounds what a pair whose draft model loses can cost.
 PLAIN_MARGIN = 0.15
 EXPLORE_EVERY = 16  # rounds a drafter may go unused before it drafts one round to refresh its estimates
+# One standard deviation of what a model round commits, in tokens, until the long run has measured it (1.0-1.6 by
+# kind on the 30 Spec-Bench questions' first turns at K <= 4 with the stop at 0.7, ~1.0-1.2 on QA, translation and
+# RAG, where the model runs close to plain). With n rounds of evidence an estimate is uncertain by the spread over
+# sqrt(n) (PolicyState.round_spread). Short replies are where it counts: on a 24-token translation reply the first
+# six rounds passed 2 of 8 drafts, the model was priced at 0.84x plain and stayed away for the next 15 rounds, where
+# the draft model drafting every round ran 1.05x plain. In the policy replay (10% timing noise, 3 seeds) it raised
+# every kind but summarization (level) by 0.5-2% of the best fixed mode. On the real engine, with a fixed 1-token
+# spread (the replay puts the two level), `policy_ab` B / A was 1.026, 1.057, 0.993, 1.009, 1.032, 1.011 (MT-bench,
+# translation, summarization, QA, math, RAG; 30 questions' first turns, two repeats) and 1.043, 0.998, 0.967, 1.011
+# (MT-bench, translation, QA, RAG) in a run before it.
+UNCERTAIN_TOKENS = 1.0
 FIRST_TRIES = 3  # a request's first draft-model rounds, drafted whatever the estimates say: one round is no measure
 DECAY = 0.85  # weight of the past in the acceptance estimate per model round: predictability changes within a reply
 STALE = 0.9  # weight of the recent evidence per round the model does not draft: old evidence says less about now
@@ -113,9 +127,11 @@ class PolicyState:
     m_rounds: float = 0.0
     m_drafted: float = 0.0
     m_committed: float = 0.0
+    m_squares: float = 0.0  # the decayed sum of each model round's committed tokens squared: their spread
     long_rounds: float = 0.0
     long_drafted: float = 0.0
     long_committed: float = 0.0
+    long_squares: float = 0.0
     measuring: bool = True  # this round's timings may update the costs (greedy decoding: see the module's note)
     round: int = 0
     last_used: dict[str, int] = field(default_factory=dict)  # drafter -> the last round it drafted
@@ -129,7 +145,7 @@ class PolicyState:
         self.hits, self.trials, self.round, self.last_used = 0.0, 0.0, 0, {}
         self.model_rounds = 0
         self.last_drafter = NONE
-        self.m_rounds = self.m_drafted = self.m_committed = 0.0
+        self.m_rounds = self.m_drafted = self.m_committed = self.m_squares = 0.0
 
     def model_round(self) -> tuple[float, float]:
         """(tokens committed, tokens drafted) by a model round on this request, shrunk towards the long run as
@@ -141,6 +157,19 @@ class PolicyState:
         n = self.m_rounds + PRIOR_TRIALS
         return (self.m_committed + PRIOR_TRIALS * t0) / n, (self.m_drafted + PRIOR_TRIALS * d0) / n
 
+    def round_spread(self) -> float:
+        """The standard deviation of what a model round commits on this request, shrunk towards its long run (or
+        UNCERTAIN_TOKENS before one) as the mean is: a model that commits the same every round is not uncertain."""
+        def variance(rounds: float, committed: float, squares: float) -> float:
+            return max(squares / rounds - (committed / rounds) ** 2, 0.0)
+
+        if self.long_rounds >= PRIOR_TRIALS:
+            v0 = variance(self.long_rounds, self.long_committed, self.long_squares)
+        else:
+            v0 = UNCERTAIN_TOKENS**2
+        v = variance(self.m_rounds, self.m_committed, self.m_squares) if self.m_rounds > 0 else 0.0
+        return ((self.m_rounds * v + PRIOR_TRIALS * v0) / (self.m_rounds + PRIOR_TRIALS)) ** 0.5
+
     def age_model(self) -> None:
         """A round the model did not draft: its recent evidence says less about the text now."""
         self.hits *= STALE
@@ -148,6 +177,7 @@ class PolicyState:
         self.m_rounds *= STALE
         self.m_drafted *= STALE
         self.m_committed *= STALE
+        self.m_squares *= STALE
 
     @property
     def prior_alpha(self) -> float:
@@ -239,12 +269,14 @@ def observe_model(state: PolicyState, drafted: int, accepted: int, draft_s: floa
     state.m_rounds = state.m_rounds * DECAY + 1
     state.m_drafted = state.m_drafted * DECAY + drafted
     state.m_committed = state.m_committed * DECAY + accepted + 1
+    state.m_squares = state.m_squares * DECAY + (accepted + 1) ** 2
     if state.measuring:  # the long run outlives the request: a sampled reply must leave it as it found it
         state.long_hits = state.long_hits * LONG_DECAY + accepted
         state.long_trials = state.long_trials * LONG_DECAY + trials
         state.long_rounds = state.long_rounds * LONG_DECAY + 1
         state.long_drafted = state.long_drafted * LONG_DECAY + drafted
         state.long_committed = state.long_committed * LONG_DECAY + accepted + 1
+        state.long_squares = state.long_squares * LONG_DECAY + (accepted + 1) ** 2
     if not (state.measuring and draft_s > 0):
         return
     step = verify_s / pass_steps(state, drafted + 1)[0] if verify_s > 0 else 0.0
@@ -362,6 +394,8 @@ def choose(state: PolicyState, offer: Offer | None, k_max: int, model_lag: int, 
     if held is not None:
         rival, margin = ("n-gram", SWITCH_MARGIN) if best.drafter == NGRAM else ("no draft", PLAIN_MARGIN)
         explored, best = f"kept: {rival} ahead by less than {margin:.0%}", held
+    if best.drafter == NONE and models and model_lag == 0:
+        explored, best = _uncertain(state, best, plain, models)
     # round 0 for a model that has not drafted in this request: with FIRST_TRIES = 0 (policy_ab --set) it is re-tried
     # after EXPLORE_EVERY rounds like one out of favour
     last, tries = state.last_used.get(MODEL, 0), state.model_rounds
@@ -382,6 +416,20 @@ def choose(state: PolicyState, offer: Offer | None, k_max: int, model_lag: int, 
     elif models:
         state.age_model()
     return _explain(best, plain, models, ngrams, explored)
+
+
+def _uncertain(state: PolicyState, best: Choice, plain: Choice, models: list[Choice]) -> tuple[str, Choice]:
+    """No draft leads, but the model's estimate rests on its rounds of evidence: where one standard error more
+    (round_spread / sqrt(rounds)) puts it ahead of plain, it drafts, and that round measures it. Called only with
+    no catch-up pass to pay: a return that must first read dozens of ids (after a run of n-gram rounds) costs steps
+    that one round's evidence does not repay."""
+    keep = max(models, key=lambda ch: ch.speedup)
+    rounds = state.m_rounds + PRIOR_TRIALS
+    reach = (keep.tokens + state.round_spread() / rounds**0.5) / keep.steps
+    if reach <= plain.speedup:
+        return "", best
+    return (f"uncertain: {keep.speedup / plain.speedup:.2f}x on {rounds:.1f} rounds of evidence, "
+            f"{reach / plain.speedup:.2f}x one standard error up"), keep
 
 
 def _held(state: PolicyState, best: Choice, plain: Choice, models: list[Choice]) -> Choice | None:

@@ -151,9 +151,41 @@ def test_the_model_is_left_for_no_draft_only_for_a_clear_lead():
     assert ch.drafter == MODEL, ch
     assert f"kept: no draft ahead by less than {policy.PLAIN_MARGIN:.0%}" in ch.reason, ch
     assert policy.choose(state_after(MODEL, trailing, passed=2), None, 4, model_lag=0).drafter == MODEL
-    assert policy.choose(state_after(NONE, trailing), None, 4, model_lag=0).drafter == NONE  # no margin from no draft
+    # no margin from no draft (rounds that all commit alike, so no uncertainty either: see the test after this one)
+    assert policy.choose(state_after(NONE, trailing, passed=1), None, 4, model_lag=0).drafter == NONE
     far = next(c for c in cs if model(c) * (1 + policy.PLAIN_MARGIN) < 0.98)  # plain ahead by more than the margin
     assert policy.choose(state_after(MODEL, far), None, 4, model_lag=0).drafter == NONE
+
+
+def test_a_model_just_under_plain_on_uneven_rounds_drafts_again():
+    """Rounds that commit 1 or 3 tokens by turns put the model a little under plain: their mean is uncertain by one
+    standard deviation (1 token) over the square root of the rounds behind it, so from no draft the model drafts again,
+    saying why; the same mean from rounds that all commit 2 is certain, and so is a model well under plain."""
+    def state_after(committed: list[int], c: float) -> PolicyState:
+        state = machine(c=c)
+        state.model_stops = True
+        state.model_rounds, state.last_used[MODEL] = policy.FIRST_TRIES, 0
+        for n in committed:
+            policy.observe_model(state, 2, n - 1, 2 * c * STEP_S, STEP_S * 1.05)
+        state.last_drafter = NONE
+        return state
+
+    uneven, even = [1, 3] * 6, [2] * 12
+
+    def model(c: float) -> float:  # over plain's 1 token a step
+        return max(ch.speedup for ch in policy.model_options(state_after(even, c), 4, 0))
+
+    cs = [i / 100 for i in range(1, 300)]
+    near = next(c for c in cs if model(c) < 0.95)  # plain ahead by 5%
+    assert state_after(uneven, near).round_spread() == pytest.approx(1.0, abs=0.05)
+    assert state_after(even, near).round_spread() == 0.0
+    ch = policy.choose(state_after(uneven, near), None, 4, model_lag=0)
+    assert ch.drafter == MODEL and ch.reason.startswith("model (uncertain: 0.9"), ch
+    assert policy.choose(state_after(even, near), None, 4, model_lag=0).drafter == NONE
+    far = next(c for c in cs if model(c) < 0.75)  # more than a standard error under plain
+    assert policy.choose(state_after(uneven, far), None, 4, model_lag=0).drafter == NONE
+    # the same model far behind the text (a catch-up pass to pay first) is not re-tried on its uncertainty
+    assert policy.choose(state_after(uneven, near), None, 4, model_lag=40).drafter == NONE
 
 
 def test_one_preempted_round_does_not_price_the_model_out():
