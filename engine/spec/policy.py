@@ -5,8 +5,14 @@ Leviathan's arithmetic with measured costs. A round that drafts j tokens commits
 drafts plus the correction or bonus) and costs its drafting plus one verify pass of width j + 1, so it makes
 E_j / cost_j tokens per second; a plain step makes 1 / t(1). Everything is priced in plain steps, t(1): the verify
 pass of width w costs t(w) / t(1) steps (a line fitted to the pass times measured at each width), a draft-model token
-c steps (its measured drafting time over t(1)), and a draft model that lags the committed text pays its catch-up pass
-spread over the rounds it is then expected to draft.
+c steps (its measured drafting time over t(1); once drafts of two lengths are measured, a draft of d tokens costs a
+line through them, since its first token costs more than the next), and a draft model that lags the committed text
+pays its catch-up pass spread over the rounds it is then expected to draft.
+
+Under the draft's stop rule the policy picks the ceiling too: a draft at ceiling j is the first j tokens of the draft
+at any higher one, so the rounds' outcomes position by position (engine.spec.draft_positions) price every ceiling,
+and where late drafts are often made but seldom pass (QA, where the draft model at K 2 ran 2-7% ahead of K 4 in
+three speclens-bench runs on Zen 3) a lower ceiling commits the same tokens in fewer steps.
 
 Costs are medians of the last WINDOW measurements, not running means: on a busy machine a pass the scheduler preempted
 takes several times its cost, and one such pass in a mean priced the draft model out for a dozen rounds. c is the
@@ -41,6 +47,7 @@ from dataclasses import dataclass, field
 from statistics import median
 
 from engine.analysis.theory import expected_tokens
+from engine.spec.draft_positions import PositionTally, expected_round
 
 MODEL, NGRAM, NONE = "model", "ngram", "none"
 
@@ -84,7 +91,15 @@ LEVEL_WINDOW = 3  # the level follows the load within two rounds and still drops
 CATCHUP_ROUNDS = 4.0
 # Priors, each worth a few rounds, for what has not been measured yet on this machine or in this request.
 PRIOR_ALPHA, PRIOR_TRIALS = 0.6, 2.0  # the long-run acceptance before any, and its weight in a request's estimate
-PRIOR_ROUND_TOKENS, PRIOR_ROUND_DRAFTED = 2.2, 2.0  # a model round under the stop rule, before any was measured
+# Under the stop rule the draft model's ceiling goes below the top only for an estimate better by this share, and
+# never below MIN_CEILING. The ceilings' estimates differ by a few percent and rest on the few rounds that reached
+# the late positions, so a bare maximum trades them on noise; in the policy replay (30 Spec-Bench questions, 10%
+# timing noise) it chose K <= 1 in a quarter of the model rounds, where a fixed K 1 ran 9-10% under K 4, and lost
+# 2-4% on four kinds. The stop rule already ends a draft the model is unsure of, so K <= 1 would only add rounds.
+CEILING_MARGIN = 0.05
+MIN_CEILING = 2
+MAX_LINE = 16  # draft lengths whose costs the draft line is fitted to (the K slider's top)
+PRIOR_GOES_ON = 0.6  # under the stop rule, the chance a draft goes on to its next position, before any was measured
 PRIOR_C = 0.3  # a draft-model token in plain steps
 PRIOR_ROW = 0.15  # what each verify row past the first adds, in plain steps (0.06-0.28 measured on Zen 3/4 CPUs)
 ROW_PRIOR_WEIGHT = 3  # pseudo-measurements of rho at PRIOR_ROW beside the measured pairs (observe_pass)
@@ -114,22 +129,24 @@ class PolicyState:
     model_token_s: float | None = None  # the draft model's drafting seconds per drafted token
     model_c: float | None = None  # a drafted token in plain steps, each model round's own ratio (None: from the above)
     catchup_id_s: float | None = None  # what each id of a catch-up pass of the draft model's cache costs
+    draft_line: tuple[float, float] | None = None  # (intercept, per token) of a draft's cost in plain steps
     fed_row: float | None = None  # what each lagging id fed with the first drafting pass adds, in plain steps
     lookup_s: float = 0.0  # the n-gram lookup (paid every round, whatever is chosen)
     hits: float = 0.0  # the draft model's decayed accepted tokens in this request ...
     trials: float = 0.0  # ... over its decayed trials (accepted + 1 per rejection)
     long_hits: float = 0.0  # the same over every request, decayed slowly: the prior of each request's estimate
     long_trials: float = 0.0
-    # With the draft's stop rule on (model_stops) the model drafts up to the ceiling and its own confidence ends the
-    # draft, so a round is priced from what model rounds really drafted and committed (decayed sums in this request,
-    # and their long run), not from alpha under an every-token-alike assumption that the stop rule breaks.
+    # With the draft's stop rule on (model_stops) the model drafts up to a ceiling and its own confidence ends the
+    # draft, so a round at each ceiling is priced from what model rounds really drafted and passed, position by
+    # position (in this request, and their long run), not from alpha under an every-token-alike assumption that the
+    # stop rule breaks.
     model_stops: bool = False
-    m_rounds: float = 0.0
-    m_drafted: float = 0.0
+    positions: PositionTally = field(default_factory=PositionTally)
+    long_positions: PositionTally = field(default_factory=PositionTally)
+    m_rounds: float = 0.0  # decayed model rounds in this request, with their committed tokens and its squares
     m_committed: float = 0.0
-    m_squares: float = 0.0  # the decayed sum of each model round's committed tokens squared: their spread
+    m_squares: float = 0.0
     long_rounds: float = 0.0
-    long_drafted: float = 0.0
     long_committed: float = 0.0
     long_squares: float = 0.0
     measuring: bool = True  # this round's timings may update the costs (greedy decoding: see the module's note)
@@ -145,17 +162,13 @@ class PolicyState:
         self.hits, self.trials, self.round, self.last_used = 0.0, 0.0, 0, {}
         self.model_rounds = 0
         self.last_drafter = NONE
-        self.m_rounds = self.m_drafted = self.m_committed = self.m_squares = 0.0
+        self.m_rounds = self.m_committed = self.m_squares = 0.0
+        self.positions = PositionTally()
 
-    def model_round(self) -> tuple[float, float]:
-        """(tokens committed, tokens drafted) by a model round on this request, shrunk towards the long run as
-        alpha is (PRIOR_TRIALS pseudo-rounds)."""
-        if self.long_rounds >= PRIOR_TRIALS:
-            t0, d0 = self.long_committed / self.long_rounds, self.long_drafted / self.long_rounds
-        else:
-            t0, d0 = PRIOR_ROUND_TOKENS, PRIOR_ROUND_DRAFTED
-        n = self.m_rounds + PRIOR_TRIALS
-        return (self.m_committed + PRIOR_TRIALS * t0) / n, (self.m_drafted + PRIOR_TRIALS * d0) / n
+    def model_round(self, ceiling: int) -> tuple[float, float]:
+        """(tokens committed, tokens drafted) by a model round at `ceiling` under the stop rule, each position's
+        chances shrunk towards the long run as alpha is (PRIOR_TRIALS pseudo-rounds)."""
+        return expected_round(self.positions, self.long_positions, ceiling, PRIOR_GOES_ON, PRIOR_ALPHA, PRIOR_TRIALS)
 
     def round_spread(self) -> float:
         """The standard deviation of what a model round commits on this request, shrunk towards its long run (or
@@ -175,9 +188,9 @@ class PolicyState:
         self.hits *= STALE
         self.trials *= STALE
         self.m_rounds *= STALE
-        self.m_drafted *= STALE
         self.m_committed *= STALE
         self.m_squares *= STALE
+        self.positions.scale(STALE)
 
     @property
     def prior_alpha(self) -> float:
@@ -255,26 +268,28 @@ def observe_pass(state: PolicyState, width: int, seconds: float) -> None:
 
 
 def observe_model(state: PolicyState, drafted: int, accepted: int, draft_s: float, verify_s: float = 0.0,
-                  fed: int = 0) -> None:
+                  fed: int = 0, ceiling: int | None = None) -> None:
     """A draft-model round: its acceptance (a round that stopped at a rejection made accepted + 1 trials, one that
     passed whole made `drafted`), its drafting time per token and, with the round's verify pass `verify_s`, c as
     this round's own ratio. fed: lagging ids its first pass read besides its own (text other rounds committed);
-    such a round measures what a lagging id adds instead of c."""
+    such a round measures what a lagging id adds instead of c. ceiling: the most it could draft (None: `drafted`,
+    which says nothing of where a draft that passed whole would have stopped)."""
     if drafted < 1:
         return
+    ceiling = drafted if ceiling is None else max(ceiling, drafted)
     trials = accepted + (1 if accepted < drafted else 0)
     state.model_passed = accepted > 0
     state.hits = state.hits * DECAY + accepted
     state.trials = state.trials * DECAY + trials
+    state.positions.add(ceiling, drafted, accepted, DECAY)
     state.m_rounds = state.m_rounds * DECAY + 1
-    state.m_drafted = state.m_drafted * DECAY + drafted
     state.m_committed = state.m_committed * DECAY + accepted + 1
     state.m_squares = state.m_squares * DECAY + (accepted + 1) ** 2
     if state.measuring:  # the long run outlives the request: a sampled reply must leave it as it found it
         state.long_hits = state.long_hits * LONG_DECAY + accepted
         state.long_trials = state.long_trials * LONG_DECAY + trials
+        state.long_positions.add(ceiling, drafted, accepted, LONG_DECAY)
         state.long_rounds = state.long_rounds * LONG_DECAY + 1
-        state.long_drafted = state.long_drafted * LONG_DECAY + drafted
         state.long_committed = state.long_committed * LONG_DECAY + accepted + 1
         state.long_squares = state.long_squares * LONG_DECAY + (accepted + 1) ** 2
     if not (state.measuring and draft_s > 0):
@@ -292,6 +307,23 @@ def observe_model(state: PolicyState, drafted: int, accepted: int, draft_s: floa
     state.model_token_s = state.measure("model token", draft_s / drafted)
     if step > 0:
         state.model_c = state.measure("model c", draft_s / drafted / step)
+        state.measure(f"draft of {drafted}", draft_s / step)
+        state.draft_line = _draft_line(state)
+
+
+def _draft_line(state: PolicyState) -> tuple[float, float] | None:
+    """(steps a draft costs whatever its length, steps each drafted token adds): a line through the median cost of
+    each draft length measured, or None before two lengths are. A draft's first token costs more than the next
+    (the round's sampling and stop-rule work), so c alone would overprice long drafts against short ones."""
+    costs = [(d, state.recent.get(f"draft of {d}")) for d in range(1, MAX_LINE + 1)]
+    points = [(d, median(r.values)) for d, r in costs if r is not None and len(r.values) >= 2]
+    if len(points) < 2:
+        return None
+    n = len(points)
+    mx, my = sum(d for d, _ in points) / n, sum(y for _, y in points) / n
+    slope = sum((d - mx) * (y - my) for d, y in points) / sum((d - mx) ** 2 for d, _ in points)
+    slope = max(slope, 0.0)
+    return max(my - slope * mx, 0.0), slope
 
 
 def observe_catchup(state: PolicyState, tokens: int, seconds: float) -> None:
@@ -349,12 +381,17 @@ def model_options(state: PolicyState, k_max: int, lag: int, fed: int = 0) -> lis
         catchup = per_id * (now + (fed - now) / CATCHUP_ROUNDS)
         why_catchup = f", reading {fed} new ids {catchup:.2f} steps"
     lookup = _steps_of(state, state.lookup_s, 0.0)
-    if state.model_stops:  # one option: up to the ceiling, as far as the draft's confidence carries it
-        tokens, drafted = state.model_round()
-        steps = pass_steps(state, drafted + 1)[0] + drafted * c + catchup + lookup
-        why = (f"K \u2264 {k_max} (stops when unsure), {tokens:.1f} tok/round over {drafted:.1f} drafted, "
-               f"c {c:.2f}" + why_catchup)
-        return [Choice(MODEL, k_max, tokens, steps, why)]
+    if state.model_stops:  # each ceiling, as far as the draft's confidence carries it
+        out = []
+        for k in range(1, k_max + 1):
+            tokens, drafted = state.model_round(k)
+            line = state.draft_line
+            draft = line[0] + line[1] * drafted if line else drafted * c
+            steps = pass_steps(state, drafted + 1)[0] + draft + catchup + lookup
+            why = (f"K \u2264 {k} (stops when unsure), {tokens:.1f} tok/round over {drafted:.1f} drafted, "
+                   f"c {c:.2f}" + why_catchup)
+            out.append(Choice(MODEL, k, tokens, steps, why))
+        return out
     a = state.alpha
     out = []
     for k in range(1, k_max + 1):
@@ -387,15 +424,16 @@ def choose(state: PolicyState, offer: Offer | None, k_max: int, model_lag: int, 
     lookup = _steps_of(state, state.lookup_s, 0.0)
     plain = Choice(NONE, 0, 1.0, 1.0 + lookup, "")
     models = model_options(state, k_max, model_lag, model_fed) if have_model and k_max >= 1 else []
+    model = pick_model(state, models)
     ngrams = ngram_options(state, offer)
-    best = max([plain, *models, *ngrams], key=lambda ch: ch.speedup)  # ties: plain first, then the model
+    best = max([plain, *model, *ngrams], key=lambda ch: ch.speedup)  # ties: plain first, then the model
     explored = ""
-    held = _held(state, best, plain, models)
+    held = _held(state, best, plain, model)
     if held is not None:
         rival, margin = ("n-gram", SWITCH_MARGIN) if best.drafter == NGRAM else ("no draft", PLAIN_MARGIN)
         explored, best = f"kept: {rival} ahead by less than {margin:.0%}", held
     if best.drafter == NONE and models and model_lag == 0:
-        explored, best = _uncertain(state, best, plain, models)
+        explored, best = _uncertain(state, best, plain, model[0])
     # round 0 for a model that has not drafted in this request: with FIRST_TRIES = 0 (policy_ab --set) it is re-tried
     # after EXPLORE_EVERY rounds like one out of favour
     last, tries = state.last_used.get(MODEL, 0), state.model_rounds
@@ -407,7 +445,7 @@ def choose(state: PolicyState, offer: Offer | None, k_max: int, model_lag: int, 
         explored, best = f"first tries, {tries + 1} of {FIRST_TRIES}", models[-1]
     elif models and best.drafter != MODEL and state.round - last >= every:
         explored = f"re-try after {state.round - last - 1} rounds unused"
-        best = max(models, key=lambda ch: ch.speedup)
+        best = model[0]
     state.last_drafter = best.drafter
     if best.drafter != NONE:
         state.last_used[best.drafter] = state.round
@@ -415,15 +453,26 @@ def choose(state: PolicyState, offer: Offer | None, k_max: int, model_lag: int, 
         state.model_rounds += 1
     elif models:
         state.age_model()
-    return _explain(best, plain, models, ngrams, explored)
+    return _explain(best, plain, model, ngrams, explored)
 
 
-def _uncertain(state: PolicyState, best: Choice, plain: Choice, models: list[Choice]) -> tuple[str, Choice]:
+def pick_model(state: PolicyState, models: list[Choice]) -> list[Choice]:
+    """The draft model's option this round ([] without one): the best K, or under the stop rule the ceiling, which
+    goes below the top only for an estimate better by CEILING_MARGIN and never below MIN_CEILING."""
+    if not models:
+        return []
+    if not state.model_stops:
+        return [max(models, key=lambda ch: ch.speedup)]
+    top = models[-1]
+    low = max(models[min(MIN_CEILING, len(models)) - 1 :], key=lambda ch: ch.speedup)
+    return [low if low.speedup > top.speedup * (1 + CEILING_MARGIN) else top]
+
+
+def _uncertain(state: PolicyState, best: Choice, plain: Choice, keep: Choice) -> tuple[str, Choice]:
     """No draft leads, but the model's estimate rests on its rounds of evidence: where one standard error more
     (round_spread / sqrt(rounds)) puts it ahead of plain, it drafts, and that round measures it. Called only with
     no catch-up pass to pay: a return that must first read dozens of ids (after a run of n-gram rounds) costs steps
     that one round's evidence does not repay."""
-    keep = max(models, key=lambda ch: ch.speedup)
     rounds = state.m_rounds + PRIOR_TRIALS
     reach = (keep.tokens + state.round_spread() / rounds**0.5) / keep.steps
     if reach <= plain.speedup:
@@ -432,14 +481,14 @@ def _uncertain(state: PolicyState, best: Choice, plain: Choice, models: list[Cho
             f"{reach / plain.speedup:.2f}x one standard error up"), keep
 
 
-def _held(state: PolicyState, best: Choice, plain: Choice, models: list[Choice]) -> Choice | None:
+def _held(state: PolicyState, best: Choice, plain: Choice, model: list[Choice]) -> Choice | None:
     """The draft model's best option after a model round, where `best` is no draft by less than PLAIN_MARGIN, or,
     after a round that passed drafts, the n-gram lookup's by less than SWITCH_MARGIN while the model still beats no
     draft. A round that passed nothing is the lookup's evidence, not timing noise: the model then gives way to the
     lookup as soon as it trails."""
-    if state.last_drafter != MODEL or best.drafter == MODEL or not models:
+    if state.last_drafter != MODEL or best.drafter == MODEL or not model:
         return None
-    keep = max(models, key=lambda ch: ch.speedup)
+    keep = model[0]
     if best.drafter == NONE:
         return keep if keep.speedup * (1 + PLAIN_MARGIN) >= plain.speedup else None
     if not state.model_passed:

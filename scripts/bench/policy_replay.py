@@ -204,7 +204,7 @@ def replay_reply(mode: Mode, p: dict, budget: int, costs: Costs, state: policy.P
     state.model_stops = mode.stop_below > 0
     while r.done < len(r.reply):
         k = min(mode.k, r.room())
-        drafter, tokens, draft_s = "plain", [], 0.0
+        drafter, tokens, draft_s, ceiling = "plain", [], 0.0, 0
         lag = r.lag
         if mode.drafter == "draft" and k >= 1:
             drafter, tokens = "model", r.model_draft(k, mode.stop_below)
@@ -213,7 +213,7 @@ def replay_reply(mode: Mode, p: dict, budget: int, costs: Costs, state: policy.P
             tokens = ngram.proposed(r.ids, k)
             drafter = "ngram" if tokens else "plain"
         elif mode.drafter == "hybrid" and k >= 1:
-            drafter, tokens, draft_s = _hybrid_round(r, ngram, state, k, mode.stop_below, costs)
+            drafter, tokens, draft_s, ceiling = _hybrid_round(r, ngram, state, k, mode.stop_below, costs)
         verify_s = costs.verify_s(len(tokens) + 1)
         a = r.accepted(tokens)
         if mode.drafter == "hybrid":
@@ -221,7 +221,7 @@ def replay_reply(mode: Mode, p: dict, budget: int, costs: Costs, state: policy.P
             if drafter == "model":
                 catchup, fed = lag_split(lag)
                 step_s = draft_s - (costs.extra_s(lag) if catchup else 0.0)
-                policy.observe_model(state, len(tokens), a, step_s, verify_s, fed)
+                policy.observe_model(state, len(tokens), a, step_s, verify_s, fed, ceiling)
         n = r.commit(len(tokens), a, drafter == "model")
         if mode.drafter in ("ngram", "hybrid"):
             ngram.rollback(r.ids)
@@ -233,20 +233,21 @@ def replay_reply(mode: Mode, p: dict, budget: int, costs: Costs, state: policy.P
 
 
 def _hybrid_round(r: Reply, ngram: NGramDrafter, state: policy.PolicyState, k: int, stop_below: float,
-                  costs: Costs) -> tuple[str, list[int], float]:
-    """HybridDrafter.propose over the recorded reply: the lookup, the policy's choice, the chosen drafter's tokens."""
+                  costs: Costs) -> tuple[str, list[int], float, int]:
+    """HybridDrafter.propose over the recorded reply: the lookup, the policy's choice, the chosen drafter's tokens,
+    their drafting time and the ceiling they were drafted at."""
     state.measuring = True
     model_lag, fed = lag_split(r.lag)
     match, cont = ngram.lookup(r.ids, k)
     choice = policy.choose(state, ngram_offer(ngram, match, cont), k, model_lag, model_fed=fed)
     if choice.drafter == policy.NGRAM:
-        return "ngram", cont[: choice.k], 0.0
+        return "ngram", cont[: choice.k], 0.0, choice.k
     if choice.drafter == policy.MODEL:
         tokens = r.model_draft(choice.k, stop_below)
         if model_lag:
             policy.observe_catchup(state, model_lag, costs.extra_s(model_lag))
-        return "model", tokens, costs.draft_s(len(tokens), r.lag)
-    return "plain", [], 0.0
+        return "model", tokens, costs.draft_s(len(tokens), r.lag), choice.k
+    return "plain", [], 0.0, 0
 
 
 def replay(a: argparse.Namespace) -> None:

@@ -166,14 +166,15 @@ def test_a_model_just_under_plain_on_uneven_rounds_drafts_again():
         state.model_stops = True
         state.model_rounds, state.last_used[MODEL] = policy.FIRST_TRIES, 0
         for n in committed:
-            policy.observe_model(state, 2, n - 1, 2 * c * STEP_S, STEP_S * 1.05)
+            policy.observe_model(state, 2, n - 1, 2 * c * STEP_S, STEP_S * 1.05, ceiling=4)  # the draft stopped at 2
         state.last_drafter = NONE
         return state
 
     uneven, even = [1, 3] * 6, [2] * 12
 
     def model(c: float) -> float:  # over plain's 1 token a step
-        return max(ch.speedup for ch in policy.model_options(state_after(even, c), 4, 0))
+        state = state_after(even, c)
+        return policy.pick_model(state, policy.model_options(state, 4, 0))[0].speedup
 
     cs = [i / 100 for i in range(1, 300)]
     near = next(c for c in cs if model(c) < 0.95)  # plain ahead by 5%
@@ -538,13 +539,47 @@ def test_under_the_stop_rule_a_model_round_is_priced_by_what_rounds_really_made(
         state.model_stops = True
         state.model_rounds, state.last_used[MODEL] = policy.FIRST_TRIES, 0
     for r in range(12):
-        policy.observe_model(good, 3, 3 if r % 2 else 2, 3 * 0.2 * STEP_S, STEP_S * 1.15)
-        policy.observe_model(bad, 1, 0, 0.2 * STEP_S, STEP_S * 1.05)
+        policy.observe_model(good, 3, 3 if r % 2 else 2, 3 * 0.2 * STEP_S, STEP_S * 1.15, ceiling=4)
+        policy.observe_model(bad, 1, 0, 0.2 * STEP_S, STEP_S * 1.05, ceiling=4)
     ch = policy.choose(good, Offer(tokens=1, match=1, pass_rate=0.3), 4, model_lag=0)
     assert ch.drafter == MODEL and ch.k == 4, ch
     assert ch.tokens == pytest.approx(3.4, abs=0.3) and "stops when unsure" in ch.reason, ch
     ch = policy.choose(bad, None, 4, model_lag=0)
     assert ch.drafter == NONE, ch
+
+
+def test_under_the_stop_rule_the_ceiling_drops_where_late_drafts_fail():
+    """Rows and drafted tokens a third of a step each (as on a 2-core Zen 3): rounds whose draft runs to 4 but passes
+    only its first 2 commit 3 tokens either way, so a ceiling of 2 makes them in fewer steps and the policy drafts
+    at K <= 2, saying so; rounds whose 4 drafts all pass keep the ceiling at 4."""
+    def after(accepted: int) -> PolicyState:
+        state = machine(row=0.33, c=0.33)
+        state.model_stops = True
+        state.model_rounds, state.last_used[MODEL] = policy.FIRST_TRIES, 0
+        for _ in range(12):
+            policy.observe_model(state, 4, accepted, 4 * 0.33 * STEP_S, STEP_S * (1 + 0.33 * 4), ceiling=4)
+        return state
+
+    ch = policy.choose(after(2), None, 4, model_lag=0)
+    assert ch.drafter == MODEL and ch.k == 2 and "K \u2264 2 (stops when unsure)" in ch.reason, ch
+    assert ch.tokens == pytest.approx(3.0, abs=0.1)
+    ch = policy.choose(after(4), None, 4, model_lag=0)
+    assert ch.drafter == MODEL and ch.k == 4, ch
+    state = after(1)  # only the first draft passes: K <= 1 would be the cheapest ...
+    ks = policy.model_options(state, 4, 0)
+    assert ks[0].speedup > ks[1].speedup > ks[3].speedup
+    assert policy.pick_model(state, ks)[0].k == policy.MIN_CEILING == 2  # ... but the ceiling stays at 2 or more
+
+
+def test_a_draft_is_priced_by_a_line_through_its_measured_lengths():
+    """Each draft costs a fixed 0.1 step besides 0.25 a token: once two lengths are measured, the policy's line has
+    that intercept and slope, so a 1-token draft is priced at 0.35 steps and a 4-token one at 1.1, where a median
+    cost per token would price both alike."""
+    state = machine(row=0.2)
+    state.model_stops = True
+    for d in (1, 4, 1, 4, 2):
+        policy.observe_model(state, d, d, (0.1 + 0.25 * d) * STEP_S, STEP_S * (1 + 0.2 * d), ceiling=4)
+    assert state.draft_line == pytest.approx((0.1, 0.25), abs=1e-6)
 
 
 def test_an_offer_that_passes_whole_once_begun_is_taken_whole():
@@ -566,7 +601,9 @@ def test_without_first_tries_a_model_priced_out_is_re_tried_after_the_usual_wait
     monkeypatch.setattr(policy, "FIRST_TRIES", 0)
     state = machine()
     state.model_stops = True
-    state.long_rounds, state.long_drafted, state.long_committed = 10.0, 20.0, 10.0  # 1 token a round for 2 drafted
+    for _ in range(10):  # earlier requests: 1 token a round for 2 drafted
+        policy.observe_model(state, 2, 0, 2 * 0.3 * STEP_S, STEP_S * 1.1, ceiling=4)
+    state.start()
     picks = [policy.choose(state, None, 4, 0) for _ in range(policy.EXPLORE_EVERY)]
     assert [p.drafter for p in picks] == [NONE] * (policy.EXPLORE_EVERY - 1) + [MODEL]
     assert "re-try" in picks[-1].reason

@@ -46,6 +46,7 @@ class HybridDrafter:
         self.ngram, self.model = ngram, model
         self.state = policy.PolicyState()  # pass times persist across requests: they are the machine's
         self._fed = 0  # lagging ids the draft model read with this round's first drafting pass
+        self._ceiling = 0  # the most this round's draft model could draft (the policy's K)
 
     def configure(self, spec: SpecParams) -> None:
         self.ngram.configure(spec)
@@ -78,6 +79,7 @@ class HybridDrafter:
         if choice.drafter == policy.NGRAM:
             return replace(self.ngram.tokens(cont[: choice.k]), source=self.ngram.name, reason=choice.reason)
         if choice.drafter == policy.MODEL:
+            self._ceiling = choice.k
             proposal = self.model.propose(ids, choice.k, params, gen)
             policy.observe_catchup(self.state, *self.model.last_catchup)
             return replace(proposal, source=self.model.name, reason=choice.reason)
@@ -93,7 +95,7 @@ class HybridDrafter:
         policy.observe_pass(self.state, outcome.drafted + 1, outcome.verify_s)
         if outcome.drafter == self.model.name:
             policy.observe_model(self.state, outcome.drafted, outcome.accepted, outcome.draft_s, outcome.verify_s,
-                                 self._fed)
+                                 self._fed, self._ceiling)
             self.model.observe(outcome)
         elif outcome.drafter == self.ngram.name:
             self.ngram.observe(outcome)
