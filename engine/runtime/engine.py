@@ -67,7 +67,7 @@ class Engine:
         self._active: object | None = None  # the running generate() call, if any (one at a time)
         self.clock = Clock()  # leaves out the time step-through held the engine
         self.text_of = TokenTexts(tokenizer)
-        self.inspect = True  # record the inspector's rows in each RoundEvent (~1-3 ms a round for 150k tokens on CPU)
+        self.inspect = True  # record the inspector's rows in each RoundEvent (a few ms a round: docs/performance.md)
         # on the CPU, the kernels run on the cores other programs leave free (engine/cpu/threads.py); a GPU's
         # governor measures nothing and so never changes the count
         self.threads = ThreadGovernor() if self.device.type == "cpu" else ThreadGovernor.fixed()

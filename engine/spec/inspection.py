@@ -3,6 +3,11 @@
 Bounded and cheap: one top-k over the target's rows, one over the draft's, a gather of each distribution at the
 other's top tokens (so the paired bars are exact), the TV distances, and the residual of a rejection; then one
 transfer to the host for all of it. The sampling path never sees any of this: nothing here draws a random number.
+
+It runs every round, on the engine's thread between the verify and the next draft, and each pass over a
+151,936-token row costs ~0.1 ms on a 2-core CPU: so a row's maximum is read off its top-k instead of found again,
+and where q is a point mass (greedy drafting, the n-gram lookup) the overlap and the residual are read off p at the
+drafted token instead of from V-wide passes over p and q.
 """
 from __future__ import annotations
 
@@ -28,24 +33,27 @@ def inspect_round(
     k_drafted = 0 if q is None else len(q)
     k = min(top_k, vocab)
     greedy = logits is not None
-    shown_p = _Shown(logits) if greedy else _Shown(p, probs=True)
-    shown_q = _Shown(draft_logits) if greedy and draft_logits is not None else _Shown(q, probs=True)
-    top_p = top_ids(shown_p.ranked, k)  # (N, k)
+    shown_p = _Shown(logits, k) if greedy else _Shown(p, k, probs=True)
+    top_p = shown_p.top  # (N, k)
     # Each row's own tokens: the drafted one (the committed one on the last row), then the committed one.
     own = torch.full((n_rows, 2), token, dtype=torch.long, device=p.device)
     own[:k_drafted, 0] = drafted.to(p.device)
     parts: list[torch.Tensor] = []
+    point_q = False
     if k_drafted:
-        ids = torch.cat([top_p[:k_drafted], top_ids(shown_q.ranked, k), own[:k_drafted]], dim=1)
-        tv = 1.0 - torch.minimum(p[:k_drafted], q).sum(-1)  # (K,) TV = 1 - sum(min(p, q)), one pass fewer
-        parts += [ids, shown_p.at(ids, 0), shown_q.at(ids, 0), tv]
+        shown_q = _Shown(draft_logits, k) if greedy and draft_logits is not None else _Shown(q, k, probs=True)
+        d = own[:k_drafted, :1]  # (K, 1)
+        p_at_d = p[:k_drafted].gather(1, d)[:, 0]  # (K,)
+        # q(t) = 1 leaves no mass elsewhere: sum(min(p, q)) = min(p(t), 1) = p(t), without reading p or q again
+        point_q = bool((q.gather(1, d) == 1.0).all())
+        overlap = p_at_d if point_q else torch.minimum(p[:k_drafted], q).sum(-1)
+        ids = torch.cat([top_p[:k_drafted], shown_q.top, own[:k_drafted]], dim=1)
+        parts += [ids, shown_p.at(ids, 0), shown_q.at(ids, 0), 1.0 - overlap]  # TV = 1 - sum(min(p, q))
     last = torch.cat([top_p[k_drafted:], own[k_drafted:]], dim=1)  # the bonus (or plain) row: p only
     parts += [last, shown_p.at(last, k_drafted)]
     rejected = row if row < k_drafted else None
     if rejected is not None:
-        r = residual(p[rejected], q[rejected])
-        r_ids = torch.cat([top_ids(r.unsqueeze(0), k)[0], own[rejected, 1:]])
-        parts += [r_ids, r[r_ids]]
+        parts += _residual_top(p[rejected], q[rejected], int(drafted[rejected]), own[rejected, 1:], k, point_q)
     flat = torch.cat([t.reshape(-1).double() for t in parts]).tolist()  # the one host transfer (ids < 2^53)
     take = _Reader(flat)
 
@@ -72,13 +80,29 @@ def inspect_round(
     return tuple(out)
 
 
+def _residual_top(p: torch.Tensor, q: torch.Tensor, drafted: int, committed: torch.Tensor, k: int,
+                  point_q: bool) -> list[torch.Tensor]:
+    """[ids, values] of a rejection's residual norm(max(0, p - q)) (V,): its k largest, then the committed token.
+    For q a point mass at the drafted token t the residual is p without t, renormalized: p's k + 1 largest less t,
+    over 1 - p(t) (below 1: p(t) = 1 would have accepted t)."""
+    if point_q and k < len(p):
+        top = top_ids(p.unsqueeze(0), k + 1)[0]
+        ids = torch.cat([top[top != drafted][:k], committed])  # the committed token is never t: t was rejected
+        return [ids, p[ids] / (1.0 - p[drafted])]
+    r = residual(p, q)
+    ids = torch.cat([top_ids(r.unsqueeze(0), k)[0], committed])
+    return [ids, r[ids]]
+
+
 class _Shown:
     """Rows to rank and read probabilities from: probabilities as they are, or logits read as softmax at T = 1
-    (ranked by the logits themselves, and only the values read are exponentiated: no V-wide softmax)."""
+    (ranked by the logits themselves, and only the values read are exponentiated: no V-wide softmax). `top`: each
+    row's k largest ids, largest first."""
 
-    def __init__(self, rows: torch.Tensor, probs: bool = False) -> None:
+    def __init__(self, rows: torch.Tensor, k: int, probs: bool = False) -> None:
         self.ranked = rows if probs else rows.float()
-        self.lse = None if probs else logsumexp(self.ranked)  # (N, 1)
+        self.top = top_ids(self.ranked, k)  # (N, k)
+        self.lse = None if probs else logsumexp(self.ranked, at=self.top[:, :1])  # (N, 1)
 
     def at(self, ids: torch.Tensor, first: int) -> torch.Tensor:
         """Values at ids (n, m) of rows first .. first + n."""

@@ -22,10 +22,11 @@ def argmax(x: torch.Tensor) -> torch.Tensor:
     return x.argmax(-1)
 
 
-def logsumexp(x: torch.Tensor) -> torch.Tensor:
+def logsumexp(x: torch.Tensor, at: torch.Tensor | None = None) -> torch.Tensor:
     """log(sum(exp(x))) over the last dim, (..., V) -> (..., 1), read off the softmax at each row's maximum: torch's
-    softmax is vectorized, while its logsumexp took ~3x longer on rows holding -inf (a trimmed draft head)."""
-    top = argmax(x).unsqueeze(-1)
+    softmax is vectorized, while its logsumexp took ~3x longer on rows holding -inf (a trimmed draft head).
+    at (..., 1): where each row's maximum is, when the caller knows (a top_ids column): one pass over x fewer."""
+    top = argmax(x).unsqueeze(-1) if at is None else at
     return x.gather(-1, top) - torch.log(torch.softmax(x, -1).gather(-1, top))
 
 
