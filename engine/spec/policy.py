@@ -3,22 +3,14 @@ draft, whichever is expected to commit the most tokens per second on this conver
 
 Leviathan's arithmetic with measured costs. A round that drafts j tokens commits E_j tokens on average (accepted
 drafts plus the correction or bonus) and costs its drafting plus one verify pass of width j + 1, so it makes
-E_j / cost_j tokens per second; a plain step makes 1 / t(1). Everything is priced in plain steps, t(1): the verify
-pass of width w costs t(w) / t(1) steps (a line fitted to the pass times measured at each width), a draft-model token
-c steps (its measured drafting time over t(1); once drafts of two lengths are measured, a draft of d tokens costs a
-line through them, since its first token costs more than the next), and a draft model that lags the committed text
-pays its catch-up pass spread over the rounds it is then expected to draft.
+E_j / cost_j tokens per second; a plain step makes 1 / t(1). The costs, in plain steps, are measured on this
+machine (engine.spec.round_costs), and a draft model that lags the committed text pays its catch-up pass spread
+over the rounds it is then expected to draft.
 
 Under the draft's stop rule the policy picks the ceiling too: a draft at ceiling j is the first j tokens of the draft
 at any higher one, so the rounds' outcomes position by position (engine.spec.draft_positions) price every ceiling,
 and where late drafts are often made but seldom pass (QA, where the draft model at K 2 ran 2-7% ahead of K 4 in
 three speclens-bench runs on Zen 3) a lower ceiling commits the same tokens in fewer steps.
-
-Costs are medians of the last WINDOW measurements, not running means: on a busy machine a pass the scheduler preempted
-takes several times its cost, and one such pass in a mean priced the draft model out for a dozen rounds. c is the
-median of each model round's own ratio (drafting seconds per token over that round's verify pass brought to one
-step), so a load that changes from one minute to the next moves both sides of the ratio together. Pass times, a
-property of the machine and the pair, carry over from earlier requests.
 
 The draft model's acceptance is this request's, decayed so that it follows the text, and shrunk towards its long-run
 acceptance on this engine (PRIOR_TRIALS pseudo-trials). Rounds the model does not draft age its recent evidence
@@ -31,23 +23,20 @@ request's first FIRST_TRIES model rounds draft at the K ceiling, and a model out
 EXPLORE_EVERY rounds. The n-gram lookup needs none: its continuations are scored against the committed text every
 round, drafted or not.
 
-Costs are measured only while decoding greedily (`PolicyState.measuring`). A sampled reply must come out the same
-from the same seed (step-through, the comparison and the tuner rely on it), and each choice changes how many random
-numbers a round draws; so under sampling the choice reads only the seeded outcomes and costs fixed before the reply
-(those greedy replies measured, or the priors), never its own timings. Greedy output is the target's whatever the
-choices.
+Under sampling the choice reads no timings of its own reply (engine.spec.round_costs: a sampled reply must come
+out the same from the same seed), and greedy output is the target's whatever the choices.
 
 Only the choice lives here (pure functions of a PolicyState); the drafters draft, and each proposal is verified
 against the q of the drafter that made it, so exactness is the drafters' own.
 """
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass, field
-from statistics import median
 
 from engine.analysis.theory import expected_tokens
 from engine.spec.draft_positions import PositionTally, expected_round
+from engine.spec import round_costs
+from engine.spec.round_costs import Costs, catchup_steps, model_c, observe_drafting, pass_steps, steps_of
 
 MODEL, NGRAM, NONE = "model", "ngram", "none"
 
@@ -84,12 +73,10 @@ FIRST_TRIES = 3  # a request's first draft-model rounds, drafted whatever the es
 DECAY = 0.85  # weight of the past in the acceptance estimate per model round: predictability changes within a reply
 STALE = 0.9  # weight of the recent evidence per round the model does not draft: old evidence says less about now
 LONG_DECAY = 0.98  # weight of the past in the long-run acceptance, per model round, across requests
-WINDOW = 9  # measurements per cost whose median is the estimate (odd: a true median)
-LEVEL_WINDOW = 3  # the level follows the load within two rounds and still drops one stalled pass
 # A catch-up pass is paid once and then the draft model drafts several rounds in a row, so a round is charged this
 # share of it. Larger values would keep a drafter that lost its lead drafting after the text turned predictable.
 CATCHUP_ROUNDS = 4.0
-# Priors, each worth a few rounds, for what has not been measured yet on this machine or in this request.
+# Priors, each worth a few rounds, for what has not been measured yet in this request.
 PRIOR_ALPHA, PRIOR_TRIALS = 0.6, 2.0  # the long-run acceptance before any, and its weight in a request's estimate
 # Under the stop rule the draft model's ceiling goes below the top only for an estimate better by this share, and
 # never below MIN_CEILING. The ceilings' estimates differ by a few percent and rest on the few rounds that reached
@@ -98,40 +85,14 @@ PRIOR_ALPHA, PRIOR_TRIALS = 0.6, 2.0  # the long-run acceptance before any, and 
 # 2-4% on four kinds. The stop rule already ends a draft the model is unsure of, so K <= 1 would only add rounds.
 CEILING_MARGIN = 0.05
 MIN_CEILING = 2
-MAX_LINE = 16  # draft lengths whose costs the draft line is fitted to (the K slider's top)
 PRIOR_GOES_ON = 0.6  # under the stop rule, the chance a draft goes on to its next position, before any was measured
-PRIOR_C = 0.3  # a draft-model token in plain steps
-PRIOR_ROW = 0.15  # what each verify row past the first adds, in plain steps (0.06-0.28 measured on Zen 3/4 CPUs)
-ROW_PRIOR_WEIGHT = 3  # pseudo-measurements of rho at PRIOR_ROW beside the measured pairs (observe_pass)
-TYPICAL = (2 / 3, 1.5)  # a pass's time over the level's prediction, outside which it measures no shape
-PRIOR_CATCHUP_ID = 0.3  # what each id of a catch-up pass costs, in draft-model tokens (0.25-0.3 measured on Zen 3)
-
-
-class Recent:
-    """The median of the last `window` measurements of one cost."""
-
-    def __init__(self, window: int = WINDOW) -> None:
-        self.values: deque[float] = deque(maxlen=window)
-
-    def add(self, value: float) -> float:
-        self.values.append(value)
-        return median(self.values)
 
 
 @dataclass
-class PolicyState:
-    """What the policy knows: measured costs (seconds; each the median of its recent measurements) and the draft
-    model's acceptance (this request's, and its long run)."""
+class PolicyState(Costs):
+    """What the policy knows: the measured costs of a round (engine.spec.round_costs.Costs, the same for every
+    request) and the draft model's acceptance (this request's, and its long run)."""
 
-    level_s: float | None = None  # t(1) now: recent passes, each divided by its width's shape
-    row: float | None = None  # rho: what a verify row past the first adds, in plain steps (None: not measured yet)
-    last_pass: tuple[int, float, bool] | None = None  # (width, seconds, usual) of the pass before
-    model_token_s: float | None = None  # the draft model's drafting seconds per drafted token
-    model_c: float | None = None  # a drafted token in plain steps, each model round's own ratio (None: from the above)
-    catchup_id_s: float | None = None  # what each id of a catch-up pass of the draft model's cache costs
-    draft_line: tuple[float, float] | None = None  # (intercept, per token) of a draft's cost in plain steps
-    fed_row: float | None = None  # what each lagging id fed with the first drafting pass adds, in plain steps
-    lookup_s: float = 0.0  # the n-gram lookup (paid every round, whatever is chosen)
     hits: float = 0.0  # the draft model's decayed accepted tokens in this request ...
     trials: float = 0.0  # ... over its decayed trials (accepted + 1 per rejection)
     long_hits: float = 0.0  # the same over every request, decayed slowly: the prior of each request's estimate
@@ -149,13 +110,11 @@ class PolicyState:
     long_rounds: float = 0.0
     long_committed: float = 0.0
     long_squares: float = 0.0
-    measuring: bool = True  # this round's timings may update the costs (greedy decoding: see the module's note)
     round: int = 0
     last_used: dict[str, int] = field(default_factory=dict)  # drafter -> the last round it drafted
     model_rounds: int = 0  # rounds the draft model drafted in this request
     last_drafter: str = NONE  # the drafter of the round before (MODEL, NGRAM or NONE)
     model_passed: bool = False  # whether the draft model's last round passed any draft
-    recent: dict[str, Recent] = field(default_factory=dict)  # cost name -> its last measurements
 
     def start(self) -> None:
         """A new request: acceptance and exploration start over; the measured costs and the long run stay."""
@@ -204,10 +163,6 @@ class PolicyState:
         """The draft model's per-token acceptance on this request, shrunk towards its long run."""
         return min((self.hits + PRIOR_TRIALS * self.prior_alpha) / (self.trials + PRIOR_TRIALS), 0.999)
 
-    def measure(self, name: str, value: float, window: int = WINDOW) -> float:
-        """Add a measurement of cost `name`; returns its estimate (the median of its last `window`)."""
-        return self.recent.setdefault(name, Recent(window)).add(value)
-
 
 @dataclass(frozen=True)
 class Offer:
@@ -241,39 +196,12 @@ class Choice:
         return self.tokens / self.steps
 
 
-def observe_pass(state: PolicyState, width: int, seconds: float) -> None:
-    """A verify pass of `width` rows (drafted + 1) took `seconds`.
-
-    A pass's time is the machine's level now (t(1) at this minute's load) times its width's shape, 1 + rho (w - 1),
-    rho being what a row adds (a property of the kernels). Two passes in a row of different widths ran at nearly the
-    same load, so their ratio measures rho alone; widths whose times were gathered minutes apart on a busy machine
-    would fit a line of scheduling noise. The level is the recent passes, each divided by its shape."""
-    if not (state.measuring and seconds > 0 and width >= 1):
-        return
-    # A pass far from what the level and shape predict was preempted (or the load just changed): it still moves the
-    # level, but a pair with it in says nothing about the kernels' shape.
-    expected = state.level_s * pass_steps(state, width)[0] if state.level_s else None
-    usual = expected is None or TYPICAL[0] <= seconds / expected <= TYPICAL[1]
-    last, state.last_pass = state.last_pass, (width, seconds, usual)
-    if last is not None and last[0] != width and usual and last[2]:
-        r = seconds / last[1]
-        den = (width - 1) - r * (last[0] - 1)  # from r = (1 + rho (width - 1)) / (1 + rho (last width - 1))
-        if abs(den) > 1e-6:
-            state.measure("row", min(max((r - 1) / den, -1.0), 2.0))
-            # Among ROW_PRIOR_WEIGHT pseudo-measurements at the prior, so that a few pairs do not decide it: a median
-            # of three noisy pairs once priced a 5-row n-gram pass at one step, and the hybrid took 11 failing n-gram
-            # rounds in a row on a 2-core machine with one core busy.
-            state.row = median([*state.recent["row"].values, *[PRIOR_ROW] * ROW_PRIOR_WEIGHT])
-    state.level_s = state.measure("level", seconds / pass_steps(state, width)[0], LEVEL_WINDOW)
-
-
 def observe_model(state: PolicyState, drafted: int, accepted: int, draft_s: float, verify_s: float = 0.0,
                   fed: int = 0, ceiling: int | None = None) -> None:
     """A draft-model round: its acceptance (a round that stopped at a rejection made accepted + 1 trials, one that
-    passed whole made `drafted`), its drafting time per token and, with the round's verify pass `verify_s`, c as
-    this round's own ratio. fed: lagging ids its first pass read besides its own (text other rounds committed);
-    such a round measures what a lagging id adds instead of c. ceiling: the most it could draft (None: `drafted`,
-    which says nothing of where a draft that passed whole would have stopped)."""
+    passed whole made `drafted`) and, through round_costs.observe_drafting, its costs (fed: lagging ids its first
+    pass read besides its own). ceiling: the most it could draft (None: `drafted`, which says nothing of where a
+    draft that passed whole would have stopped)."""
     if drafted < 1:
         return
     ceiling = drafted if ceiling is None else max(ceiling, drafted)
@@ -292,81 +220,13 @@ def observe_model(state: PolicyState, drafted: int, accepted: int, draft_s: floa
         state.long_rounds = state.long_rounds * LONG_DECAY + 1
         state.long_committed = state.long_committed * LONG_DECAY + accepted + 1
         state.long_squares = state.long_squares * LONG_DECAY + (accepted + 1) ** 2
-    if not (state.measuring and draft_s > 0):
-        return
-    step = verify_s / pass_steps(state, drafted + 1)[0] if verify_s > 0 else 0.0
-    if fed:
-        if step > 0 and state.model_c is not None:
-            # at most c: an id read in a pass that runs anyway never costs more than a pass of its own. The
-            # difference of two timings over a few ids is noisy, and a preempted round after one of the window's
-            # plain steps (one lagging id) once read as several steps an id, priced the model out and kept it
-            # out while its lag grew.
-            extra = min(max(draft_s / step - drafted * state.model_c, 0.0) / fed, state.model_c)
-            state.fed_row = state.measure("fed row", extra)
-        return
-    state.model_token_s = state.measure("model token", draft_s / drafted)
-    if step > 0:
-        state.model_c = state.measure("model c", draft_s / drafted / step)
-        state.measure(f"draft of {drafted}", draft_s / step)
-        state.draft_line = _draft_line(state)
-
-
-def _draft_line(state: PolicyState) -> tuple[float, float] | None:
-    """(steps a draft costs whatever its length, steps each drafted token adds): a line through the median cost of
-    each draft length measured, or None before two lengths are. A draft's first token costs more than the next
-    (the round's sampling and stop-rule work), so c alone would overprice long drafts against short ones."""
-    costs = [(d, state.recent.get(f"draft of {d}")) for d in range(1, MAX_LINE + 1)]
-    points = [(d, median(r.values)) for d, r in costs if r is not None and len(r.values) >= 2]
-    if len(points) < 2:
-        return None
-    n = len(points)
-    mx, my = sum(d for d, _ in points) / n, sum(y for _, y in points) / n
-    slope = sum((d - mx) * (y - my) for d, y in points) / sum((d - mx) ** 2 for d, _ in points)
-    slope = max(slope, 0.0)
-    return max(my - slope * mx, 0.0), slope
-
-
-def observe_catchup(state: PolicyState, tokens: int, seconds: float) -> None:
-    """The draft model caught up with `tokens` committed ids in one pass of `seconds` (a prompt's reading too: its
-    chunks cost what a catch-up's ids do)."""
-    if state.measuring and tokens > 0 and seconds > 0:
-        state.catchup_id_s = state.measure("catch-up id", seconds / tokens)
-
-
-def observe_lookup(state: PolicyState, seconds: float) -> None:
-    if state.measuring:
-        state.lookup_s = state.measure("lookup", max(seconds, 0.0))
-
-
-def pass_steps(state: PolicyState, width: int) -> tuple[float, float]:
-    """(t(width) / t(1), t(1) seconds or 0 when nothing is measured): the shape 1 + rho (width - 1), rho measured
-    from passes in a row of different widths (observe_pass) or the prior, and the current level."""
-    rho = PRIOR_ROW if state.row is None else min(max(state.row, 0.0), 1.0)  # a row never costs more than a pass
-    return 1.0 + rho * (width - 1), state.level_s or 0.0
-
-
-def _steps_of(state: PolicyState, seconds: float | None, prior_steps: float) -> float:
-    step = pass_steps(state, 1)[1]
-    return seconds / step if seconds is not None and step > 0 else prior_steps
-
-
-def _model_c(state: PolicyState) -> float:
-    return state.model_c if state.model_c is not None else _steps_of(state, state.model_token_s, PRIOR_C)
-
-
-def catchup_steps(state: PolicyState, lag: int) -> float:
-    """A catch-up pass over `lag` committed ids, in plain steps (0 where none is needed). Priced by the id: after a
-    run of n-gram rounds the draft model may lag by dozens of ids, a pass of several steps (~5.5 for 62 ids on Zen 3)
-    that a re-try of the model pays first."""
-    if lag <= 0:
-        return 0.0
-    return lag * _steps_of(state, state.catchup_id_s, PRIOR_CATCHUP_ID * _model_c(state))
+    observe_drafting(state, drafted, draft_s, verify_s, fed)
 
 
 def model_options(state: PolicyState, k_max: int, lag: int, fed: int = 0) -> list[Choice]:
     """The draft model at each K in 1..k_max; lag: committed ids it must prefill before drafting (a catch-up pass);
     fed: lagging ids it reads with its first drafting pass instead (a wider pass, paid this round)."""
-    c = _model_c(state)
+    c = model_c(state)
     catchup, why_catchup = 0.0, ""
     if lag > 0:
         catchup = catchup_steps(state, lag) / CATCHUP_ROUNDS
@@ -376,11 +236,11 @@ def model_options(state: PolicyState, k_max: int, lag: int, fed: int = 0) -> lis
         # Past that the lag is what an absence left, paid once on return and amortized as a catch-up is; charged in
         # full it grew with every round away, and after a bad patch the model stayed away (15 rounds of plain steps
         # on a Spec-Bench QA prompt where the draft model alone ran 1.11x plain).
-        per_id = state.fed_row if state.fed_row is not None else PRIOR_ROW * c
+        per_id = state.fed_row if state.fed_row is not None else round_costs.PRIOR_ROW * c
         now = min(fed, k_max + 1)
         catchup = per_id * (now + (fed - now) / CATCHUP_ROUNDS)
         why_catchup = f", reading {fed} new ids {catchup:.2f} steps"
-    lookup = _steps_of(state, state.lookup_s, 0.0)
+    lookup = steps_of(state, state.lookup_s, 0.0)
     if state.model_stops:  # each ceiling, as far as the draft's confidence carries it
         out = []
         for k in range(1, k_max + 1):
@@ -406,7 +266,7 @@ def ngram_options(state: PolicyState, offer: Offer | None) -> list[Choice]:
     """The first j tokens of the lookup's continuation, each j: Offer.passing(j) pass on average."""
     if offer is None or offer.tokens < 1:
         return []
-    lookup = _steps_of(state, state.lookup_s, 0.0)
+    lookup = steps_of(state, state.lookup_s, 0.0)
     out = []
     for j in range(1, offer.tokens + 1):
         tokens = 1.0 + offer.passing(j)
@@ -421,7 +281,7 @@ def choose(state: PolicyState, offer: Offer | None, k_max: int, model_lag: int, 
     """This round's drafter, K and why (model_lag, model_fed: model_options' lag and fed). Advances the round
     counter; the caller reports the outcome with observe_*."""
     state.round += 1
-    lookup = _steps_of(state, state.lookup_s, 0.0)
+    lookup = steps_of(state, state.lookup_s, 0.0)
     plain = Choice(NONE, 0, 1.0, 1.0 + lookup, "")
     models = model_options(state, k_max, model_lag, model_fed) if have_model and k_max >= 1 else []
     model = pick_model(state, models)

@@ -2,15 +2,15 @@
 
     python -m scripts.bench.policy_ab --set SWITCH_MARGIN=0.1 [--prompts P] [--repeats 3] [--fixed draft:4,ngram:4]
 
-A is the policy as committed; B is the same with `--set` constants of engine.spec.policy changed for its replies
-only. Both run the app's default settings; the fixed modes (`--fixed`, drafter:K with the app's stop rule) say what
-"best fixed mode" is on the same prompts. Prompt by prompt the variants take turns, the order moving on each time, so
-that minutes of host drift (a third between runs on these hosts) touch every variant alike: the way performance.md
-asks a change to be measured, for the policy. The replay (policy_replay.py) judges a change in seconds but models a
-quiet machine from medians (a change it favoured on four kinds ran summarization 8.5% slower in such a run), so
-confirm a change here, then with `speclens-bench`. Reported per prompt kind: each variant's decode rate (tokens
-over decode seconds, as speclens-bench counts them), B / A, and A and B over the best fixed mode; greedy, so every
-reply must be plain's.
+A is the policy as committed; B is the same with `--set` constants of engine.spec.policy (or of
+engine.spec.round_costs, the costs it prices with) changed for its replies only. Both run the app's default
+settings; the fixed modes (`--fixed`, drafter:K with the app's stop rule) say what "best fixed mode" is on the same
+prompts. Prompt by prompt the variants take turns, the order moving on each time, so that minutes of host drift (a
+third between runs on these hosts) touch every variant alike: the way performance.md asks a change to be measured,
+for the policy. The replay (policy_replay.py) judges a change in seconds but models a quiet machine from medians (a
+change it favoured on four kinds ran summarization 8.5% slower in such a run), so confirm a change here, then with
+`speclens-bench`. Reported per prompt kind: each variant's decode rate (tokens over decode seconds, as
+speclens-bench counts them), B / A, and A and B over the best fixed mode; greedy, so every reply must be plain's.
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine.api.config import SamplingParams, SpecParams
-from engine.spec import policy
+from engine.spec import policy, round_costs
 from engine.tools import results
 from engine.tools.specbench import Tally, interval, paired_ratio, read_questions
 
@@ -42,14 +42,24 @@ class Variant:
     sets: tuple[tuple[str, object], ...] = ()  # policy constants changed for this variant's replies
 
 
+def owner(name: str):
+    """The module that defines the policy's constant `name`: engine.spec.round_costs for the costs' priors and
+    windows, engine.spec.policy for the rest (None if neither). The policy reads round_costs' constants through that
+    module, so setting one there reaches every reader."""
+    if not name.isupper():
+        return None
+    return next((m for m in (round_costs, policy) if hasattr(m, name)), None)
+
+
 def parse_sets(items: Sequence[str]) -> tuple[tuple[str, object], ...]:
-    """NAME=VALUE pairs as engine.spec.policy's constants, each converted to the constant's own type."""
+    """NAME=VALUE pairs as the policy's constants (owner), each converted to the constant's own type."""
     out = []
     for item in items:
         name, sep, value = item.partition("=")
-        if not sep or not name.isupper() or not hasattr(policy, name):
-            raise ValueError(f"{item!r}: not NAME=VALUE for a constant of engine.spec.policy")
-        kind = type(getattr(policy, name))
+        module = owner(name) if sep else None
+        if module is None:
+            raise ValueError(f"{item!r}: not NAME=VALUE for a constant of engine.spec.policy or round_costs")
+        kind = type(getattr(module, name))
         try:
             out.append((name, kind(value)))
         except ValueError:
@@ -59,15 +69,15 @@ def parse_sets(items: Sequence[str]) -> tuple[tuple[str, object], ...]:
 
 @contextmanager
 def constants(sets: Sequence[tuple[str, object]]) -> Iterator[None]:
-    """The policy's constants as `sets` says, restored afterwards whatever happens."""
-    saved = [(name, getattr(policy, name)) for name, _ in sets]
+    """The policy's constants as `sets` says, each in its owner module, restored afterwards whatever happens."""
+    saved = [(owner(name), name, getattr(owner(name), name)) for name, _ in sets]
     try:
         for name, value in sets:
-            setattr(policy, name, value)
+            setattr(owner(name), name, value)
         yield
     finally:
-        for name, value in saved:
-            setattr(policy, name, value)
+        for module, name, value in saved:
+            setattr(module, name, value)
 
 
 def run(engine, prompts: Sequence[Prompt], variants: Sequence[Variant], repeats: int, max_new_tokens: int,
@@ -119,7 +129,7 @@ def main() -> None:
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
-                    help="a constant of engine.spec.policy for variant B (repeatable)")
+                    help="a constant of engine.spec.policy or round_costs for variant B (repeatable)")
     ap.add_argument("--prompts", default=str(PROMPTS),
                     help="a prompts file, this project's format or Spec-Bench's (a question asks its first turn)")
     ap.add_argument("--repeats", type=int, default=3)

@@ -28,10 +28,11 @@ from dataclasses import dataclass, field
 import torch
 
 from engine.api.config import SamplingParams, SpecParams
-from engine.spec import policy
+from engine.spec import policy, round_costs
 from engine.spec.drafters.hybrid import ngram_offer
 from engine.spec.drafters.model import lag_split
 from engine.spec.drafters.ngram import NGramDrafter
+from scripts.bench.policy_ab import constants, parse_sets
 
 K_TRACE = 4  # the draft model's greedy draft recorded at every position: the modes' largest K
 LAGS = (0, 1, 3, 7, 15, 31, 63)  # draft cache lags timed: the first drafting pass reads lag + 1 ids, or a catch-up
@@ -217,7 +218,7 @@ def replay_reply(mode: Mode, p: dict, budget: int, costs: Costs, state: policy.P
         verify_s = costs.verify_s(len(tokens) + 1)
         a = r.accepted(tokens)
         if mode.drafter == "hybrid":
-            policy.observe_pass(state, len(tokens) + 1, verify_s)
+            round_costs.observe_pass(state, len(tokens) + 1, verify_s)
             if drafter == "model":
                 catchup, fed = lag_split(lag)
                 step_s = draft_s - (costs.extra_s(lag) if catchup else 0.0)
@@ -245,7 +246,7 @@ def _hybrid_round(r: Reply, ngram: NGramDrafter, state: policy.PolicyState, k: i
     if choice.drafter == policy.MODEL:
         tokens = r.model_draft(choice.k, stop_below)
         if model_lag:
-            policy.observe_catchup(state, model_lag, costs.extra_s(model_lag))
+            round_costs.observe_catchup(state, model_lag, costs.extra_s(model_lag))
         return "model", tokens, costs.draft_s(len(tokens), r.lag), choice.k
     return "plain", [], 0.0, 0
 
@@ -293,14 +294,14 @@ def main() -> None:
     rep.add_argument("--seed", type=int, default=0)
     rep.add_argument("--repeats", type=int, default=1)
     rep.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
-                     help="a constant of engine.spec.policy, for this replay (e.g. FIRST_TRIES=1)")
+                     help="a constant of engine.spec.policy or round_costs, for this replay (e.g. FIRST_TRIES=1)")
     a = ap.parse_args()
-    for item in getattr(a, "set", []):
-        name, value = item.split("=", 1)
-        if not hasattr(policy, name):
-            ap.error(f"engine.spec.policy has no {name}")
-        setattr(policy, name, type(getattr(policy, name))(value))
-    record(a) if a.cmd == "record" else replay(a)
+    try:
+        sets = parse_sets(getattr(a, "set", []))
+    except ValueError as e:
+        ap.error(str(e))
+    with constants(sets):
+        record(a) if a.cmd == "record" else replay(a)
 
 
 if __name__ == "__main__":

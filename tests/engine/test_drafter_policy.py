@@ -9,7 +9,7 @@ import pytest
 
 from engine.api.config import SamplingParams, SpecParams
 from engine.api.events import DraftToken, RoundEvent, Summary
-from engine.spec import policy
+from engine.spec import policy, round_costs
 from engine.spec.policy import MODEL, NGRAM, NONE, Choice, Offer, PolicyState
 from engine.tools.specbench import Tally, decode_seconds
 from tests.engine.test_exactness import (
@@ -29,7 +29,7 @@ def machine(row: float = 0.05, c: float = 0.2) -> PolicyState:
     state = PolicyState()
     for _ in range(3):
         for w in range(1, 6):
-            policy.observe_pass(state, w, STEP_S * (1 + row * (w - 1)))
+            round_costs.observe_pass(state, w, STEP_S * (1 + row * (w - 1)))
     state.model_token_s = c * STEP_S
     return state
 
@@ -40,7 +40,7 @@ def model_round(state: PolicyState, k: int, accepted: int, c: float = 0.2) -> No
 
 def test_pass_times_fit_a_line_in_plain_steps():
     state = machine(row=0.1)
-    steps, step_s = policy.pass_steps(state, 5)
+    steps, step_s = round_costs.pass_steps(state, 5)
     assert step_s == pytest.approx(STEP_S)
     assert steps == pytest.approx(1.4)
 
@@ -195,10 +195,10 @@ def test_one_preempted_round_does_not_price_the_model_out():
     state = machine(c=0.2)
     state.model_rounds, state.last_used[MODEL] = policy.FIRST_TRIES, 0
     for _ in range(6):
-        policy.observe_pass(state, 5, STEP_S * 1.2)
+        round_costs.observe_pass(state, 5, STEP_S * 1.2)
         policy.observe_model(state, 4, 3, 4 * 0.2 * STEP_S, STEP_S * 1.2)
     before = policy.choose(state, None, 4, model_lag=0)
-    policy.observe_pass(state, 5, STEP_S * 20)  # a stalled verify pass ...
+    round_costs.observe_pass(state, 5, STEP_S * 20)  # a stalled verify pass ...
     policy.observe_model(state, 4, 3, 4 * 0.2 * STEP_S * 30, STEP_S * 20)  # ... after a stalled draft
     after = policy.choose(state, None, 4, model_lag=0)
     assert before.drafter == after.drafter == MODEL and after.k == before.k, (before, after)
@@ -271,7 +271,7 @@ def test_a_re_try_that_needs_a_catch_up_comes_as_much_less_often():
     """Far behind the text (40 ids, a catch-up pass of 2 plain steps), a re-try costs three rounds' worth: it comes
     every 3 x EXPLORE_EVERY rounds, so exploring keeps the same share of the time."""
     state = machine(c=1.0)
-    policy.observe_catchup(state, 40, 2 * STEP_S)
+    round_costs.observe_catchup(state, 40, 2 * STEP_S)
     picks = []
     for _ in range(200):
         ch = policy.choose(state, None, 4, model_lag=40)
@@ -280,7 +280,7 @@ def test_a_re_try_that_needs_a_catch_up_comes_as_much_less_often():
             model_round(state, ch.k, 0, c=1.0)
     tries = [i for i, p in enumerate(picks) if p == MODEL]
     gaps = [b - a for a, b in zip(tries[policy.FIRST_TRIES - 1 :], tries[policy.FIRST_TRIES:])]
-    assert policy.catchup_steps(state, 40) == pytest.approx(2.0)
+    assert round_costs.catchup_steps(state, 40) == pytest.approx(2.0)
     assert len(gaps) >= 3 and all(g == 3 * policy.EXPLORE_EVERY for g in gaps), tries
 
 
@@ -289,15 +289,15 @@ def test_a_catch_up_is_charged_to_the_model_by_the_id():
     its share of a catch-up pass that grows with the ids it reads, measured per id. A lag past what one round leaves
     is never free: after 60-odd n-gram rounds a re-try's catch-up took ~5.5 steps (Zen 3)."""
     state = machine()
-    policy.observe_catchup(state, 40, 1.0 * STEP_S)  # 0.025 steps an id
+    round_costs.observe_catchup(state, 40, 1.0 * STEP_S)  # 0.025 steps an id
     near = policy.model_options(state, 2, lag=0)
     far = policy.model_options(state, 2, lag=20)
     farther = policy.model_options(state, 2, lag=80)
     assert far[1].steps == pytest.approx(near[1].steps + 0.5 / policy.CATCHUP_ROUNDS)
     assert farther[1].steps == pytest.approx(near[1].steps + 2.0 / policy.CATCHUP_ROUNDS)
-    assert policy.catchup_steps(state, 0) == 0.0
+    assert round_costs.catchup_steps(state, 0) == 0.0
     fresh = machine(c=0.3)  # nothing measured: a catch-up id is priced at PRIOR_CATCHUP_ID draft tokens
-    assert policy.catchup_steps(fresh, 60) == pytest.approx(60 * policy.PRIOR_CATCHUP_ID * 0.3)
+    assert round_costs.catchup_steps(fresh, 60) == pytest.approx(60 * round_costs.PRIOR_CATCHUP_ID * 0.3)
 
 
 def test_lagging_ids_read_with_the_first_draft_pass_are_priced_and_measured():
@@ -501,13 +501,13 @@ def test_a_load_that_changes_between_widths_leaves_the_pass_shape():
     gone: the shape (what a row adds) is the kernels', t(w) = t(1) (1 + 0.1 (w - 1)), not the load's."""
     state = PolicyState()
     for _ in range(9):
-        policy.observe_pass(state, 5, 3 * STEP_S * 1.4)
+        round_costs.observe_pass(state, 5, 3 * STEP_S * 1.4)
     assert state.row is None  # one width alone says nothing about what a row adds
     for _ in range(9):
-        policy.observe_pass(state, 1, STEP_S)
-        policy.observe_pass(state, 3, STEP_S * 1.2)
-        policy.observe_pass(state, 5, STEP_S * 1.4)
-    steps, step_s = policy.pass_steps(state, 5)
+        round_costs.observe_pass(state, 1, STEP_S)
+        round_costs.observe_pass(state, 3, STEP_S * 1.2)
+        round_costs.observe_pass(state, 5, STEP_S * 1.4)
+    steps, step_s = round_costs.pass_steps(state, 5)
     assert steps == pytest.approx(1.4, rel=0.05) and step_s == pytest.approx(STEP_S, rel=0.05)
 
 
@@ -517,15 +517,15 @@ def test_a_stalled_pass_beside_a_quick_one_does_not_make_rows_free():
     pass at one step (the hybrid then took 11 failing n-gram rounds in a row). A pass far from the level's prediction
     measures no shape, and a few pairs do not outweigh the prior."""
     state = PolicyState()
-    quick5, stalled1 = STEP_S * (1 + 4 * policy.PRIOR_ROW), 3 * STEP_S
+    quick5, stalled1 = STEP_S * (1 + 4 * round_costs.PRIOR_ROW), 3 * STEP_S
     for w, t in ((5, quick5), (1, stalled1), (5, quick5)):
-        policy.observe_pass(state, w, t)
+        round_costs.observe_pass(state, w, t)
     assert "row" not in state.recent and state.row is None  # both pairs had the stalled pass in
-    assert policy.pass_steps(state, 5)[0] == pytest.approx(1 + 4 * policy.PRIOR_ROW)
-    policy.observe_pass(state, 1, STEP_S * 1.4)  # slower than the quick passes, not stalled ...
-    policy.observe_pass(state, 5, quick5)  # ... and with the next pass, a pair: rho 0.04
+    assert round_costs.pass_steps(state, 5)[0] == pytest.approx(1 + 4 * round_costs.PRIOR_ROW)
+    round_costs.observe_pass(state, 1, STEP_S * 1.4)  # slower than the quick passes, not stalled ...
+    round_costs.observe_pass(state, 5, quick5)  # ... and with the next pass, a pair: rho 0.04
     assert list(state.recent["row"].values) == pytest.approx([0.0357], abs=1e-3)
-    assert state.row == pytest.approx(policy.PRIOR_ROW)  # one pair against the prior's pseudo-measurements
+    assert state.row == pytest.approx(round_costs.PRIOR_ROW)  # one pair against the prior's pseudo-measurements
     ngram = policy.ngram_options(state, policy.Offer(tokens=4, match=2, pass_rate=0.45))
     assert ngram and all(ch.steps >= 1.0 + 0.1 * ch.k for ch in ngram)
 

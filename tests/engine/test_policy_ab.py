@@ -52,3 +52,16 @@ def test_the_variants_take_turns_and_each_holds_its_own_settings():
     assert row["B / A"] == pytest.approx(rate(tallies["B"]["a"]) / rate(tallies["A"]["a"]))
     assert row["A / best fixed"] == pytest.approx(rate(tallies["A"]["a"]) / rate(tallies["draft K2"]["a"]))
     assert row["B / A low"] <= row["B / A"] <= row["B / A high"]  # two replies a kind: an interval of the pairs
+
+
+def test_a_cost_constant_is_set_in_round_costs_where_the_costs_read_it():
+    """--set PRIOR_ROW (engine.spec.round_costs) reaches the pricing; set on the policy module it would not."""
+    from engine.spec import round_costs
+
+    assert parse_sets(["PRIOR_ROW=0.4", "FIRST_TRIES=1"]) == (("PRIOR_ROW", 0.4), ("FIRST_TRIES", 1))
+    fresh = policy.PolicyState()
+    before = round_costs.pass_steps(fresh, 5)[0]
+    with constants([("PRIOR_ROW", 0.4)]):
+        assert round_costs.pass_steps(fresh, 5)[0] == pytest.approx(1 + 4 * 0.4)
+        assert not hasattr(policy, "PRIOR_ROW")
+    assert round_costs.pass_steps(fresh, 5)[0] == before

@@ -9,7 +9,7 @@ from dataclasses import replace
 import torch
 
 from engine.api.config import SamplingParams, SpecParams
-from engine.spec import policy
+from engine.spec import policy, round_costs
 from engine.spec.drafters.base import Outcome, Proposal
 from engine.spec.drafters.model import ModelDrafter
 from engine.spec.drafters.ngram import NGramDrafter
@@ -73,7 +73,7 @@ class HybridDrafter:
         self.state.measuring = params.greedy  # a sampled reply's choices must not read its own timings
         t0 = time.perf_counter()
         match, cont = self.ngram.lookup(ids, k)
-        policy.observe_lookup(self.state, time.perf_counter() - t0)
+        round_costs.observe_lookup(self.state, time.perf_counter() - t0)
         offer = ngram_offer(self.ngram, match, cont)
         choice = policy.choose(self.state, offer, k, self.model.catchup_tokens(ids), model_fed=self._fed)
         if choice.drafter == policy.NGRAM:
@@ -81,7 +81,7 @@ class HybridDrafter:
         if choice.drafter == policy.MODEL:
             self._ceiling = choice.k
             proposal = self.model.propose(ids, choice.k, params, gen)
-            policy.observe_catchup(self.state, *self.model.last_catchup)
+            round_costs.observe_catchup(self.state, *self.model.last_catchup)
             return replace(proposal, source=self.model.name, reason=choice.reason)
         return replace(self.ngram.tokens([]), reason=choice.reason)  # nothing drafted: the round decodes plainly
 
@@ -92,7 +92,7 @@ class HybridDrafter:
         return replace(self.model.propose(ids, k, params, gen), source=self.model.name, reason="model: fixed rule")
 
     def observe(self, outcome: Outcome) -> None:
-        policy.observe_pass(self.state, outcome.drafted + 1, outcome.verify_s)
+        round_costs.observe_pass(self.state, outcome.drafted + 1, outcome.verify_s)
         if outcome.drafter == self.model.name:
             policy.observe_model(self.state, outcome.drafted, outcome.accepted, outcome.draft_s, outcome.verify_s,
                                  self._fed, self._ceiling)
