@@ -43,10 +43,9 @@ def inspect_round(
     if k_drafted:
         shown_q = _Shown(draft_logits, k) if greedy and draft_logits is not None else _Shown(q, k, probs=True)
         d = own[:k_drafted, :1]  # (K, 1)
-        p_at_d = p[:k_drafted].gather(1, d)[:, 0]  # (K,)
         # q(t) = 1 leaves no mass elsewhere: sum(min(p, q)) = min(p(t), 1) = p(t), without reading p or q again
         point_q = bool((q.gather(1, d) == 1.0).all())
-        overlap = p_at_d if point_q else torch.minimum(p[:k_drafted], q).sum(-1)
+        overlap = p[:k_drafted].gather(1, d)[:, 0] if point_q else torch.minimum(p[:k_drafted], q).sum(-1)  # (K,)
         ids = torch.cat([top_p[:k_drafted], shown_q.top, own[:k_drafted]], dim=1)
         parts += [ids, shown_p.at(ids, 0), shown_q.at(ids, 0), 1.0 - overlap]  # TV = 1 - sum(min(p, q))
     last = torch.cat([top_p[k_drafted:], own[k_drafted:]], dim=1)  # the bonus (or plain) row: p only
