@@ -58,6 +58,11 @@ SWITCH_MARGIN = 0.2
 # 1 / 1.15 = 0.87x plain is still left at once, which bounds what a pair whose draft model loses can cost.
 PLAIN_MARGIN = 0.15
 EXPLORE_EVERY = 16  # rounds a drafter may go unused before it drafts one round to refresh its estimates
+# Passes after which, if no plain step has run beside a wider pass, one does: a plain step is what every option is
+# priced against, and while drafts win every round t(1) is only the prior's guess from the wider passes (on Zen 3 in
+# a quiet hour a 2-row pass took 1.44 plain steps, not the prior's 1.15, and plain was priced 25% too dear). A
+# probe costs a round's gain over plain once in PROBE_EVERY rounds, under 1% where the draft model runs 1.3x plain.
+PROBE_EVERY = 32
 # One standard deviation of what a model round commits, in tokens, until the long run has measured it (1.0-1.6 by
 # kind on the 30 Spec-Bench questions' first turns at K <= 4 with the stop at 0.7, ~1.0-1.2 on QA, translation and
 # RAG, where the model runs close to plain). With n rounds of evidence an estimate is uncertain by the spread over
@@ -77,7 +82,7 @@ LONG_DECAY = 0.98  # weight of the past in the long-run acceptance, per model ro
 # share of it. Larger values would keep a drafter that lost its lead drafting after the text turned predictable.
 CATCHUP_ROUNDS = 4.0
 # Priors, each worth a few rounds, for what has not been measured yet in this request.
-PRIOR_ALPHA, PRIOR_TRIALS = 0.6, 2.0  # the long-run acceptance before any, and its weight in a request's estimate
+PRIOR_ALPHA, PRIOR_TRIALS = 0.6, 4.0  # the long-run acceptance before any, and its weight in a request's estimate
 # Under the stop rule the draft model's ceiling goes below the top only for an estimate better by this share, and
 # never below MIN_CEILING. The ceilings' estimates differ by a few percent and rest on the few rounds that reached
 # the late positions, so a bare maximum trades them on noise; in the policy replay (30 Spec-Bench questions, 10%
@@ -306,6 +311,8 @@ def choose(state: PolicyState, offer: Offer | None, k_max: int, model_lag: int, 
     elif models and best.drafter != MODEL and state.round - last >= every:
         explored = f"re-try after {state.round - last - 1} rounds unused"
         best = model[0]
+    elif best.drafter != NONE and _probe_due(state):
+        explored, best = "a plain step beside the drafts measures what their rows cost against it", plain
     state.last_drafter = best.drafter
     if best.drafter != NONE:
         state.last_used[best.drafter] = state.round
@@ -314,6 +321,15 @@ def choose(state: PolicyState, offer: Offer | None, k_max: int, model_lag: int, 
     elif models:
         state.age_model()
     return _explain(best, plain, model, ngrams, explored)
+
+
+def _probe_due(state: PolicyState) -> bool:
+    """Whether this round is a plain step that measures t(1) beside the drafts' wider passes (PROBE_EVERY). Greedy
+    replies only: a probe is a choice from the costs' own measurements (round_costs' note on sampling)."""
+    if not state.measuring or state.last_drafter == NONE:
+        return False
+    since = state.passes - (state.plain_paired if state.plain_paired is not None else 0)
+    return since >= PROBE_EVERY
 
 
 def pick_model(state: PolicyState, models: list[Choice]) -> list[Choice]:
@@ -368,7 +384,7 @@ def _explain(best: Choice, plain: Choice, models: list[Choice], ngrams: list[Cho
               if chs and best not in chs and (r := rate(chs)) is not None]
     est = f"est {best.tokens:.1f} tok/round at {best.steps:.2f} steps = {best.speedup / plain.speedup:.2f}x plain"
     if best.drafter == NONE:
-        head = "no draft: neither drafter pays"
+        head = f"no draft: {explored}" if explored else "no draft: neither drafter pays"
         reason = f"{head} ({', '.join(others)})" if others else "no draft: no drafter available"
     else:
         label = "model" if best.drafter == MODEL else "ngram"

@@ -1,7 +1,7 @@
 """What a round costs on this machine, in plain steps, as the hybrid's policy (engine.spec.policy) prices its options.
 
-Everything is priced in plain steps, t(1): the verify pass of width w costs t(w) / t(1) steps (the shape
-1 + rho (w - 1), rho measured from passes in a row of different widths), a draft-model token c steps (its measured
+Everything is priced in plain steps, t(1): the verify pass of width w costs t(w) / t(1) steps (the pass shape,
+measured width by width from passes in a row of different widths), a draft-model token c steps (its measured
 drafting time over t(1); once drafts of two lengths are measured, a draft of d tokens costs a line through them,
 since its first token costs more than the next), and a catch-up pass of the draft model's cache a measured cost per
 id.
@@ -19,6 +19,7 @@ greedy replies measured, or the priors), never its own timings.
 """
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass, field
 from statistics import median
@@ -28,8 +29,7 @@ LEVEL_WINDOW = 3  # the level follows the load within two rounds and still drops
 MAX_LINE = 16  # draft lengths whose costs the draft line is fitted to (the K slider's top)
 # Priors for what has not been measured yet on this machine.
 PRIOR_C = 0.3  # a draft-model token in plain steps
-PRIOR_ROW = 0.15  # what each verify row past the first adds, in plain steps (0.06-0.28 measured on Zen 3/4 CPUs)
-ROW_PRIOR_WEIGHT = 3  # pseudo-measurements of rho at PRIOR_ROW beside the measured pairs (observe_pass)
+PRIOR_ROW = 0.15  # what each verify row past the first adds, in plain steps (0.06-0.44 measured on Zen 3/4 CPUs)
 TYPICAL = (2 / 3, 1.5)  # a pass's time over the level's prediction, outside which it measures no shape
 PRIOR_CATCHUP_ID = 0.3  # what each id of a catch-up pass costs, in draft-model tokens (0.25-0.3 measured on Zen 3)
 
@@ -50,7 +50,9 @@ class Costs:
     """Measured costs (seconds; each the median of its recent measurements), the same for every request."""
 
     level_s: float | None = None  # t(1) now: recent passes, each divided by its width's shape
-    row: float | None = None  # rho: what a verify row past the first adds, in plain steps (None: not measured yet)
+    shape: tuple[float, ...] = ()  # t(w) / t(1) for w = 1, 2, ... as far as pairs measured it (fit_shape)
+    passes: int = 0  # passes measured
+    plain_paired: int | None = None  # `passes` when a one-row pass last measured the shape beside a wider one
     last_pass: tuple[int, float, bool] | None = None  # (width, seconds, usual) of the pass before
     model_token_s: float | None = None  # the draft model's drafting seconds per drafted token
     model_c: float | None = None  # a drafted token in plain steps, each model round's own ratio (None: from the above)
@@ -69,10 +71,10 @@ class Costs:
 def observe_pass(costs: Costs, width: int, seconds: float) -> None:
     """A verify pass of `width` rows (drafted + 1) took `seconds`.
 
-    A pass's time is the machine's level now (t(1) at this minute's load) times its width's shape, 1 + rho (w - 1),
-    rho being what a row adds (a property of the kernels). Two passes in a row of different widths ran at nearly the
-    same load, so their ratio measures rho alone; widths whose times were gathered minutes apart on a busy machine
-    would fit a line of scheduling noise. The level is the recent passes, each divided by its shape."""
+    A pass's time is the machine's level now (t(1) at this minute's load) times its width's shape t(w) / t(1), a
+    property of the kernels. Two passes in a row of different widths ran at nearly the same load, so their ratio
+    measures the shape alone; widths whose times were gathered minutes apart on a busy machine would fit a curve of
+    scheduling noise. The level is the recent passes, each divided by its shape."""
     if not (costs.measuring and seconds > 0 and width >= 1):
         return
     # A pass far from what the level and shape predict was preempted (or the load just changed): it still moves the
@@ -81,15 +83,90 @@ def observe_pass(costs: Costs, width: int, seconds: float) -> None:
     usual = expected is None or TYPICAL[0] <= seconds / expected <= TYPICAL[1]
     last, costs.last_pass = costs.last_pass, (width, seconds, usual)
     if last is not None and last[0] != width and usual and last[2]:
-        r = seconds / last[1]
-        den = (width - 1) - r * (last[0] - 1)  # from r = (1 + rho (width - 1)) / (1 + rho (last width - 1))
-        if abs(den) > 1e-6:
-            costs.measure("row", min(max((r - 1) / den, -1.0), 2.0))
-            # Among ROW_PRIOR_WEIGHT pseudo-measurements at the prior, so that a few pairs do not decide it: a median
-            # of three noisy pairs once priced a 5-row n-gram pass at one step, and the hybrid took 11 failing n-gram
-            # rounds in a row on a 2-core machine with one core busy.
-            costs.row = median([*costs.recent["row"].values, *[PRIOR_ROW] * ROW_PRIOR_WEIGHT])
+        (a, ta), (b, tb) = sorted([(last[0], last[1]), (width, seconds)])
+        costs.measure(f"widths {a}:{b}", math.log(tb / ta))
+        costs.shape = fit_shape(costs)
+        if a == 1:
+            costs.plain_paired = costs.passes
+    costs.passes += 1
     costs.level_s = costs.measure("level", seconds / pass_steps(costs, width)[0], LEVEL_WINDOW)
+
+
+def fit_shape(costs: Costs) -> tuple[float, ...]:
+    """t(w) / t(1) for w = 1 .. the widest pass measured. The widths that measured pairs join are fitted together:
+    log t(w) by least squares to each pair's median log ratio, weighted by its measurements. Widths joined to t(1)
+    are known outright; a group that no pair joins to t(1) (drafts alone, which never pass one row) is placed by
+    the prior line 1 + PRIOR_ROW (w - 1) from the nearest width below it; a width no pair measured lies on the
+    straight line between its neighbours. A line through t(1) misprices both ends: on Zen 3 in a quiet hour the
+    second row added 0.44 of a step and the fifth 0.21, and a line fitted to the 2-5-row passes of model rounds put
+    t(1) 13% above a plain step, so the policy took a draft model at 0.9x plain for 1.2x. Wider never costs less,
+    and a row never more than a step."""
+    pairs = []
+    for name, recent in costs.recent.items():
+        if name.startswith("widths "):
+            a, b = map(int, name[len("widths "):].split(":"))
+            pairs.append((a, b, median(recent.values), float(len(recent.values))))
+    top = max((b for _, b, _, _ in pairs), default=1)
+    groups: list[set[int]] = []
+    for a, b, _, _ in pairs:
+        joined = [g for g in groups if a in g or b in g]
+        groups = [g for g in groups if g not in joined] + [set().union({a, b}, *joined)]
+    log_s: dict[int, float] = {1: 0.0}
+    for group in sorted(groups, key=min):  # lowest first: each is placed from the widths below it
+        base = 1 if 1 in group else min(group)
+        x = _least_squares(sorted(group - {base}), base, [p for p in pairs if p[0] in group])
+        if base != 1:
+            below = max(w for w in log_s if w < base)
+            x = {w: v + log_s[below] + math.log(_prior(base) / _prior(below)) for w, v in x.items()}
+            x[base] = log_s[below] + math.log(_prior(base) / _prior(below))
+        log_s.update(x)
+    shape = [1.0]
+    for w in range(2, top + 1):
+        if w in log_s:
+            s = math.exp(log_s[w])
+        else:  # between measured widths
+            lo, hi = max(v for v in log_s if v < w), min(v for v in log_s if v > w)
+            s_lo, s_hi = math.exp(log_s[lo]), math.exp(log_s[hi])
+            s = s_lo + (w - lo) * (s_hi - s_lo) / (hi - lo)
+        shape.append(min(max(s, shape[-1]), shape[-1] + 1.0))
+    return tuple(shape)
+
+
+def _prior(width: int) -> float:
+    return 1.0 + PRIOR_ROW * (width - 1)
+
+
+def _least_squares(widths: list[int], base: int, pairs: list[tuple[int, int, float, float]]) -> dict[int, float]:
+    """log t(w) - log t(base) for `widths`: least squares over pairs (a, b, log t(b) / t(a), weight) that join them."""
+    index = {w: i for i, w in enumerate(widths)}
+    n = len(widths)
+    A = [[0.0] * n for _ in range(n)]
+    r = [0.0] * n
+    for a, b, m, weight in pairs:  # the normal equations of sum weight (x_b - x_a - m)^2, x_base = 0
+        for w, sign in ((a, -1.0), (b, 1.0)):
+            if w == base:
+                continue
+            r[index[w]] += sign * weight * m
+            for v, other in ((a, -1.0), (b, 1.0)):
+                if v != base:
+                    A[index[w]][index[v]] += sign * other * weight
+    return dict(zip(widths, _solve(A, r)))
+
+
+def _solve(A: list[list[float]], r: list[float]) -> list[float]:
+    """A x = r by Gaussian elimination (A symmetric positive definite: the pairs join every width to the base)."""
+    n = len(r)
+    A, r = [row[:] for row in A], r[:]
+    for i in range(n):
+        for j in range(i + 1, n):
+            f = A[j][i] / A[i][i]
+            for c in range(i, n):
+                A[j][c] -= f * A[i][c]
+            r[j] -= f * r[i]
+    x = [0.0] * n
+    for i in reversed(range(n)):
+        x[i] = (r[i] - sum(A[i][c] * x[c] for c in range(i + 1, n))) / A[i][i]
+    return x
 
 
 def observe_drafting(costs: Costs, drafted: int, draft_s: float, verify_s: float = 0.0, fed: int = 0) -> None:
@@ -143,11 +220,20 @@ def observe_lookup(costs: Costs, seconds: float) -> None:
         costs.lookup_s = costs.measure("lookup", max(seconds, 0.0))
 
 
-def pass_steps(costs: Costs, width: int) -> tuple[float, float]:
-    """(t(width) / t(1), t(1) seconds or 0 when nothing is measured): the shape 1 + rho (width - 1), rho measured
-    from passes in a row of different widths (observe_pass) or the prior, and the current level."""
-    rho = PRIOR_ROW if costs.row is None else min(max(costs.row, 0.0), 1.0)  # a row never costs more than a pass
-    return 1.0 + rho * (width - 1), costs.level_s or 0.0
+def pass_steps(costs: Costs, width: float) -> tuple[float, float]:
+    """(t(width) / t(1), t(1) seconds or 0 when nothing is measured): the measured shape (observe_pass), linear
+    between widths (a round that drafts 1.5 tokens on average passes 2.5 rows), and past the widest measured on the
+    line from t(1) through it (the prior line 1 + PRIOR_ROW (w - 1) before any pair)."""
+    shape = costs.shape or (1.0,)
+    top = len(shape)
+    if width <= 1:
+        return 1.0, costs.level_s or 0.0
+    if width <= top:
+        lo = int(width)
+        hi = min(lo + 1, top)
+        return shape[lo - 1] + (width - lo) * (shape[hi - 1] - shape[lo - 1]), costs.level_s or 0.0
+    row = (shape[-1] - 1.0) / (top - 1) if top > 1 else PRIOR_ROW
+    return shape[-1] + row * (width - top), costs.level_s or 0.0
 
 
 def steps_of(costs: Costs, seconds: float | None, prior_steps: float) -> float:
