@@ -82,7 +82,7 @@ LONG_DECAY = 0.98  # weight of the past in the long-run acceptance, per model ro
 # share of it. Larger values would keep a drafter that lost its lead drafting after the text turned predictable.
 CATCHUP_ROUNDS = 4.0
 # Priors, each worth a few rounds, for what has not been measured yet in this request.
-PRIOR_ALPHA, PRIOR_TRIALS = 0.6, 4.0  # the long-run acceptance before any, and its weight in a request's estimate
+PRIOR_ALPHA, PRIOR_TRIALS = 0.6, 2.0  # the long-run acceptance before any, and its weight in a request's estimate
 # Under the stop rule the draft model's ceiling goes below the top only for an estimate better by this share, and
 # never below MIN_CEILING. The ceilings' estimates differ by a few percent and rest on the few rounds that reached
 # the late positions, so a bare maximum trades them on noise; in the policy replay (30 Spec-Bench questions, 10%

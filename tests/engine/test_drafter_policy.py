@@ -596,7 +596,7 @@ def test_under_the_stop_rule_the_ceiling_drops_where_late_drafts_fail():
         state = machine(row=0.33, c=0.33)
         state.model_stops = True
         state.model_rounds, state.last_used[MODEL] = policy.FIRST_TRIES, 0
-        for _ in range(40):  # enough rounds that the long run, not its prior, is what the request's estimate meets
+        for _ in range(12):
             policy.observe_model(state, 4, accepted, 4 * 0.33 * STEP_S, STEP_S * (1 + 0.33 * 4), ceiling=4)
         return state
 
