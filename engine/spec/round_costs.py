@@ -98,9 +98,9 @@ def fit_shape(costs: Costs) -> tuple[float, ...]:
     are known outright; a group that no pair joins to t(1) (drafts alone, which never pass one row) is placed by
     the prior line 1 + PRIOR_ROW (w - 1) from the nearest width below it; a width no pair measured lies on the
     straight line between its neighbours. A line through t(1) misprices both ends: on Zen 3 in a quiet hour the
-    second row added 0.44 of a step and the fifth 0.21, and a line fitted to the 2-5-row passes of model rounds put
-    t(1) 13% above a plain step, so the policy took a draft model at 0.9x plain for 1.2x. Wider never costs less,
-    and a row never more than a step."""
+    second row added 0.44 of a step and the fifth 0.21, and a line through the 2-5-row passes of model rounds put
+    t(1) 13-25% above a plain step, so the policy took a draft model at 0.9x plain for 1.2-1.3x. Wider never costs
+    less, and a row never more than a step."""
     pairs = []
     for name, recent in costs.recent.items():
         if name.startswith("widths "):
