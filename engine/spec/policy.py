@@ -326,10 +326,7 @@ def choose(state: PolicyState, offer: Offer | None, k_max: int, model_lag: int, 
 def _probe_due(state: PolicyState) -> bool:
     """Whether this round is a plain step that measures t(1) beside the drafts' wider passes (PROBE_EVERY). Greedy
     replies only: a probe is a choice from the costs' own measurements (round_costs' note on sampling)."""
-    if not state.measuring or state.last_drafter == NONE:
-        return False
-    since = state.passes - (state.plain_paired if state.plain_paired is not None else 0)
-    return since >= PROBE_EVERY
+    return state.measuring and state.last_drafter != NONE and state.passes - state.plain_paired >= PROBE_EVERY
 
 
 def pick_model(state: PolicyState, models: list[Choice]) -> list[Choice]:

@@ -52,7 +52,7 @@ class Costs:
     level_s: float | None = None  # t(1) now: recent passes, each divided by its width's shape
     shape: tuple[float, ...] = ()  # t(w) / t(1) for w = 1, 2, ... as far as pairs measured it (fit_shape)
     passes: int = 0  # passes measured
-    plain_paired: int | None = None  # `passes` when a one-row pass last measured the shape beside a wider one
+    plain_paired: int = 0  # `passes` when a one-row pass last measured the shape beside a wider one
     last_pass: tuple[int, float, bool] | None = None  # (width, seconds, usual) of the pass before
     model_token_s: float | None = None  # the draft model's drafting seconds per drafted token
     model_c: float | None = None  # a drafted token in plain steps, each model round's own ratio (None: from the above)
