@@ -10,7 +10,7 @@ before any weight is read. Adding a family is adding a row (and, when it needs o
 a path.
 
 Both readers consult this table: the Hugging Face config.json path (engine.api.config.ModelConfig.from_hf, by
-model_type) and the GGUF path (engine.io.gguf_file, by general.architecture, as llama.cpp names it; what a GGUF's
+model_type) and the GGUF path (engine.io.gguf_config, by general.architecture, as llama.cpp names it; what a GGUF's
 keys and tensors add is judged in engine.model.gguf_refusal).
 """
 from __future__ import annotations

@@ -39,7 +39,7 @@ def gguf_refusal(arch: str, metadata: Mapping[str, Any] | None = None, tensors: 
         return why
     meta = metadata or {}
     head_dim = _gguf_head_dim(arch, meta)
-    # a family whose row has the feature reads these keys (engine.io.gguf_file); in any other family's file they are
+    # a family whose row has the feature reads these keys (engine.io.gguf_config); in any other family's file they are
     # math its architecture leaves out
     needs = [f for key, f in _GGUF_KEYS.items() if not (FEATURES[f].implemented and f in fam.features)
              and _changes_math(key, meta.get(f"{arch}.{key}"), head_dim)]
