@@ -54,17 +54,34 @@ def _rate(went: float, risk: float, prior: float, weight: float) -> float:
     return (went + weight * prior) / (risk + weight) if risk + weight > 0 else prior
 
 
+@dataclass(frozen=True)
+class Forecast:
+    """A round at one ceiling: tokens it commits and drafts on average, and reach[d - 1], the chance it drafts at
+    least d tokens (d = 1 .. the ceiling), from which the chance of each draft length follows."""
+
+    committed: float
+    drafted: float
+    reach: tuple[float, ...]
+
+    def length_chances(self) -> list[tuple[int, float]]:
+        """(d, the chance the round drafts exactly d tokens), d = 1 .. the ceiling."""
+        r = self.reach
+        return [(d, r[d - 1] - (r[d] if d < len(r) else 0.0)) for d in range(1, len(r) + 1)]
+
+
 def expected_round(now: PositionTally, long: PositionTally, ceiling: int, prior_goes_on: float, prior_passes: float,
-                   weight: float) -> tuple[float, float]:
-    """(tokens committed, tokens drafted) by a round at `ceiling`: each position's chance from this request's counts
-    shrunk towards the long run's (`weight` pseudo-rounds), the long run's towards the priors."""
+                   weight: float) -> Forecast:
+    """A round at `ceiling`: each position's chance from this request's counts shrunk towards the long run's
+    (`weight` pseudo-rounds), the long run's towards the priors."""
     drafted, committed, reach, passes = 0.0, 1.0, 1.0, 1.0
+    reaches = []
     for i in range(1, min(ceiling, POSITIONS) + 1):
         if i > 1:
             base = _rate(long.drafted_went[i], long.drafted_risk[i], prior_goes_on, weight)
             reach *= _rate(now.drafted_went[i], now.drafted_risk[i], base, weight)
         base = _rate(long.passed_went[i], long.passed_risk[i], prior_passes, weight)
         passes *= _rate(now.passed_went[i], now.passed_risk[i], base, weight)
+        reaches.append(reach)
         drafted += reach
         committed += passes
-    return committed, drafted
+    return Forecast(committed, drafted, tuple(reaches))

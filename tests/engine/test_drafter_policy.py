@@ -611,6 +611,29 @@ def test_under_the_stop_rule_the_ceiling_drops_where_late_drafts_fail():
     assert policy.pick_model(state, ks)[0].k == policy.MIN_CEILING == 2  # ... but the ceiling stays at 2 or more
 
 
+def test_the_verify_pass_is_priced_over_the_draft_lengths():
+    """Passes whose fourth row costs more than the first three (as on Zen 3: 1.20 plain steps for 3 rows, 1.56 for 4)
+    and rounds at ceiling 4 that draft 1 token or 4, half each: they pay half a 2-row pass and half a 5-row one,
+    more than the pass at their mean width, which the straight line between 3 and 4 rows would price."""
+    shape = {1: 1.0, 2: 1.1, 3: 1.2, 4: 1.6, 5: 1.9}
+    state = PolicyState()
+    for _ in range(3):
+        for w in range(1, 6):
+            round_costs.observe_pass(state, w, STEP_S * shape[w])
+    assert state.shape == pytest.approx(tuple(shape.values()), rel=1e-3)
+    state.model_stops = True
+    for r in range(20):
+        d = 1 if r % 2 else 4
+        policy.observe_model(state, d, d, 0.25 * d * STEP_S, STEP_S * shape[d + 1], ceiling=4)
+    forecast = state.model_round(4)
+    chances = dict(forecast.length_chances())
+    assert chances[1] == pytest.approx(0.5, abs=0.05) and chances[1] + chances[4] > 0.9  # the priors blur it a little
+    intercept, per_token = state.draft_line
+    verify = policy.model_options(state, 4, 0)[3].steps - (intercept + per_token * forecast.drafted)
+    assert verify == pytest.approx(sum(p * shape[d + 1] for d, p in chances.items()), rel=1e-3)
+    assert verify > round_costs.pass_steps(state, forecast.drafted + 1)[0] + 0.05
+
+
 def test_a_draft_is_priced_by_a_line_through_its_measured_lengths():
     """Each draft costs a fixed 0.1 step besides 0.25 a token: once two lengths are measured, the policy's line has
     that intercept and slope, so a 1-token draft is priced at 0.35 steps and a 4-token one at 1.1, where a median
