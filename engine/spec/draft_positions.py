@@ -56,12 +56,15 @@ def _rate(went: float, risk: float, prior: float, weight: float) -> float:
 
 @dataclass(frozen=True)
 class Forecast:
-    """A round at one ceiling: tokens it commits and drafts on average, and reach[d - 1], the chance it drafts at
-    least d tokens (d = 1 .. the ceiling), from which the chance of each draft length follows."""
+    """A round at one ceiling: tokens it commits on average, and reach[d - 1], the chance it drafts at least d tokens
+    (d = 1 .. the ceiling), from which its mean draft length and the chance of each length follow."""
 
     committed: float
-    drafted: float
     reach: tuple[float, ...]
+
+    @property
+    def drafted(self) -> float:
+        return sum(self.reach)
 
     def length_chances(self) -> list[tuple[int, float]]:
         """(d, the chance the round drafts exactly d tokens), d = 1 .. the ceiling."""
@@ -73,7 +76,7 @@ def expected_round(now: PositionTally, long: PositionTally, ceiling: int, prior_
                    weight: float) -> Forecast:
     """A round at `ceiling`: each position's chance from this request's counts shrunk towards the long run's
     (`weight` pseudo-rounds), the long run's towards the priors."""
-    drafted, committed, reach, passes = 0.0, 1.0, 1.0, 1.0
+    committed, reach, passes = 1.0, 1.0, 1.0
     reaches = []
     for i in range(1, min(ceiling, POSITIONS) + 1):
         if i > 1:
@@ -82,6 +85,5 @@ def expected_round(now: PositionTally, long: PositionTally, ceiling: int, prior_
         base = _rate(long.passed_went[i], long.passed_risk[i], prior_passes, weight)
         passes *= _rate(now.passed_went[i], now.passed_risk[i], base, weight)
         reaches.append(reach)
-        drafted += reach
         committed += passes
-    return Forecast(committed, drafted, tuple(reaches))
+    return Forecast(committed, tuple(reaches))
