@@ -19,6 +19,7 @@ import torch
 from engine.api.config import CacheConfig, SamplingParams, SpecParams
 from engine.cpu import QuantLinear
 from engine.io.loading import load_engine
+from engine.model.kv_cache import BlockManager, KVPool
 from tests.llama_server import llama_server
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -92,19 +93,28 @@ def plain(engine) -> dict[str, list[int]]:
     return out
 
 
-# Where llama.cpp's own two best tokens are closer than this (in log-probability), float rounding decides between
-# them: llama.cpp quantizes activations to Q8_K per 256 values, takes GELU from an f16 table and rounds attention
-# operands to f16, where SpecLens quantizes per 32 values and computes GELU and attention in fp32. A real error in
-# the model's math shows long before such a tie: at a confident position, or as a token outside llama.cpp's top two.
-NEAR_TIE = 0.25
+# Where llama.cpp's own best tokens are closer than this (in log-probability), float rounding decides between them:
+# llama.cpp quantizes activations to Q8_K per 256 values, takes GELU from an f16 table and rounds attention operands
+# to f16, where SpecLens quantizes per 32 values and computes GELU and attention in fp32, and llama.cpp's own kernels
+# differ by instruction set: after the same ten ids of the third prompt its top tokens were ' farmer' -2.22,
+# ' hard' -2.39, ' hardworking' -2.81 on Zen 3 and ' hard' -2.30, ' hardworking' -2.40 on a CI machine, a gap moved
+# by 0.33 nats between two runs of llama.cpp itself. A real error in the model's math shows long before such a tie:
+# at a confident position, or as a token outside llama.cpp's near-tied ones, and in the log-probabilities below.
+NEAR_TIE = 0.5
+TOP = 8  # llama.cpp's candidates per position asked for: a three-way tie is not rare on a story prompt
+# Our log-probability of each token of llama.cpp's greedy text, read along that text, against llama.cpp's own: on
+# Zen 3 the mean difference over the 96 positions was 0.04 nats and the largest 0.24 (at a position where the top
+# five were within 0.5). Rounding moves single positions, not the mean: the windowed layers rotated with the global
+# layers' RoPE base (1e6, not 1e4) made it 0.27 and the largest 4.2.
+MEAN_LOGPROB_GAP = 0.15
 
 
 def test_greedy_text_follows_llama_cpp_up_to_a_near_tie(engine, server, plain):
-    """Our greedy tokens equal llama.cpp's on the same file until the first position where llama.cpp itself is
-    within NEAR_TIE between its two best tokens, and there ours is its second choice."""
+    """Our greedy tokens equal llama.cpp's on the same file until the first position where llama.cpp itself has
+    other tokens within NEAR_TIE of its best, and there ours is one of them."""
     for text in PROMPTS:
         ids = engine.tokenizer.encode(text)
-        theirs = llama_cpp(server, "/completion", {"prompt": ids, "n_predict": N, "temperature": 0, "n_probs": 2,
+        theirs = llama_cpp(server, "/completion", {"prompt": ids, "n_predict": N, "temperature": 0, "n_probs": TOP,
                                                    "cache_prompt": False, "return_tokens": True})
         ours, tokens = plain[text], theirs["tokens"]
         assert len(tokens) == N, text
@@ -113,10 +123,40 @@ def test_greedy_text_follows_llama_cpp_up_to_a_near_tie(engine, server, plain):
             assert engine.tokenizer.decode(ours) == theirs["content"], text
             continue
         top = theirs["completion_probabilities"][split]["top_logprobs"]
-        assert [t["id"] for t in top[:2]] == [tokens[split], ours[split]], (
-            f"{text!r}: at token {split} ours is {ours[split]}, not llama.cpp's second choice: {top}")
-        margin = top[0]["logprob"] - top[1]["logprob"]
-        assert margin < NEAR_TIE, f"{text!r}: we part from llama.cpp at token {split}, where it was sure ({margin:.2f})"
+        assert top[0]["id"] == tokens[split], top
+        tied = {t["id"]: top[0]["logprob"] - t["logprob"] for t in top[1:]}
+        assert ours[split] in tied, (
+            f"{text!r}: at token {split} ours is {ours[split]}, outside llama.cpp's best {TOP}: {top}")
+        assert tied[ours[split]] < NEAR_TIE, (
+            f"{text!r}: we part from llama.cpp at token {split}, where its choice led ours by {tied[ours[split]]:.2f}")
+
+
+def logprob_gaps(engine, url: str, text: str) -> list[float]:
+    """|ours - llama.cpp's| log-probability of each token of llama.cpp's greedy continuation of text, ours read along
+    that continuation in one pass (so a parting earlier in the text does not change what is compared)."""
+    ids = engine.tokenizer.encode(text)
+    theirs = llama_cpp(url, "/completion", {"prompt": ids, "n_predict": N, "temperature": 0, "n_probs": 1,
+                                            "cache_prompt": False, "return_tokens": True})
+    tokens, probs = theirs["tokens"], theirs["completion_probabilities"]
+    model = engine.target
+    pool = KVPool(model.cfg.num_layers, model.cfg.num_kv_heads, model.cfg.head_dim, BlockManager(64, 8, 512),
+                  torch.float32, "cpu")
+    pool.manager.allocate(0)
+    fed = ids + tokens[:-1]
+    start, end = pool.manager.append(0, len(fed))
+    with torch.no_grad():
+        logits = model(torch.tensor(fed), start, pool.view(0, start, end))  # (len(fed), V)
+    ours = torch.log_softmax(logits[len(ids) - 1 :].float(), dim=-1)  # (N, V): position i predicts tokens[i]
+    assert [p["top_logprobs"][0]["id"] for p in probs] == tokens  # greedy: each token is llama.cpp's best
+    return [abs(ours[i, t].item() - p["top_logprobs"][0]["logprob"]) for i, (t, p) in enumerate(zip(tokens, probs))]
+
+
+def test_log_probabilities_follow_llama_cpp_along_its_greedy_text(engine, server):
+    gaps = [g for text in PROMPTS for g in logprob_gaps(engine, server, text)]
+    assert len(gaps) == N * len(PROMPTS)
+    mean = sum(gaps) / len(gaps)
+    assert mean < MEAN_LOGPROB_GAP, f"mean gap {mean:.3f} nats, largest {max(gaps):.3f}"
+    assert max(gaps) < 2 * NEAR_TIE, f"largest gap {max(gaps):.3f} nats (mean {mean:.3f})"
 
 
 def test_ngram_speculation_equals_plain(engine, plain):
