@@ -19,7 +19,7 @@ import torch
 from engine.api.config import CacheConfig, SamplingParams, SpecParams
 from engine.cpu import QuantLinear
 from engine.io.loading import load_engine
-from engine.model.kv_cache import BlockManager, KVPool
+from tests.engine.test_rollback import prefill_logits
 from tests.llama_server import llama_server
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -138,14 +138,8 @@ def logprob_gaps(engine, url: str, text: str) -> list[float]:
     theirs = llama_cpp(url, "/completion", {"prompt": ids, "n_predict": N, "temperature": 0, "n_probs": 1,
                                             "cache_prompt": False, "return_tokens": True})
     tokens, probs = theirs["tokens"], theirs["completion_probabilities"]
-    model = engine.target
-    pool = KVPool(model.cfg.num_layers, model.cfg.num_kv_heads, model.cfg.head_dim, BlockManager(64, 8, 512),
-                  torch.float32, "cpu")
-    pool.manager.allocate(0)
-    fed = ids + tokens[:-1]
-    start, end = pool.manager.append(0, len(fed))
     with torch.no_grad():
-        logits = model(torch.tensor(fed), start, pool.view(0, start, end))  # (len(fed), V)
+        logits = prefill_logits(engine.target, ids + tokens[:-1])  # (len(ids) + N - 1, V)
     ours = torch.log_softmax(logits[len(ids) - 1 :].float(), dim=-1)  # (N, V): position i predicts tokens[i]
     assert [p["top_logprobs"][0]["id"] for p in probs] == tokens  # greedy: each token is llama.cpp's best
     return [abs(ours[i, t].item() - p["top_logprobs"][0]["logprob"]) for i, (t, p) in enumerate(zip(tokens, probs))]
