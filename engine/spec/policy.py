@@ -31,7 +31,6 @@ against the q of the drafter that made it, so exactness is the drafters' own.
 """
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from engine.analysis.theory import expected_tokens
@@ -91,12 +90,11 @@ PRIOR_ALPHA, PRIOR_TRIALS = 0.6, 2.0  # the long-run acceptance before any, and 
 # 2-4% on four kinds. The stop rule already ends a draft the model is unsure of, so K <= 1 would only add rounds.
 # A bare maximum over K 2-4 did no better on the real engine (policy_ab, Zen 3, 30 Spec-Bench first turns x 2,
 # 2026-12-02): B / A 1.027 on QA, where the draft model at K 2 runs 3-4% ahead of K 4, but 0.949 on translation and
-# 0.964 on MT-bench; on replies of 30-130 tokens the ceilings' estimates still trade on a few rounds.
+# 0.964 on MT-bench; on replies of 30-130 tokens the ceilings' estimates still trade on a few rounds. Nor did a bare
+# maximum on the long run's positions alone (3005e34): QA 1.027 and MT-bench 1.026, but summarization 0.940 and RAG
+# 0.931, and in that run the draft model at K 4 was ahead of K 2 on QA.
 CEILING_MARGIN = 0.05
 MIN_CEILING = 2
-# Whose evidence picks the ceiling: "request" (this request's rounds shrunk towards the long run, as every option is
-# priced) or "long" (the long run alone: more rounds, moving slowly, so the ceilings trade less on a few rounds).
-CEILING_FROM = "request"
 PRIOR_GOES_ON = 0.6  # under the stop rule, the chance a draft goes on to its next position, before any was measured
 
 
@@ -140,11 +138,6 @@ class PolicyState(Costs):
         """What a model round at `ceiling` commits and drafts under the stop rule, each position's chances shrunk
         towards the long run as alpha is (PRIOR_TRIALS pseudo-rounds)."""
         return expected_round(self.positions, self.long_positions, ceiling, PRIOR_GOES_ON, PRIOR_ALPHA, PRIOR_TRIALS)
-
-    def long_round(self, ceiling: int) -> Forecast:
-        """The same from the long run alone (CEILING_FROM "long")."""
-        return expected_round(PositionTally(), self.long_positions, ceiling, PRIOR_GOES_ON, PRIOR_ALPHA,
-                              PRIOR_TRIALS)
 
     def round_spread(self) -> float:
         """The standard deviation of what a model round commits on this request, shrunk towards its long run (or
@@ -240,12 +233,9 @@ def observe_model(state: PolicyState, drafted: int, accepted: int, draft_s: floa
     observe_drafting(state, drafted, draft_s, verify_s, fed)
 
 
-def model_options(state: PolicyState, k_max: int, lag: int, fed: int = 0,
-                  forecast: Callable[[int], Forecast] | None = None) -> list[Choice]:
+def model_options(state: PolicyState, k_max: int, lag: int, fed: int = 0) -> list[Choice]:
     """The draft model at each K in 1..k_max; lag: committed ids it must prefill before drafting (a catch-up pass);
-    fed: lagging ids it reads with its first drafting pass instead (a wider pass, paid this round); forecast: what a
-    round at each ceiling makes under the stop rule (state.model_round unless given)."""
-    forecast = forecast or state.model_round
+    fed: lagging ids it reads with its first drafting pass instead (a wider pass, paid this round)."""
     c = model_c(state)
     catchup, why_catchup = 0.0, ""
     if lag > 0:
@@ -264,14 +254,14 @@ def model_options(state: PolicyState, k_max: int, lag: int, fed: int = 0,
     if state.model_stops:  # each ceiling, as far as the draft's confidence carries it
         out = []
         for k in range(1, k_max + 1):
-            round_k = forecast(k)
-            tokens, drafted = round_k.committed, round_k.drafted
+            forecast = state.model_round(k)
+            tokens, drafted = forecast.committed, forecast.drafted
             line = state.draft_line
             draft = line[0] + line[1] * drafted if line else drafted * c
             # The verify pass priced length by length: its cost is not a line in the width (on Zen 3 a 4-row pass
             # cost 1.56 plain steps, a 3-row one 1.20), so the pass at the mean width underprices a ceiling whose
             # drafts are sometimes long and often short (QA at K 4: by 0.07 steps, 5% of its round).
-            verify = sum(chance * pass_steps(state, d + 1)[0] for d, chance in round_k.length_chances())
+            verify = sum(chance * pass_steps(state, d + 1)[0] for d, chance in forecast.length_chances())
             steps = verify + draft + catchup + lookup
             why = (f"K \u2264 {k} (stops when unsure), {tokens:.1f} tok/round over {drafted:.1f} drafted, "
                    f"c {c:.2f}" + why_catchup)
@@ -310,9 +300,6 @@ def choose(state: PolicyState, offer: Offer | None, k_max: int, model_lag: int, 
     plain = Choice(NONE, 0, 1.0, 1.0 + lookup, "")
     models = model_options(state, k_max, model_lag, model_fed) if have_model and k_max >= 1 else []
     model = pick_model(state, models)
-    if model and state.model_stops and CEILING_FROM == "long":
-        ceiling = pick_model(state, model_options(state, k_max, model_lag, model_fed, state.long_round))[0].k
-        model = [models[ceiling - 1]]
     ngrams = ngram_options(state, offer)
     best = max([plain, *model, *ngrams], key=lambda ch: ch.speedup)  # ties: plain first, then the model
     explored = ""

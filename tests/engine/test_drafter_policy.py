@@ -3,7 +3,6 @@ that makes the most tokens per second, follows the stream when it changes, decod
 re-tries a drafter out of favour at a bounded rate; through the real engine the output stays exact with it on."""
 from __future__ import annotations
 
-import copy
 from itertools import pairwise
 
 import pytest
@@ -610,29 +609,6 @@ def test_under_the_stop_rule_the_ceiling_drops_where_late_drafts_fail():
     ks = policy.model_options(state, 4, 0)
     assert ks[0].speedup > ks[1].speedup > ks[3].speedup
     assert policy.pick_model(state, ks)[0].k == policy.MIN_CEILING == 2  # ... but the ceiling stays at 2 or more
-
-
-def test_the_long_run_can_pick_the_ceiling(monkeypatch):
-    """Forty rounds whose draft runs to 4 but passes only its first 2, then a new request whose eight rounds passed
-    all 4: priced on this request's evidence the ceiling stays at 4, on the long run's it drops to 2; either way the
-    round is priced on this request's evidence (the reason says what K <= 2 makes here)."""
-    state = machine(row=0.33, c=0.33)
-    state.model_stops, state.measuring = True, True
-    for passed, rounds in ((2, 40), (4, 8)):
-        if passed == 4:
-            state.start()
-            state.model_rounds, state.last_used[MODEL] = policy.FIRST_TRIES, 0
-        for _ in range(rounds):
-            policy.observe_model(state, 4, passed, 4 * 0.33 * STEP_S, STEP_S * (1 + 0.33 * 4), ceiling=4)
-    long = policy.model_options(state, 4, 0, forecast=state.long_round)
-    assert long[1].speedup > long[3].speedup * (1 + policy.CEILING_MARGIN)
-    picks = {}
-    for source in ("request", "long"):
-        monkeypatch.setattr(policy, "CEILING_FROM", source)
-        picks[source] = policy.choose(copy.deepcopy(state), None, 4, model_lag=0)
-    assert picks["request"].drafter == picks["long"].drafter == MODEL
-    assert (picks["request"].k, picks["long"].k) == (4, 2), picks
-    assert picks["long"].tokens == pytest.approx(state.model_round(2).committed)
 
 
 def test_the_verify_pass_is_priced_over_the_draft_lengths():
