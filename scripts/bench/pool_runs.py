@@ -1,6 +1,6 @@
 """The app's default against each fixed mode, kind by kind, pooled over recorded speclens-bench runs.
 
-    python -m scripts.bench.pool_runs [--commits 91e9c97,e1cf5b3] [--results docs/results]
+    python -m scripts.bench.pool_runs [--commits 91e9c97,e1cf5b3] [--results docs/results] [--markdown]
 
 One run cannot say whether the default is behind a fixed mode on a kind: the same settings run twice in one run
 (the default and hybrid K 4) differ by 2-9% on a kind, and the fastest of six noisy columns is luckier than any one
@@ -80,10 +80,26 @@ def table(pooled: dict[str, dict[str, Pooled]]) -> list[str]:
     return lines
 
 
+def markdown(pooled: dict[str, dict[str, Pooled]]) -> list[str]:
+    """The pooled ratios as a docs table: a row per kind, a column per fixed mode, each kind's lowest in bold."""
+    modes = sorted({name for row in pooled.values() for name in row})
+    lines = ["| kind | " + " | ".join(modes) + " |", "| --- |" + " ---: |" * len(modes)]
+    for kind, row in pooled.items():
+        lowest = min(row, key=lambda name: row[name].ratio)
+        cells = []
+        for name in modes:
+            p = row.get(name)
+            cell = "" if p is None else f"{p.ratio:.3f}" + (f" \u00b1 {p.se:.3f}" if p.se is not None else "")
+            cells.append(f"**{cell}**" if name == lowest else cell)
+        lines.append(f"| {kind} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--results", default=str(results.REPO / "docs" / "results"), help="the records' folder")
     ap.add_argument("--commits", default="", help="commit prefixes whose runs to pool, comma-separated (all: empty)")
+    ap.add_argument("--markdown", action="store_true", help="tables as in docs/performance.md")
     a = ap.parse_args(argv)
     records = select(results.load_records(Path(a.results)), [c for c in a.commits.split(",") if c])
     if not records:
@@ -96,7 +112,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     for name, recs in groups.items():
         commits = ", ".join(sorted({(r.commit or "?")[:7] for r in recs}))
         print(f"{name}: {len(recs)} runs ({commits}); default / mode, geometric mean \u00b1 standard error")
-        print("\n".join(table(pool(ratios(r.figures) for r in recs))))
+        pooled = pool(ratios(r.figures) for r in recs)
+        print("\n".join(markdown(pooled) if a.markdown else table(pooled)))
 
 
 if __name__ == "__main__":

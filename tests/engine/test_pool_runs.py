@@ -6,7 +6,7 @@ import math
 import pytest
 
 from engine.tools.results import Record
-from scripts.bench.pool_runs import main, pool, ratios, select, table
+from scripts.bench.pool_runs import main, markdown, pool, ratios, select, table
 
 
 def run(default: float, draft: float, commit: str = "abc1234", tool: str = "speclens-bench", dirty: bool = False,
@@ -54,3 +54,12 @@ def test_the_command_prints_each_machine_kind_then_all(tmp_path, capsys):
     assert f"lowest: draft K=2 {math.sqrt(0.9 * 1.1):.3f}" in out
     with pytest.raises(SystemExit):
         main(["--results", str(tmp_path), "--commits", "fff"])
+
+
+def test_the_docs_table_bolds_each_kinds_lowest_ratio():
+    pooled = pool([ratios(run(27.0, 30.0).figures), ratios(run(33.0, 30.0).figures)])
+    lines = markdown(pooled)
+    assert lines[0] == "| kind | draft K=2 |" and lines[1] == "| --- | ---: |"
+    qa = pooled["qa"]["draft K=2"]
+    assert lines[2] == f"| qa | **{qa.ratio:.3f} \u00b1 {qa.se:.3f}** |"
+    assert lines[3] == "| rag | **1.000 \u00b1 0.000** |"
