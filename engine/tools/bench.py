@@ -20,7 +20,7 @@ from engine.io.loading import load_engine
 from engine.runtime.engine import Engine
 from engine.tools import results as records  # main's `results` are its modes'
 from engine.tools import specbench
-from engine.tools.bench_report import Result, report
+from engine.tools.bench_report import Result, mode_label, report
 from engine.tools.prompt_file import read_prompts
 from engine.tools.specbench import Question, Tally
 
@@ -89,7 +89,7 @@ class ModeRun:
 
     @property
     def label(self) -> str:
-        return self.mode if self.mode in ("plain", "default") else f"{self.mode} K={self.spec.k}"
+        return mode_label(self.mode, self.spec.k)
 
     def add(self, engine: Engine, prompt: list[int] | Question) -> None:
         """prompt: token ids, one request, or a Question (a question of several turns asks each after the model's

@@ -85,8 +85,13 @@ def versus_table(versus: dict[str, dict]) -> str:
     return "\n".join(lines)
 
 
+def mode_label(mode: str, k: int) -> str:
+    """A mode as the bench names it in tables and JSON keys: "plain", "default", "draft K=4"."""
+    return mode if mode in ("plain", "default") else f"{mode} K={k}"
+
+
 def label(r: Result) -> str:
-    return r.mode if r.mode in ("plain", "default") else f"{r.mode} K={r.k}"
+    return mode_label(r.mode, r.k)
 
 
 def result_json(r: Result) -> dict:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine.tools import results
+from engine.tools.bench_report import mode_label
 
 TOOL = "speclens-bench"
 
@@ -26,17 +27,17 @@ TOOL = "speclens-bench"
 class Pooled:
     runs: int
     ratio: float  # geometric mean of default / mode over the runs
-    se: float | None  # standard error of the mean log ratio, as a share (None with one run)
-    sd: float | None  # one run's spread of the log ratio
+    sd: float | None  # one run's spread of the log ratio (None with one run)
 
-
-def label(entry: dict) -> str:
-    return entry["mode"] if entry["mode"] in ("plain", "default") else f"{entry['mode']} K={entry['k']}"
+    @property
+    def se(self) -> float | None:
+        """The standard error of the mean log ratio, as a share."""
+        return None if self.sd is None else self.sd / math.sqrt(self.runs)
 
 
 def ratios(figures: dict) -> dict[str, dict[str, float]]:
     """Per kind, default / each fixed mode's decode rate in one speclens-bench run ({} without a default)."""
-    by_label = {label(e): e.get("categories") or {} for e in figures.get("results", [])}
+    by_label = {mode_label(e["mode"], e["k"]): e.get("categories") or {} for e in figures.get("results", [])}
     default = by_label.pop("default", None)
     by_label.pop("plain", None)
     out: dict[str, dict[str, float]] = {}
@@ -57,10 +58,14 @@ def pool(runs: Iterable[dict[str, dict[str, float]]]) -> dict[str, dict[str, Poo
     out: dict[str, dict[str, Pooled]] = {}
     for kind, row in sorted(logs.items()):
         for name, v in sorted(row.items()):
-            sd = statistics.stdev(v) if len(v) > 1 else None
             out.setdefault(kind, {})[name] = Pooled(len(v), math.exp(statistics.fmean(v)),
-                                                    None if sd is None else sd / math.sqrt(len(v)), sd)
+                                                    statistics.stdev(v) if len(v) > 1 else None)
     return out
+
+
+def lowest(row: dict[str, Pooled]) -> str:
+    """The fixed mode the default does worst against on a kind."""
+    return min(row, key=lambda name: row[name].ratio)
 
 
 def select(records: Sequence[results.Record], commits: Sequence[str]) -> list[results.Record]:
@@ -68,14 +73,18 @@ def select(records: Sequence[results.Record], commits: Sequence[str]) -> list[re
     def at(rec: results.Record) -> bool:
         return not commits or any((rec.commit or "").startswith(c) for c in commits)
 
-    return [r for r in records if r.tool == TOOL and at(r) and r.dirty is False and ratios(r.figures)]
+    def has_default(rec: results.Record) -> bool:
+        return any(e.get("mode") == "default" for e in rec.figures.get("results", []))
+
+    return [r for r in records if r.tool == TOOL and at(r) and r.dirty is False and has_default(r)]
 
 
 def table(pooled: dict[str, dict[str, Pooled]]) -> list[str]:
     lines = []
     for kind, row in pooled.items():
         cells = [f"{name} {p.ratio:.3f}" + (f"\u00b1{p.se:.3f}" if p.se is not None else "") for name, p in row.items()]
-        rival, p = min(row.items(), key=lambda kv: kv[1].ratio)
+        rival = lowest(row)
+        p = row[rival]
         lines.append(f"{kind:15s} n={p.runs:<3d} lowest: {rival} {p.ratio:.3f} | " + "  ".join(cells))
     return lines
 
@@ -85,12 +94,12 @@ def markdown(pooled: dict[str, dict[str, Pooled]]) -> list[str]:
     modes = sorted({name for row in pooled.values() for name in row})
     lines = ["| kind | " + " | ".join(modes) + " |", "| --- |" + " ---: |" * len(modes)]
     for kind, row in pooled.items():
-        lowest = min(row, key=lambda name: row[name].ratio)
+        worst = lowest(row)
         cells = []
         for name in modes:
             p = row.get(name)
             cell = "" if p is None else f"{p.ratio:.3f}" + (f" \u00b1 {p.se:.3f}" if p.se is not None else "")
-            cells.append(f"**{cell}**" if name == lowest else cell)
+            cells.append(f"**{cell}**" if name == worst else cell)
         lines.append(f"| {kind} | " + " | ".join(cells) + " |")
     return lines
 
