@@ -101,6 +101,15 @@ class Engine:
         self.huge_pages.wait(timeout)
         return self.huge_pages.bytes
 
+    def twin(self) -> Engine:
+        """Another engine on the same weights, with caches, drafters and policy estimates of its own. The weights
+        are read only, so twins may take turns round by round in one thread (a benchmark times several modes in
+        the same seconds so); never run two at once."""
+        twin = Engine(self.target, self.tokenizer, self.draft, cache=self.cache_cfg, target_name=self.target_name,
+                      draft_name=self.draft_name, eos_ids=self.eos_ids)
+        twin.weights_format, twin.load_seconds = self.weights_format, self.load_seconds
+        return twin
+
     def encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
         """Apply the target's chat template with the generation prompt."""
         messages = check_messages(messages)  # before the template: it would fail on them in its own words

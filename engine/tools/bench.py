@@ -4,7 +4,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 from typing import NoReturn
 
@@ -21,6 +20,7 @@ from engine.runtime.engine import Engine
 from engine.tools import results as records  # main's `results` are its modes'
 from engine.tools import specbench
 from engine.tools.bench_report import Result, mode_label, report
+from engine.tools.in_step import Request, run_in_step
 from engine.tools.prompt_file import read_prompts
 from engine.tools.specbench import Question, Tally
 
@@ -75,11 +75,12 @@ def mode_spec(mode: str, k: int, stop_below: float = 0.0, adaptive: bool = False
 
 
 class ModeRun:
-    """One mode's replies, gathered prompt by prompt (main interleaves the modes per prompt), and their Result."""
+    """One mode's replies, gathered prompt by prompt, and their Result. `engine`: the mode's own (Engine.twin)
+    when the modes take turns round by round (run_interleaved)."""
 
     def __init__(self, mode: str, k: int, sampling: SamplingParams, stop_below: float = 0.0,
-                 adaptive: bool = False) -> None:
-        self.mode, self.sampling = mode, sampling
+                 adaptive: bool = False, engine: Engine | None = None) -> None:
+        self.mode, self.sampling, self.engine = mode, sampling, engine
         self.spec = mode_spec(mode, k, stop_below, adaptive)
         self.outputs: list[list[int]] = []
         self.summaries: list[Summary] = []
@@ -92,26 +93,16 @@ class ModeRun:
         return mode_label(self.mode, self.spec.k)
 
     def add(self, engine: Engine, prompt: list[int] | Question) -> None:
-        """prompt: token ids, one request, or a Question (a question of several turns asks each after the model's
-        own answer to the one before, reusing the conversation's cache as the app does)."""
-        engine.reset()  # no cross-prompt prefix reuse: every prompt pays its own prefill
-        question = prompt if isinstance(prompt, Question) else None
-        messages = list(question.messages) if question is not None else []
-        for turn in (question.turns or (None,)) if question is not None else (None,):
-            if turn is not None:
-                messages.append({"role": "user", "content": turn})
-            ids = engine.encode_chat(messages) if question is not None else prompt
-            t = time.perf_counter()
-            *events, s = engine.generate(ids, self.sampling, self.spec)
-            self.seconds += time.perf_counter() - t
-            assert isinstance(s, Summary)
-            events = [e for e in events if isinstance(e, RoundEvent)]
-            self.outputs.append(list(s.token_ids))
-            self.summaries.append(s)
-            self.replies.append(events)
-            if question is not None:
-                self.categories.setdefault(question.category, Tally()).add(events, s)
-                messages.append({"role": "assistant", "content": s.text})
+        """prompt: token ids, one request, or a Question (see Ask), asked on `engine` alone."""
+        run_in_step([Ask(self, engine, prompt)])
+
+    def record(self, rounds: list[RoundEvent], summary: Summary, question: Question | None) -> None:
+        self.seconds += summary.total_s
+        self.outputs.append(list(summary.token_ids))
+        self.summaries.append(summary)
+        self.replies.append(rounds)
+        if question is not None:
+            self.categories.setdefault(question.category, Tally()).add(rounds, summary)
 
     def result(self) -> Result:
         spec, summaries = self.spec, self.summaries
@@ -137,6 +128,33 @@ class ModeRun:
         )
 
 
+class Ask:
+    """One prompt as a lane of run_in_step: token ids, one request, or a Question, whose turns are each asked after
+    the model's own answer to the one before, reusing the conversation's cache as the app does."""
+
+    def __init__(self, run: ModeRun, engine: Engine, prompt: list[int] | Question) -> None:
+        engine.reset()  # no cross-prompt prefix reuse: every prompt pays its own prefill
+        self.run, self.engine = run, engine
+        self.question = prompt if isinstance(prompt, Question) else None
+        self.ids = None if self.question is not None else prompt
+        self.messages = list(self.question.messages) if self.question is not None else []
+        self.turns = list(self.question.turns or (None,)) if self.question is not None else [None]
+
+    def request(self) -> Request | None:
+        if not self.turns:
+            return None
+        turn = self.turns.pop(0)
+        if turn is not None:
+            self.messages.append({"role": "user", "content": turn})
+        ids = self.engine.encode_chat(self.messages) if self.question is not None else self.ids
+        return self.engine.generate(ids, self.run.sampling, self.run.spec)
+
+    def finished(self, rounds: list[RoundEvent], summary: Summary) -> None:
+        self.run.record(rounds, summary, self.question)
+        if self.question is not None:
+            self.messages.append({"role": "assistant", "content": summary.text})
+
+
 def run_mode(engine: Engine, prompts: list[list[int]] | list[Question], mode: str, k: int, sampling: SamplingParams,
              stop_below: float = 0.0, adaptive: bool = False, into: ModeRun | None = None) -> Result:
     """One mode over `prompts` (token ids, or Questions: see ModeRun.add); `into` gathers them with that run's
@@ -147,15 +165,17 @@ def run_mode(engine: Engine, prompts: list[list[int]] | list[Question], mode: st
     return run.result()
 
 
-def run_interleaved(engine: Engine, questions: list[Question], runs: list[ModeRun], start: int = 0) -> list[Result]:
-    """Every run over every question, prompt by prompt, each prompt starting one run further along, so a machine
-    whose speed drifts over minutes (a shared host: +-25%) slows every mode alike instead of whichever ran in the
-    slow minutes. start: prompts already asked (a top-up goes on turning where the first pass stopped)."""
+def run_interleaved(questions: list[Question], runs: list[ModeRun], start: int = 0) -> list[Result]:
+    """Every run over every question, each run on its own engine, the runs taking turns round by round
+    (engine.tools.in_step: a host whose speed drifts over minutes slows every mode alike); each question starts one
+    run further along, which breaks the ties. start: prompts already asked (a top-up goes on turning where the first
+    pass stopped)."""
     for i, question in enumerate(questions, start):
-        for run in runs[i % len(runs):] + runs[: i % len(runs)]:
-            r = run_mode(engine, [question], run.mode, run.spec.k, run.sampling, into=run)
-            print(f"  prompt {i + 1}/{start + len(questions)} {run.label}: {r.tokens_per_s:.2f} tok/s so far",
-                  file=sys.stderr)
+        order = runs[i % len(runs):] + runs[: i % len(runs)]
+        run_in_step([Ask(run, run.engine, question) for run in order])
+        print(f"  prompt {i + 1}/{start + len(questions)}: "
+              + ", ".join(f"{run.label} {run.result().tokens_per_s:.2f}" for run in runs) + " tok/s so far",
+              file=sys.stderr)
     return [run.result() for run in runs]
 
 
@@ -324,14 +344,17 @@ def main(argv: list[str] | None = None) -> int:
     by_category = any(q.turns for q in questions) or len({q.category for q in questions}) > 1
     warm_up(engine, questions[0], sampling)
 
-    runs = [ModeRun(mode, k, sampling, a.stop_below, a.adaptive)
-            for mode in modes for k in ([ks[0]] if mode in ("plain", "default") else ks)]  # neither reads --k
-    results = run_interleaved(engine, questions * a.repeats, runs)
+    settings = [(mode, k) for mode in modes for k in ([ks[0]] if mode in ("plain", "default") else ks)]  # neither
+    engines = [engine] + [engine.twin() for _ in settings[1:]]  # reads --k; one engine a mode, on shared weights
+    for e in engines[1:]:
+        warm_up(e, questions[0], sampling)
+    runs = [ModeRun(mode, k, sampling, a.stop_below, a.adaptive, e) for (mode, k), e in zip(settings, engines)]
+    results = run_interleaved(questions * a.repeats, runs)
     extra = (specbench.top_up(questions, a.repeats, runs[0].categories, a.min_tokens, MAX_REPEATS)
              if a.min_tokens else [])
     if extra:
         print(f"--min-tokens {a.min_tokens}: {len(extra)} more replies a mode for the short kinds", file=sys.stderr)
-        results = run_interleaved(engine, extra, runs, start=len(questions) * a.repeats)
+        results = run_interleaved(extra, runs, start=len(questions) * a.repeats)
     out = {"device": str(engine.device), "kernels": kernels, "target": engine.target_name,
            "draft": engine.draft_name, **report(results, sampling.greedy, by_category)}
     if a.json_out:

@@ -24,8 +24,8 @@ def test_bench_mode_default_runs_the_app_defaults(tmp_path, monkeypatch, capsys)
     engine.device, engine.load_seconds = SimpleNamespace(type="cpu"), 0.0
     monkeypatch.setattr(bench_mod, "load", lambda target, draft, device: engine)
     ran = []
-    run_mode = bench_mod.run_mode
-    monkeypatch.setattr(bench_mod, "run_mode", lambda *a, **kw: ran.append(run_mode(*a, **kw)) or ran[-1])
+    run_interleaved = bench_mod.run_interleaved
+    monkeypatch.setattr(bench_mod, "run_interleaved", lambda *a, **kw: ran.extend(run_interleaved(*a, **kw)) or ran)
 
     # --k, --stop-below and --adaptive shape the other modes; "default" is the app's, whatever they say
     assert bench_mod.main(["--prompts", str(prompts), "--modes", "default", "--k", "7,9", "--stop-below", "0.2",
