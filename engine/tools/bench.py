@@ -344,8 +344,9 @@ def main(argv: list[str] | None = None) -> int:
     by_category = any(q.turns for q in questions) or len({q.category for q in questions}) > 1
     warm_up(engine, questions[0], sampling)
 
-    settings = [(mode, k) for mode in modes for k in ([ks[0]] if mode in ("plain", "default") else ks)]  # neither
-    engines = [engine] + [engine.twin() for _ in settings[1:]]  # reads --k; one engine a mode, on shared weights
+    # plain and default read no --k; each mode gets an engine of its own, on the loaded one's weights
+    settings = [(mode, k) for mode in modes for k in ([ks[0]] if mode in ("plain", "default") else ks)]
+    engines = [engine] + [engine.twin() for _ in settings[1:]]
     for e in engines[1:]:
         warm_up(e, questions[0], sampling)
     runs = [ModeRun(mode, k, sampling, a.stop_below, a.adaptive, e) for (mode, k), e in zip(settings, engines)]
