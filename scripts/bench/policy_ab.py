@@ -5,12 +5,14 @@
 A is the policy as committed; B is the same with `--set` constants of engine.spec.policy (or of
 engine.spec.round_costs, the costs it prices with) changed for its replies only. Both run the app's default
 settings; the fixed modes (`--fixed`, drafter:K with the app's stop rule) say what "best fixed mode" is on the same
-prompts. Prompt by prompt the variants take turns, the order moving on each time, so that minutes of host drift (a
-third between runs on these hosts) touch every variant alike: the way performance.md asks a change to be measured,
-for the policy. The replay (policy_replay.py) judges a change in seconds but models a quiet machine from medians (a
-change it favoured on four kinds ran summarization 8.5% slower in such a run), so confirm a change here, then with
-`speclens-bench`. Reported per prompt kind: each variant's decode rate (tokens over decode seconds, as
-speclens-bench counts them), B / A, and A and B over the best fixed mode; greedy, so every reply must be plain's.
+prompts. Each variant runs on its own engine (Engine.twin: the same weights, its own caches and policy state), and
+the variants take turns round by round (engine.tools.in_step), B's constants set for B's rounds only, so that the
+host's drift (a third from one minute to the next on these hosts) touches every variant alike: the way
+performance.md asks a change to be measured, for the policy. The replay (policy_replay.py) judges a change in
+seconds but models a quiet machine from medians (a change it favoured on four kinds ran summarization 8.5% slower in
+such a run), so confirm a change here, then with `speclens-bench`. Reported per prompt kind: each variant's decode
+rate (tokens over decode seconds, as speclens-bench counts them), B / A, and A and B over the best fixed mode;
+greedy, so every reply must be plain's.
 """
 from __future__ import annotations
 
@@ -21,8 +23,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine.api.config import SamplingParams, SpecParams
+from engine.api.events import Summary
 from engine.spec import policy, round_costs
 from engine.tools import results
+from engine.tools.in_step import Request, run_in_step
 from engine.tools.specbench import Tally, interval, paired_ratio, read_questions
 
 PROMPTS = Path(__file__).resolve().parents[2].parent / "shared" / "bench" / "specbench_public.jsonl"
@@ -80,23 +84,50 @@ def constants(sets: Sequence[tuple[str, object]]) -> Iterator[None]:
             setattr(module, name, value)
 
 
-def run(engine, prompts: Sequence[Prompt], variants: Sequence[Variant], repeats: int, max_new_tokens: int,
+class Reply:
+    """One prompt in one variant, as a lane of run_in_step: a single request on the variant's own engine."""
+
+    def __init__(self, engine, prompt: Prompt, variant: Variant, sampling: SamplingParams,
+                 done: Callable[[Prompt, Variant, list, Summary], None]) -> None:
+        engine.reset()  # no prefix reuse across prompts: every reply pays its own prefill
+        self.engine, self.prompt, self.variant, self.sampling, self.done = engine, prompt, variant, sampling, done
+        self.asked = False
+
+    def request(self) -> Request | None:
+        if self.asked:
+            return None
+        self.asked = True
+        return self.engine.generate(self.prompt.ids, self.sampling, self.variant.spec)
+
+    def finished(self, rounds: list, summary: Summary) -> None:
+        self.done(self.prompt, self.variant, rounds, summary)
+
+
+def run(engines: Sequence, prompts: Sequence[Prompt], variants: Sequence[Variant], repeats: int, max_new_tokens: int,
         say: Callable[[str], None] = print) -> tuple[dict[str, dict[str, Tally]], bool]:
-    """Every prompt `repeats` times in every variant, the variants' order moving on prompt by prompt. Returns each
-    variant's tallies per kind, and whether every reply equalled the first reply to its prompt."""
+    """Every prompt `repeats` times in every variant, variant i on engines[i], the variants taking turns round by
+    round with each one's constants set for its own rounds; each prompt starts one variant further along (ties).
+    Returns each variant's tallies per kind, and whether every reply equalled the first reply to its prompt."""
+    if len(engines) != len(variants):
+        raise ValueError(f"{len(variants)} variants need as many engines, not {len(engines)}")
     greedy = SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens)
     tallies: dict[str, dict[str, Tally]] = {v.name: {} for v in variants}
     first: dict[str, list[int]] = {}
-    identical, turn = True, 0
+    identical = True
+
+    def done(p: Prompt, v: Variant, rounds: list, summary: Summary) -> None:
+        nonlocal identical
+        tallies[v.name].setdefault(p.kind, Tally()).add(rounds, summary)
+        identical &= first.setdefault(p.id, list(summary.token_ids)) == list(summary.token_ids)
+        say(f"  {p.id} {v.name}: {summary.tokens_per_s:.2f} tok/s")
+
+    lanes = list(zip(engines, variants))
+    turn = 0
     for _ in range(repeats):
         for p in prompts:
-            for v in (*variants[turn % len(variants):], *variants[: turn % len(variants)]):
-                with constants(v.sets):
-                    engine.reset()
-                    *events, summary = engine.generate(p.ids, greedy, v.spec)
-                tallies[v.name].setdefault(p.kind, Tally()).add(events, summary)
-                identical &= first.setdefault(p.id, list(summary.token_ids)) == list(summary.token_ids)
-                say(f"  {p.id} {v.name}: {summary.tokens_per_s:.2f} tok/s")
+            order = lanes[turn % len(lanes):] + lanes[: turn % len(lanes)]
+            run_in_step([Reply(e, p, v, greedy, done) for e, v in order],
+                        around=lambda i, order=order: constants(order[i][1].sets))
             turn += 1
     return tallies, identical
 
@@ -125,7 +156,7 @@ def compare(tallies: dict[str, dict[str, Tally]], fixed: Sequence[str]) -> dict[
 
 def main() -> None:
     from engine.api.config import APP_DEFAULTS
-    from engine.tools.bench import load, mode_spec
+    from engine.tools.bench import load, mode_spec, warm_up
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
@@ -151,7 +182,11 @@ def main() -> None:
     stop = APP_DEFAULTS.spec_params().stop_below
     variants = [Variant("A", mode_spec("default", 0)), Variant("B", mode_spec("default", 0), sets),
                 *(Variant(f"{d} K{k}", mode_spec(d, k, stop)) for d, k in fixed)]
-    tallies, identical = run(engine, prompts, variants, a.repeats, a.max_new_tokens)
+    engines = [engine] + [engine.twin() for _ in variants[1:]]
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=a.max_new_tokens)
+    for e in engines:
+        warm_up(e, questions[0], greedy)
+    tallies, identical = run(engines, prompts, variants, a.repeats, a.max_new_tokens)
     table = compare(tallies, [v.name for v in variants[2:]])
     names = [v.name for v in variants]
     print("B: " + ", ".join(f"{n}={v}" for n, v in sets))

@@ -24,27 +24,35 @@ def test_constants_are_restored_even_when_the_reply_fails():
     assert policy.SWITCH_MARGIN == before
 
 
-def test_the_variants_take_turns_and_each_holds_its_own_settings():
+def test_the_variants_take_turns_round_by_round_each_with_its_own_settings():
     engine = tiny_engine()
-    prompts = [Prompt(f"p{i}", kind, engine.encode_chat(m)) for i, (kind, m) in enumerate(zip(("a", "b"), PROMPTS))]
-    seen = []  # (variant, SWITCH_MARGIN while its reply ran)
-    generate = engine.generate
-
-    def spy(ids, sampling, spec, *rest):
-        seen.append(policy.SWITCH_MARGIN)
-        return generate(ids, sampling, spec, *rest)
-
-    engine.generate = spy
-    said = []
     default = APP_DEFAULTS.spec_params()
     variants = [Variant("A", default), Variant("B", default, (("SWITCH_MARGIN", 0.75),)),
                 Variant("draft K2", SpecParams(k=2, drafter="model", stop_below=default.stop_below))]
-    tallies, identical = run(engine, prompts, variants, 2, 12, said.append)
+    engines = [engine] + [engine.twin() for _ in variants[1:]]
+    prompts = [Prompt(f"p{i}", kind, engine.encode_chat(m)) for i, (kind, m) in enumerate(zip(("a", "b"), PROMPTS))]
+    seen = []  # (variant, SWITCH_MARGIN) as each of its rounds ran
+
+    def spy(e, name):
+        generate = e.generate
+
+        def rounds(ids, sampling, spec, *rest):
+            for item in generate(ids, sampling, spec, *rest):
+                seen.append((name, policy.SWITCH_MARGIN))
+                yield item
+        e.generate = rounds
+
+    for e, v in zip(engines, variants):
+        spy(e, v.name)
+    said = []
+    tallies, identical = run(engines, prompts, variants, 2, 12, said.append)
     assert identical  # greedy: the policy's settings change the rounds, never the text
-    order = [line.split()[1].rstrip(":") for line in said]
-    assert order[:3] == ["A", "B", "draft"] and order[3:6] == ["B", "draft", "A"]  # the order moves on
-    assert [m == 0.75 for m in seen] == [o == "B" for o in order]
+    assert len(said) == 2 * len(prompts) * len(variants)
+    assert {name for name, _ in seen} == {"A", "B", "draft K2"}
+    assert all((margin == 0.75) == (name == "B") for name, margin in seen)  # B's constants for B's rounds only
     assert policy.SWITCH_MARGIN != 0.75
+    switches = sum(a != b for (a, _), (b, _) in zip(seen, seen[1:]))
+    assert switches > 2 * len(prompts) * len(variants)  # turns within a reply, not one whole reply after another
     for name in ("A", "B", "draft K2"):
         assert set(tallies[name]) == {"a", "b"} and all(t.replies == 2 for t in tallies[name].values())
     table = compare(tallies, ["draft K2"])
@@ -52,6 +60,12 @@ def test_the_variants_take_turns_and_each_holds_its_own_settings():
     assert row["B / A"] == pytest.approx(rate(tallies["B"]["a"]) / rate(tallies["A"]["a"]))
     assert row["A / best fixed"] == pytest.approx(rate(tallies["A"]["a"]) / rate(tallies["draft K2"]["a"]))
     assert row["B / A low"] <= row["B / A"] <= row["B / A high"]  # two replies a kind: an interval of the pairs
+
+
+def test_each_variant_needs_its_own_engine():
+    engine = tiny_engine()
+    with pytest.raises(ValueError, match="2 variants need as many engines"):
+        run([engine], [], [Variant("A", APP_DEFAULTS.spec_params()), Variant("B", APP_DEFAULTS.spec_params())], 1, 4)
 
 
 def test_a_cost_constant_is_set_in_round_costs_where_the_costs_read_it():
