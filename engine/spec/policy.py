@@ -21,9 +21,7 @@ the square root of their number), so a model close to plain on a few unlucky rou
 spends away age its evidence until it does; one far below plain stays away. Exploration is still bounded: a
 request's first FIRST_TRIES model rounds draft at the K ceiling, and a model out of favour drafts at least once every
 EXPLORE_EVERY rounds. The n-gram lookup needs none: its continuations are scored against the committed text every
-round, drafted or not. But the rounds it drafts are not a fair sample of those: it wins where the model's estimate is
-low, at the text's hard spots, so what its drafted rounds really passed is kept against what its offers promised
-(PolicyState.ngram_calibration), and its offers are priced at that ratio.
+round, drafted or not.
 
 Under sampling the choice reads no timings of its own reply (engine.spec.round_costs: a sampled reply must come
 out the same from the same seed), and greedy output is the target's whatever the choices.
@@ -97,16 +95,6 @@ PRIOR_ALPHA, PRIOR_TRIALS = 0.6, 2.0  # the long-run acceptance before any, and 
 # 0.931, and in that run the draft model at K 4 was ahead of K 2 on QA.
 CEILING_MARGIN = 0.05
 MIN_CEILING = 2
-# The n-gram lookup's offers are priced from its rates over every lookup, but it drafts where it beats the model: on
-# the hard spots of the text. On Zen 4 (Spec-Bench math, ten first turns) its drafted 2- and 3-token rounds passed
-# 0.88 and 1.17 tokens where their offers promised 1.14 and 1.92, so it drafted rounds the model would have won.
-# This request's drafted rounds' passes over their offers' promise, with CALIBRATION_PRIOR promised tokens at a
-# ratio of 1 behind it, price its offers; the evidence decays by NGRAM_DECAY per n-gram round and ages by STALE per
-# round it does not draft, as the model's does. Carried over from earlier requests, a ratio learned on one kind
-# priced the lookup out of the next before its own rounds could say otherwise (policy_ab, Zen 4, 60 Spec-Bench
-# first turns: summarization 3% and RAG 2% slower than without the ratio, translation 2.5% faster).
-CALIBRATION_PRIOR = 4.0
-NGRAM_DECAY = 0.9
 PRIOR_GOES_ON = 0.6  # under the stop rule, the chance a draft goes on to its next position, before any was measured
 
 
@@ -137,11 +125,6 @@ class PolicyState(Costs):
     model_rounds: int = 0  # rounds the draft model drafted in this request
     last_drafter: str = NONE  # the drafter of the round before (MODEL, NGRAM or NONE)
     model_passed: bool = False  # whether the draft model's last round passed any draft
-    # the n-gram lookup's drafted rounds in this request: the passes their offers promised and what passed (decayed;
-    # see CALIBRATION_PRIOR); promised: this round's promise, until observe_ngram
-    ngram_promised: float = 0.0
-    ngram_passed: float = 0.0
-    promised: float = 0.0
 
     def start(self) -> None:
         """A new request: acceptance and exploration start over; the measured costs and the long run stay."""
@@ -150,7 +133,6 @@ class PolicyState(Costs):
         self.last_drafter = NONE
         self.m_rounds = self.m_committed = self.m_squares = 0.0
         self.positions = PositionTally()
-        self.ngram_promised = self.ngram_passed = self.promised = 0.0
 
     def model_round(self, ceiling: int) -> Forecast:
         """What a model round at `ceiling` commits and drafts under the stop rule, each position's chances shrunk
@@ -178,12 +160,6 @@ class PolicyState(Costs):
         self.m_committed *= STALE
         self.m_squares *= STALE
         self.positions.scale(STALE)
-
-    @property
-    def ngram_calibration(self) -> float:
-        """What the n-gram lookup's drafted rounds in this request passed per token their offers promised, shrunk
-        towards 1 by CALIBRATION_PRIOR promised tokens."""
-        return (self.ngram_passed + CALIBRATION_PRIOR) / (self.ngram_promised + CALIBRATION_PRIOR)
 
     @property
     def prior_alpha(self) -> float:
@@ -257,15 +233,6 @@ def observe_model(state: PolicyState, drafted: int, accepted: int, draft_s: floa
     observe_drafting(state, drafted, draft_s, verify_s, fed)
 
 
-def observe_ngram(state: PolicyState, accepted: int) -> None:
-    """An n-gram round: `accepted` of its tokens passed, against the passes its offer promised when chosen."""
-    promised, state.promised = state.promised, 0.0
-    if promised <= 0:
-        return
-    state.ngram_promised = state.ngram_promised * NGRAM_DECAY + promised
-    state.ngram_passed = state.ngram_passed * NGRAM_DECAY + accepted
-
-
 def model_options(state: PolicyState, k_max: int, lag: int, fed: int = 0) -> list[Choice]:
     """The draft model at each K in 1..k_max; lag: committed ids it must prefill before drafting (a catch-up pass);
     fed: lagging ids it reads with its first drafting pass instead (a wider pass, paid this round)."""
@@ -311,18 +278,15 @@ def model_options(state: PolicyState, k_max: int, lag: int, fed: int = 0) -> lis
 
 
 def ngram_options(state: PolicyState, offer: Offer | None) -> list[Choice]:
-    """The first j tokens of the lookup's continuation, each j: Offer.passing(j) pass on average, times what the
-    lookup's drafted rounds passed of their promise (ngram_calibration), j at most."""
+    """The first j tokens of the lookup's continuation, each j: Offer.passing(j) pass on average."""
     if offer is None or offer.tokens < 1:
         return []
     lookup = steps_of(state, state.lookup_s, 0.0)
-    cal = state.ngram_calibration
     out = []
     for j in range(1, offer.tokens + 1):
-        tokens = 1.0 + min(cal * offer.passing(j), float(j))
+        tokens = 1.0 + offer.passing(j)
         why = (f"{offer.match}-token match, {j} of {offer.tokens} tokens at pass rate {offer.pass_rate:.2f}"
-               + (f" (all {j} pass {offer.chain[j - 1]:.2f})" if offer.chain else "")
-               + (f", drafted rounds pass {cal:.2f} of it" if abs(cal - 1.0) >= 0.005 else ""))
+               + (f" (all {j} pass {offer.chain[j - 1]:.2f})" if offer.chain else ""))
         out.append(Choice(NGRAM, j, tokens, pass_steps(state, j + 1)[0] + lookup, why))
     return out
 
@@ -360,10 +324,6 @@ def choose(state: PolicyState, offer: Offer | None, k_max: int, model_lag: int, 
     elif best.drafter != NONE and _probe_due(state):
         explored, best = "a plain step beside the drafts measures what their rows cost against it", plain
     state.last_drafter = best.drafter
-    state.promised = offer.passing(best.k) if best.drafter == NGRAM and offer is not None else 0.0
-    if best.drafter != NGRAM:  # the text moves on: what the lookup's last drafted rounds passed says less of now
-        state.ngram_promised *= STALE
-        state.ngram_passed *= STALE
     if best.drafter != NONE:
         state.last_used[best.drafter] = state.round
     if best.drafter == MODEL:

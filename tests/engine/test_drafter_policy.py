@@ -670,27 +670,3 @@ def test_without_first_tries_a_model_priced_out_is_re_tried_after_the_usual_wait
     picks = [policy.choose(state, None, 4, 0) for _ in range(policy.EXPLORE_EVERY)]
     assert [p.drafter for p in picks] == [NONE] * (policy.EXPLORE_EVERY - 1) + [MODEL]
     assert "re-try" in picks[-1].reason
-
-
-def test_n_gram_offers_are_priced_at_what_its_drafted_rounds_passed():
-    """The lookup drafts where it beats the model, the text's hard spots, so its drafted rounds can pass less than
-    its rates over every lookup promise: after rounds that passed none of it, the same offer loses to the model it
-    beat; the rounds it then does not draft age that evidence, and a new request starts from the lookup's rates."""
-    state = machine(c=0.3)
-    state.model_rounds, state.last_used[MODEL] = policy.FIRST_TRIES, 0
-    for _ in range(20):
-        model_round(state, 3, 2, c=0.3)
-    offer = Offer(tokens=1, match=2, pass_rate=0.4)
-    ch = policy.choose(state, offer, 3, model_lag=0)
-    assert ch.drafter == NGRAM and state.promised == pytest.approx(0.4), ch
-    policy.observe_ngram(state, 0)
-    for _ in range(9):
-        state.promised = 0.4
-        policy.observe_ngram(state, 0)
-    low = state.ngram_calibration
-    assert low == pytest.approx(4 / (4 + 0.4 * sum(0.9**i for i in range(10))))
-    ch = policy.choose(state, offer, 3, model_lag=0)
-    assert ch.drafter == MODEL and "n-gram" in ch.reason, ch
-    assert low < state.ngram_calibration < 1.0  # a round it did not draft
-    state.start()
-    assert state.ngram_calibration == 1.0

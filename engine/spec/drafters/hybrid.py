@@ -98,7 +98,6 @@ class HybridDrafter:
                                  self._fed, self._ceiling)
             self.model.observe(outcome)
         elif outcome.drafter == self.ngram.name:
-            policy.observe_ngram(self.state, outcome.accepted)
             self.ngram.observe(outcome)
 
     def rollback(self, ids: list[int]) -> None:
