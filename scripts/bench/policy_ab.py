@@ -22,11 +22,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine.api.config import SamplingParams, SpecParams
+from engine.api.config import APP_DEFAULTS, SamplingParams, SpecParams
 from engine.api.events import Summary
 from engine.spec import policy, round_costs
 from engine.tools import results
-from engine.tools.in_step import Request, run_in_step
+from engine.tools.bench import Ask, load, mode_spec, warm_up
+from engine.tools.in_step import run_in_step
 from engine.tools.specbench import Tally, interval, paired_ratio, read_questions
 
 PROMPTS = Path(__file__).resolve().parents[2].parent / "shared" / "bench" / "specbench_public.jsonl"
@@ -84,22 +85,21 @@ def constants(sets: Sequence[tuple[str, object]]) -> Iterator[None]:
             setattr(module, name, value)
 
 
+@dataclass(frozen=True)
 class Reply:
-    """One prompt in one variant, as a lane of run_in_step: a single request on the variant's own engine."""
+    """One prompt in one variant, as engine.tools.bench.Ask reads a mode's run: its settings, and where a finished
+    request goes."""
 
-    def __init__(self, engine, prompt: Prompt, variant: Variant, sampling: SamplingParams,
-                 done: Callable[[Prompt, Variant, list, Summary], None]) -> None:
-        engine.reset()  # no prefix reuse across prompts: every reply pays its own prefill
-        self.engine, self.prompt, self.variant, self.sampling, self.done = engine, prompt, variant, sampling, done
-        self.asked = False
+    prompt: Prompt
+    variant: Variant
+    sampling: SamplingParams
+    done: Callable[[Prompt, Variant, list, Summary], None]
 
-    def request(self) -> Request | None:
-        if self.asked:
-            return None
-        self.asked = True
-        return self.engine.generate(self.prompt.ids, self.sampling, self.variant.spec)
+    @property
+    def spec(self) -> SpecParams:
+        return self.variant.spec
 
-    def finished(self, rounds: list, summary: Summary) -> None:
+    def record(self, rounds: list, summary: Summary, question: object = None) -> None:
         self.done(self.prompt, self.variant, rounds, summary)
 
 
@@ -126,7 +126,7 @@ def run(engines: Sequence, prompts: Sequence[Prompt], variants: Sequence[Variant
     for _ in range(repeats):
         for p in prompts:
             order = lanes[turn % len(lanes):] + lanes[: turn % len(lanes)]
-            run_in_step([Reply(e, p, v, greedy, done) for e, v in order],
+            run_in_step([Ask(Reply(p, v, greedy, done), e, p.ids) for e, v in order],
                         around=lambda i, order=order: constants(order[i][1].sets))
             turn += 1
     return tallies, identical
@@ -155,9 +155,6 @@ def compare(tallies: dict[str, dict[str, Tally]], fixed: Sequence[str]) -> dict[
 
 
 def main() -> None:
-    from engine.api.config import APP_DEFAULTS
-    from engine.tools.bench import load, mode_spec, warm_up
-
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                     help="a constant of engine.spec.policy or round_costs for variant B (repeatable)")
