@@ -103,7 +103,7 @@ class Engine:
 
     def twin(self) -> Engine:
         """Another engine on the same weights, with caches, drafters and policy estimates of its own. The weights
-        are read only, so twins may take turns, a round or more each, in one thread (a benchmark times several modes in
+        are read only, so twins may take turns round by round in one thread (a benchmark times several modes in
         the same seconds so); never run two at once."""
         twin = Engine(self.target, self.tokenizer, self.draft, cache=self.cache_cfg, target_name=self.target_name,
                       draft_name=self.draft_name, eos_ids=self.eos_ids)

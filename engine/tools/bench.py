@@ -76,7 +76,7 @@ def mode_spec(mode: str, k: int, stop_below: float = 0.0, adaptive: bool = False
 
 class ModeRun:
     """One mode's replies, gathered prompt by prompt, and their Result. `engine`: the mode's own (Engine.twin)
-    when the modes take turns (run_interleaved)."""
+    when the modes take turns round by round (run_interleaved)."""
 
     def __init__(self, mode: str, k: int, sampling: SamplingParams, stop_below: float = 0.0,
                  adaptive: bool = False, engine: Engine | None = None) -> None:
@@ -166,7 +166,7 @@ def run_mode(engine: Engine, prompts: list[list[int]] | list[Question], mode: st
 
 
 def run_interleaved(questions: list[Question], runs: list[ModeRun], start: int = 0) -> list[Result]:
-    """Every run over every question, each run on its own engine, the runs taking turns a fraction of a second long
+    """Every run over every question, each run on its own engine, the runs taking turns round by round
     (engine.tools.in_step: a host whose speed drifts over minutes slows every mode alike); each question starts one
     run further along, which breaks the ties. start: prompts already asked (a top-up goes on turning where the first
     pass stopped)."""

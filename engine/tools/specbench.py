@@ -143,7 +143,7 @@ class Tally:
     position_accepted: list[int] = field(default_factory=list)
     # each reply's (new tokens, decode seconds), in the order asked: every mode asks the same questions in the same
     # order, so the i-th of two modes' is the same reply (greedy: the same tokens), timed in the same seconds when
-    # the modes take turns (engine.tools.in_step)
+    # the modes take turns round by round (engine.tools.in_step)
     per_reply: list[tuple[int, float]] = field(default_factory=list)
 
     def add(self, events: Iterable[RoundEvent], summary: Summary) -> None:

@@ -6,8 +6,8 @@ A is the policy as committed; B is the same with `--set` constants of engine.spe
 engine.spec.round_costs, the costs it prices with) changed for its replies only. Both run the app's default
 settings; the fixed modes (`--fixed`, drafter:K with the app's stop rule) say what "best fixed mode" is on the same
 prompts. Each variant runs on its own engine (Engine.twin: the same weights, its own caches and policy state), and
-the variants take turns a fraction of a second long (engine.tools.in_step), B's constants set for B's rounds only,
-so that the host's drift (a third from one minute to the next on these hosts) touches every variant alike: the way
+the variants take turns round by round (engine.tools.in_step), B's constants set for B's rounds only, so that the
+host's drift (a third from one minute to the next on these hosts) touches every variant alike: the way
 performance.md asks a change to be measured, for the policy. The replay (policy_replay.py) judges a change in
 seconds but models a quiet machine from medians (a change it favoured on four kinds ran summarization 8.5% slower in
 such a run), so confirm a change here, then with `speclens-bench`. Reported per prompt kind: each variant's decode
@@ -27,7 +27,7 @@ from engine.api.events import Summary
 from engine.spec import policy, round_costs
 from engine.tools import results
 from engine.tools.bench import Ask, load, mode_spec, warm_up
-from engine.tools.in_step import TURN_S, run_in_step
+from engine.tools.in_step import run_in_step
 from engine.tools.specbench import Tally, interval, paired_ratio, read_questions
 
 PROMPTS = Path(__file__).resolve().parents[2].parent / "shared" / "bench" / "specbench_public.jsonl"
@@ -104,9 +104,9 @@ class Reply:
 
 
 def run(engines: Sequence, prompts: Sequence[Prompt], variants: Sequence[Variant], repeats: int, max_new_tokens: int,
-        say: Callable[[str], None] = print, turn_s: float = TURN_S) -> tuple[dict[str, dict[str, Tally]], bool]:
-    """Every prompt `repeats` times in every variant, variant i on engines[i], the variants taking turns of turn_s
-    (run_in_step) with each one's constants set for its own rounds; each prompt starts one variant further along.
+        say: Callable[[str], None] = print) -> tuple[dict[str, dict[str, Tally]], bool]:
+    """Every prompt `repeats` times in every variant, variant i on engines[i], the variants taking turns round by
+    round with each one's constants set for its own rounds; each prompt starts one variant further along (ties).
     Returns each variant's tallies per kind, and whether every reply equalled the first reply to its prompt."""
     if len(engines) != len(variants):
         raise ValueError(f"{len(variants)} variants need as many engines, not {len(engines)}")
@@ -127,7 +127,7 @@ def run(engines: Sequence, prompts: Sequence[Prompt], variants: Sequence[Variant
         for p in prompts:
             order = lanes[turn % len(lanes):] + lanes[: turn % len(lanes)]
             run_in_step([Ask(Reply(p, v, greedy, done), e, p.ids) for e, v in order],
-                        around=lambda i, order=order: constants(order[i][1].sets), turn_s=turn_s)
+                        around=lambda i, order=order: constants(order[i][1].sets))
             turn += 1
     return tallies, identical
 

@@ -1,15 +1,13 @@
-"""How much a benchmark's timing scatters, and how it moves a speedup, when modes take turns reply by reply, round by
-round, and in turns of engine.tools.in_step.TURN_S.
+"""How much a benchmark's timing scatters when modes take turns reply by reply, and when round by round.
 
     python -m scripts.bench.turns_noise --prompts question.jsonl [--per-kind translation=20,qa=20,math_reasoning=8]
 
 The draft model at K 2 runs twice, on two engines (Engine.twin), beside plain decoding: A and B are the same
 settings, so every difference between them is the measurement's. Question by question each arrangement runs once
-(their order rotating): "reply by reply" asks each mode's reply alone, one mode after another (as speclens-bench
-did before engine.tools.in_step); "round by round" runs the three in step, a round a turn (as it did next); "in
-turns" as it does now. Reported per kind: B / A over the kind, the standard deviation of the per-reply log ratio B / A
-(the noise each reply adds to a kind's ratio), and the draft model's speedup over plain. First turns, greedy, 128
-new tokens; every reply must be plain's.
+(their order alternating): "reply by reply" asks each mode's reply alone, one mode after another (as speclens-bench
+did before engine.tools.in_step); "round by round" runs the three in step. Reported per kind: B / A over the kind,
+the standard deviation of the per-reply log ratio B / A (the noise each reply adds to a kind's ratio), and the
+draft model's speedup over plain. First turns, greedy, 128 new tokens; every reply must be plain's.
 """
 from __future__ import annotations
 
@@ -20,10 +18,10 @@ import statistics
 from engine.api.config import APP_DEFAULTS, SamplingParams
 from engine.tools import results
 from engine.tools.bench import Ask, ModeRun, load, warm_up
-from engine.tools.in_step import TURN_S, run_in_step
+from engine.tools.in_step import run_in_step
 from engine.tools.specbench import Question, per_category, read_questions
 
-ARRANGEMENTS = {"reply by reply": None, "round by round": 0.0, "in turns": TURN_S}  # the turn's seconds
+ARRANGEMENTS = ("reply by reply", "round by round")
 
 
 def parse_kinds(text: str) -> dict[str, int]:
@@ -87,15 +85,14 @@ def main() -> None:
 
     arranged = {name: runs() for name in ARRANGEMENTS}
     for i, q in enumerate(questions):
-        names = list(ARRANGEMENTS)
-        for name in names[i % 3:] + names[: i % 3]:
-            rs, turn_s = arranged[name], ARRANGEMENTS[name]
+        for name in ARRANGEMENTS if i % 2 == 0 else ARRANGEMENTS[::-1]:
+            rs = arranged[name]
             order = rs[i % 3:] + rs[: i % 3]
-            if turn_s is None:
+            if name == "reply by reply":
                 for r in order:
                     run_in_step([Ask(r, r.engine, q)])
             else:
-                run_in_step([Ask(r, r.engine, q) for r in order], turn_s=turn_s)
+                run_in_step([Ask(r, r.engine, q) for r in order])
         print(f"  {i + 1}/{len(questions)} {q.category} {q.id}", flush=True)
     outputs = [out for rs in arranged.values() for r in rs for out in r.outputs]
     identical = all(out == arranged["reply by reply"][2].outputs[j % len(questions)]

@@ -57,7 +57,7 @@ def test_the_lane_that_spent_least_takes_the_next_round(monkeypatch):
     monkeypatch.setattr(in_step.time, "perf_counter", clock)
     fast = Lane("fast", clock, log, [[1.0] * 6])  # a plain step a round
     slow = Lane("slow", clock, log, [[3.0] * 2])  # a wide pass a round
-    run_in_step([slow, fast], turn_s=0.0)
+    run_in_step([slow, fast])
     # slow's 3 s round first (a tie goes to the earlier lane), then fast until it has spent as much, and so on
     assert log == ["slow", "fast", "fast", "fast", "slow", "fast", "fast", "fast"]
     (rounds_fast, s_fast), = fast.done
@@ -68,28 +68,13 @@ def test_the_lane_that_spent_least_takes_the_next_round(monkeypatch):
     assert s_fast.tokens_per_s == pytest.approx(1.0) and s_slow.tokens_per_s == pytest.approx(2 / 6)
 
 
-def test_a_turn_is_rounds_until_it_has_spent_turn_s(monkeypatch):
-    """Short rounds run back to back until the turn is long enough, so the lane switches (each slowing the round
-    after it) are as rare for a mode of short rounds as for one of long rounds; a request's end ends the turn."""
-    clock, log = Clock(), []
-    monkeypatch.setattr(in_step.time, "perf_counter", clock)
-    short = Lane("short", clock, log, [[0.1] * 7])
-    long = Lane("long", clock, log, [[0.4] * 2])
-    run_in_step([short, long], turn_s=0.25)
-    # short: 3 rounds (0.3 s), long: 1 (0.4 s), short: 3 more (0.6 s), long: 1 (0.8 s), short: its last, then its
-    # Summary ends the turn; long's Summary last
-    assert log == ["short"] * 3 + ["long"] + ["short"] * 3 + ["long"] + ["short"]
-    assert short.done[0][0] == 7 and short.done[0][1].total_s == pytest.approx(0.7)
-    assert long.done[0][0] == 2 and long.done[0][1].total_s == pytest.approx(0.8)
-
-
 def test_a_lanes_next_request_starts_when_its_last_ends(monkeypatch):
     """A question's second turn is asked after its first (the lane decides what it asks once it has the answer)."""
     clock, log = Clock(), []
     monkeypatch.setattr(in_step.time, "perf_counter", clock)
     two_turns = Lane("a", clock, log, [[1.0], [1.0, 1.0]])
     one = Lane("b", clock, log, [[5.0]])
-    run_in_step([two_turns, one], turn_s=0.0)
+    run_in_step([two_turns, one])
     assert [n for n, _ in two_turns.done] == [1, 2]
     assert [s.total_s for _, s in two_turns.done] == pytest.approx([1.0, 2.0])
     assert one.done[0][1].total_s == pytest.approx(5.0)
@@ -110,7 +95,7 @@ def test_around_wraps_each_of_its_lanes_rounds(monkeypatch):
         def __exit__(self, *exc):
             return False
 
-    run_in_step([Lane("a", clock, log, [[1.0, 1.0]]), Lane("b", clock, log, [[1.5]])], around=Mark, turn_s=0.0)
+    run_in_step([Lane("a", clock, log, [[1.0, 1.0]]), Lane("b", clock, log, [[1.5]])], around=Mark)
     # a round and then its Summary are each a turn: a, b, a, (b's Summary), a's Summary
     assert entered == [0, 1, 0, 1, 0]
 

@@ -45,7 +45,7 @@ def test_the_variants_take_turns_round_by_round_each_with_its_own_settings():
     for e, v in zip(engines, variants):
         spy(e, v.name)
     said = []
-    tallies, identical = run(engines, prompts, variants, 2, 12, said.append, turn_s=0.0)  # a round a turn
+    tallies, identical = run(engines, prompts, variants, 2, 12, said.append)
     assert identical  # greedy: the policy's settings change the rounds, never the text
     assert len(said) == 2 * len(prompts) * len(variants)
     assert {name for name, _ in seen} == {"A", "B", "draft K2"}
