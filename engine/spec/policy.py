@@ -95,6 +95,9 @@ PRIOR_ALPHA, PRIOR_TRIALS = 0.6, 2.0  # the long-run acceptance before any, and 
 # 0.931, and in that run the draft model at K 4 was ahead of K 2 on QA.
 CEILING_MARGIN = 0.05
 MIN_CEILING = 2
+# The ceiling the draft model keeps unless another is CEILING_MARGIN ahead (0: the top, K). A draft's late positions
+# are priced from the few rounds that reached them, so whichever ceiling is home wins every close call.
+CEILING_HOME = 0
 PRIOR_GOES_ON = 0.6  # under the stop rule, the chance a draft goes on to its next position, before any was measured
 
 
@@ -341,14 +344,14 @@ def _probe_due(state: PolicyState) -> bool:
 
 def pick_model(state: PolicyState, models: list[Choice]) -> list[Choice]:
     """The draft model's option this round ([] without one): the best K, or under the stop rule the ceiling, which
-    goes below the top only for an estimate better by CEILING_MARGIN and never below MIN_CEILING."""
+    leaves CEILING_HOME only for an estimate better by CEILING_MARGIN and never goes below MIN_CEILING."""
     if not models:
         return []
     if not state.model_stops:
         return [max(models, key=lambda ch: ch.speedup)]
-    top = models[-1]
-    low = max(models[min(MIN_CEILING, len(models)) - 1 :], key=lambda ch: ch.speedup)
-    return [low if low.speedup > top.speedup * (1 + CEILING_MARGIN) else top]
+    home = models[-1] if CEILING_HOME < 1 else models[min(max(CEILING_HOME, MIN_CEILING), len(models)) - 1]
+    best = max(models[min(MIN_CEILING, len(models)) - 1 :], key=lambda ch: ch.speedup)
+    return [best if best.speedup > home.speedup * (1 + CEILING_MARGIN) else home]
 
 
 def _uncertain(state: PolicyState, best: Choice, plain: Choice, keep: Choice) -> tuple[str, Choice]:
