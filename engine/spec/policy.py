@@ -98,6 +98,9 @@ MIN_CEILING = 2
 # The ceiling the draft model keeps unless another is CEILING_MARGIN ahead (0: the top, K). A draft's late positions
 # are priced from the few rounds that reached them, so whichever ceiling is home wins every close call.
 CEILING_HOME = 0
+# Below the top a round says nothing of the positions above its ceiling, so with a lower home one model round in
+# TOP_EVERY drafts at the top: the late positions stay measured, and the top can win its margin where drafts run long.
+TOP_EVERY = 4
 PRIOR_GOES_ON = 0.6  # under the stop rule, the chance a draft goes on to its next position, before any was measured
 
 
@@ -321,6 +324,8 @@ def choose(state: PolicyState, offer: Offer | None, k_max: int, model_lag: int, 
     every = round(EXPLORE_EVERY * (1 + catchup_steps(state, model_lag)))
     if models and tries < FIRST_TRIES:  # at the ceiling: each round then measures every draft position
         explored, best = f"first tries, {tries + 1} of {FIRST_TRIES}", models[-1]
+    elif CEILING_HOME > 0 and best.drafter == MODEL and best.k < models[-1].k and tries % TOP_EVERY == TOP_EVERY - 1:
+        explored, best = f"at the ceiling once in {TOP_EVERY} model rounds", models[-1]
     elif models and best.drafter != MODEL and state.round - last >= every:
         explored = f"re-try after {state.round - last - 1} rounds unused"
         best = model[0]
