@@ -10,7 +10,8 @@ over the rounds it is then expected to draft.
 Under the draft's stop rule the policy picks the ceiling too: a draft at ceiling j is the first j tokens of the draft
 at any higher one, so the rounds' outcomes position by position (engine.spec.draft_positions) price every ceiling,
 and where late drafts are often made but seldom pass (QA, where the draft model at K 2 ran 2-7% ahead of K 4 in
-three speclens-bench runs on Zen 3) a lower ceiling commits the same tokens in fewer steps.
+three speclens-bench runs on Zen 3) a lower ceiling commits the same tokens in fewer steps. The draft model's home is
+K 2, and a higher ceiling must show a clear lead to be drafted at.
 
 The draft model's acceptance is this request's, decayed so that it follows the text, and shrunk towards its long-run
 acceptance on this engine (PRIOR_TRIALS pseudo-trials). Rounds the model does not draft age its recent evidence
@@ -83,8 +84,8 @@ LONG_DECAY = 0.98  # weight of the past in the long-run acceptance, per model ro
 CATCHUP_ROUNDS = 4.0
 # Priors, each worth a few rounds, for what has not been measured yet in this request.
 PRIOR_ALPHA, PRIOR_TRIALS = 0.6, 2.0  # the long-run acceptance before any, and its weight in a request's estimate
-# Under the stop rule the draft model's ceiling goes below the top only for an estimate better by this share, and
-# never below MIN_CEILING. The ceilings' estimates differ by a few percent and rest on the few rounds that reached
+# Under the stop rule the draft model's ceiling leaves its home (CEILING_HOME) only for an estimate better by this
+# share, and never goes below MIN_CEILING. The ceilings' estimates differ by a few percent and rest on the few rounds that reached
 # the late positions, so a bare maximum trades them on noise; in the policy replay (30 Spec-Bench questions, 10%
 # timing noise) it chose K <= 1 in a quarter of the model rounds, where a fixed K 1 ran 9-10% under K 4, and lost
 # 2-4% on four kinds. The stop rule already ends a draft the model is unsure of, so K <= 1 would only add rounds.
@@ -96,8 +97,11 @@ PRIOR_ALPHA, PRIOR_TRIALS = 0.6, 2.0  # the long-run acceptance before any, and 
 CEILING_MARGIN = 0.05
 MIN_CEILING = 2
 # The ceiling the draft model keeps unless another is CEILING_MARGIN ahead (0: the top, K). A draft's late positions
-# are priced from the few rounds that reached them, so whichever ceiling is home wins every close call.
-CEILING_HOME = 0
+# are priced from the few rounds that reached them, so whichever ceiling is home wins every close call. At home at 2
+# (with TOP_EVERY) against the top, policy_ab on Zen 4 (60 Spec-Bench first turns, twice) read translation 1.022 and
+# math 1.018 of the top's, the other kinds 0.989-1.000; the draft model at K 2 ran ahead of K 4 on QA and translation
+# in every pooled speclens-bench run (docs/performance.md).
+CEILING_HOME = 2
 # Below the top a round says nothing of the positions above its ceiling, so with a lower home one model round in
 # TOP_EVERY drafts at the top: the late positions stay measured, and the top can win its margin where drafts run long.
 TOP_EVERY = 4
@@ -324,7 +328,8 @@ def choose(state: PolicyState, offer: Offer | None, k_max: int, model_lag: int, 
     every = round(EXPLORE_EVERY * (1 + catchup_steps(state, model_lag)))
     if models and tries < FIRST_TRIES:  # at the ceiling: each round then measures every draft position
         explored, best = f"first tries, {tries + 1} of {FIRST_TRIES}", models[-1]
-    elif CEILING_HOME > 0 and best.drafter == MODEL and best.k < models[-1].k and tries % TOP_EVERY == TOP_EVERY - 1:
+    elif (state.model_stops and best.drafter == MODEL and best.k < models[-1].k
+          and (tries - FIRST_TRIES) % TOP_EVERY == TOP_EVERY - 1):
         explored, best = f"at the ceiling once in {TOP_EVERY} model rounds", models[-1]
     elif models and best.drafter != MODEL and state.round - last >= every:
         explored = f"re-try after {state.round - last - 1} rounds unused"
