@@ -85,10 +85,11 @@ CATCHUP_ROUNDS = 4.0
 # Priors, each worth a few rounds, for what has not been measured yet in this request.
 PRIOR_ALPHA, PRIOR_TRIALS = 0.6, 2.0  # the long-run acceptance before any, and its weight in a request's estimate
 # Under the stop rule the draft model's ceiling leaves its home (CEILING_HOME) only for an estimate better by this
-# share, and never goes below MIN_CEILING. The ceilings' estimates differ by a few percent and rest on the few rounds that reached
-# the late positions, so a bare maximum trades them on noise; in the policy replay (30 Spec-Bench questions, 10%
-# timing noise) it chose K <= 1 in a quarter of the model rounds, where a fixed K 1 ran 9-10% under K 4, and lost
-# 2-4% on four kinds. The stop rule already ends a draft the model is unsure of, so K <= 1 would only add rounds.
+# share, and never goes below MIN_CEILING. The ceilings' estimates differ by a few percent and rest on the few rounds
+# that reached the late positions, so a bare maximum trades them on noise; in the policy replay (30 Spec-Bench
+# questions, 10% timing noise) it chose K <= 1 in a quarter of the model rounds, where a fixed K 1 ran 9-10% under
+# K 4, and lost 2-4% on four kinds. The stop rule already ends a draft the model is unsure of, so K <= 1 would only
+# add rounds.
 # A bare maximum over K 2-4 did no better on the real engine (policy_ab, Zen 3, 30 Spec-Bench first turns x 2,
 # 2026-12-02): B / A 1.027 on QA, where the draft model at K 2 runs 3-4% ahead of K 4, but 0.949 on translation and
 # 0.964 on MT-bench; on replies of 30-130 tokens the ceilings' estimates still trade on a few rounds. Nor did a bare
@@ -97,10 +98,9 @@ PRIOR_ALPHA, PRIOR_TRIALS = 0.6, 2.0  # the long-run acceptance before any, and 
 CEILING_MARGIN = 0.05
 MIN_CEILING = 2
 # The ceiling the draft model keeps unless another is CEILING_MARGIN ahead (0: the top, K). A draft's late positions
-# are priced from the few rounds that reached them, so whichever ceiling is home wins every close call. At home at 2
-# (with TOP_EVERY) against the top, policy_ab on Zen 4 (60 Spec-Bench first turns, twice) read translation 1.022 and
-# math 1.018 of the top's, the other kinds 0.989-1.000; the draft model at K 2 ran ahead of K 4 on QA and translation
-# in every pooled speclens-bench run (docs/performance.md).
+# are priced from the few rounds that reached them, so whichever ceiling is home wins every close call; K 2 is home
+# because the draft model at K 2 ran ahead of K 4 on QA and translation in every pooled speclens-bench run (the A/B
+# that kept it: docs/performance.md, Spec-Bench section).
 CEILING_HOME = 2
 # Below the top a round says nothing of the positions above its ceiling, so with a lower home one model round in
 # TOP_EVERY drafts at the top: the late positions stay measured, and the top can win its margin where drafts run long.
